@@ -1,0 +1,1 @@
+//! Command line, compatible with the Go daemon (being written).

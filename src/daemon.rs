@@ -1,0 +1,1 @@
+//! Wiring: connection, threads, signals, pid file (being written).

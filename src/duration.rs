@@ -1,0 +1,1 @@
+//! Choria durations, exactly as go-choria's `ParseDuration` (being written).

@@ -1,0 +1,448 @@
+//! The Prometheus registry with every metric of the Go daemon (spec/landscape.md §2.5), the
+//! election metrics of go-choria, and `choria_provisioner_work_queue_dropped`; and the tiny
+//! HTTP listener that serves them at `/metrics`.
+//!
+//! Every metric is created at start, at zero, for our `site`, so dashboards see the full set
+//! before the first node arrives. Go's `rpc_time` and `helper_time` are summaries without
+//! quantiles; the `prometheus` crate has no summary type, so [`SummaryVec`] is a small
+//! collector that emits exactly `_sum` and `_count` under `# TYPE … summary`.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{LabelPair, Metric, MetricFamily, MetricType, Summary};
+use prometheus::{
+    Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+/// The RPC labels pre-set at start: every action the cycle can call.
+pub const RPC_LABELS: [&str; 8] = [
+    "choria_provision#jwt",
+    "choria_provision#gen25519",
+    "choria_provision#gencsr",
+    "choria_provision#configure",
+    "choria_provision#restart",
+    "choria_provision#shutdown",
+    "choria_provision#release_update",
+    "rpcutil#inventory",
+];
+
+/// A summary with only `_sum` and `_count`, like Go's quantile-less summaries.
+#[derive(Clone)]
+pub struct SummaryVec {
+    desc: Desc,
+    name: String,
+    help: String,
+    const_labels: Vec<(String, String)>,
+    label_names: Vec<String>,
+    series: Arc<Mutex<BTreeMap<Vec<String>, (f64, u64)>>>,
+}
+
+impl SummaryVec {
+    fn new(name: &str, help: &str, site: &str, label_names: &[&str]) -> SummaryVec {
+        let mut const_labels = std::collections::HashMap::new();
+        const_labels.insert("site".to_string(), site.to_string());
+        let desc = Desc::new(
+            name.to_string(),
+            help.to_string(),
+            label_names.iter().map(|s| s.to_string()).collect(),
+            const_labels,
+        )
+        .expect("summary descriptor is built from constant names");
+        SummaryVec {
+            desc,
+            name: name.to_string(),
+            help: help.to_string(),
+            const_labels: vec![("site".to_string(), site.to_string())],
+            label_names: label_names.iter().map(|s| s.to_string()).collect(),
+            series: Arc::new(Mutex::new(BTreeMap::new())),
+        }
+    }
+
+    /// Records one observation, in seconds, for the given label values.
+    pub fn observe(&self, label_values: &[&str], seconds: f64) {
+        let key: Vec<String> = label_values.iter().map(|s| s.to_string()).collect();
+        let mut series = self.series.lock();
+        let entry = series.entry(key).or_insert((0.0, 0));
+        entry.0 += seconds;
+        entry.1 += 1;
+    }
+
+    /// Makes the series exist at zero.
+    pub fn touch(&self, label_values: &[&str]) {
+        let key: Vec<String> = label_values.iter().map(|s| s.to_string()).collect();
+        self.series.lock().entry(key).or_insert((0.0, 0));
+    }
+
+    /// The (sum, count) of one series, for tests and benchmarks.
+    pub fn get(&self, label_values: &[&str]) -> (f64, u64) {
+        let key: Vec<String> = label_values.iter().map(|s| s.to_string()).collect();
+        self.series.lock().get(&key).copied().unwrap_or((0.0, 0))
+    }
+}
+
+impl Collector for SummaryVec {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let mut family = MetricFamily::default();
+        family.set_name(self.name.clone());
+        family.set_help(self.help.clone());
+        family.set_field_type(MetricType::SUMMARY);
+        let series = self.series.lock();
+        for (values, (sum, count)) in series.iter() {
+            let mut labels = Vec::new();
+            for (name, value) in self.const_labels.iter() {
+                let mut pair = LabelPair::default();
+                pair.set_name(name.clone());
+                pair.set_value(value.clone());
+                labels.push(pair);
+            }
+            for (name, value) in self.label_names.iter().zip(values.iter()) {
+                let mut pair = LabelPair::default();
+                pair.set_name(name.clone());
+                pair.set_value(value.clone());
+                labels.push(pair);
+            }
+            labels.sort_by(|a, b| a.name().cmp(b.name()));
+            let mut summary = Summary::default();
+            summary.set_sample_sum(*sum);
+            summary.set_sample_count(*count);
+            let mut metric = Metric::default();
+            metric.set_label(labels);
+            metric.set_summary(summary);
+            family.mut_metric().push(metric);
+        }
+        vec![family]
+    }
+}
+
+/// Every metric the daemon exports. Cheap to share behind an `Arc`.
+pub struct Metrics {
+    pub registry: Registry,
+    site: String,
+    pub rpc_time: SummaryVec,
+    pub helper_time: SummaryVec,
+    pub discovered: IntCounter,
+    pub event_discovered: IntCounter,
+    pub discover_cycles: IntCounter,
+    pub rpc_errors: IntCounterVec,
+    pub helper_errors: IntCounter,
+    pub discovery_errors: IntCounter,
+    pub provision_errors: IntCounter,
+    pub paused: Gauge,
+    pub busy_workers: Gauge,
+    pub provisioned: IntCounter,
+    pub work_queue_entries: Gauge,
+    pub waiting_nodes: Gauge,
+    pub helper_shutdown_requests: IntCounter,
+    pub work_queue_dropped: IntCounter,
+    /// Replies and events we refused as malformed, by `kind` (ours; not in Go).
+    pub malformed_messages: IntCounterVec,
+    pub election_campaigns: IntCounterVec,
+    pub election_leader: GaugeVec,
+    pub election_interval_seconds: GaugeVec,
+}
+
+fn opts(name: &str, help: &str, site: &str) -> Opts {
+    Opts::new(name, help).const_label("site", site)
+}
+
+impl Metrics {
+    /// Builds and registers every metric for `site`, pre-set to zero.
+    pub fn new(site: &str) -> Metrics {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::with_opts(opts(name, help, site)).expect("constant metric options");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("metric names are unique");
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = Gauge::with_opts(opts(name, help, site)).expect("constant metric options");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("metric names are unique");
+            g
+        };
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(opts(name, help, site), labels)
+                .expect("constant metric options");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("metric names are unique");
+            c
+        };
+        let summary = |name: &str, help: &str, labels: &[&str]| {
+            let s = SummaryVec::new(name, help, site, labels);
+            registry
+                .register(Box::new(s.clone()))
+                .expect("metric names are unique");
+            s
+        };
+        let plain_gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let g = GaugeVec::new(Opts::new(name, help), labels).expect("constant metric options");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("metric names are unique");
+            g
+        };
+        let plain_counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let c =
+                IntCounterVec::new(Opts::new(name, help), labels).expect("constant metric options");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("metric names are unique");
+            c
+        };
+
+        let metrics = Metrics {
+            rpc_time: summary(
+                "choria_provisioner_rpc_time",
+                "Time taken to perform RPC requests",
+                &["rpc"],
+            ),
+            helper_time: summary(
+                "choria_provisioner_helper_time",
+                "Time taken to run the helper",
+                &[],
+            ),
+            discovered: counter(
+                "choria_provisioner_discovered",
+                "Number of nodes discovered",
+            ),
+            event_discovered: counter(
+                "choria_provisioner_event_discovered",
+                "Number of nodes discovered via lifecycle events",
+            ),
+            discover_cycles: counter(
+                "choria_provisioner_discover_cycles",
+                "Number of discovery cycles",
+            ),
+            rpc_errors: counter_vec(
+                "choria_provisioner_rpc_errors",
+                "Number of RPC errors",
+                &["rpc"],
+            ),
+            helper_errors: counter(
+                "choria_provisioner_helper_errors",
+                "Number of helper errors",
+            ),
+            discovery_errors: counter(
+                "choria_provisioner_discovery_errors",
+                "Number of discovery errors",
+            ),
+            provision_errors: counter(
+                "choria_provisioner_provision_errors",
+                "Number of provisioning errors",
+            ),
+            paused: gauge("choria_provisioner_paused", "1 when provisioning is paused"),
+            busy_workers: gauge(
+                "choria_provisioner_busy_workers",
+                "Number of workers provisioning a node",
+            ),
+            provisioned: counter(
+                "choria_provisioner_provisioned",
+                "Number of nodes provisioned",
+            ),
+            work_queue_entries: gauge(
+                "choria_provisioner_work_queue_entries",
+                "Nodes on the work queue",
+            ),
+            waiting_nodes: gauge(
+                "choria_provisioner_waiting_nodes",
+                "Nodes known and waiting or in progress",
+            ),
+            helper_shutdown_requests: counter(
+                "choria_provisioner_helper_shutdown_requests",
+                "Number of nodes the helper asked to shut down",
+            ),
+            work_queue_dropped: counter(
+                "choria_provisioner_work_queue_dropped",
+                "Nodes dropped because the work queue was full",
+            ),
+            malformed_messages: counter_vec(
+                "choria_provisioner_malformed_messages",
+                "Replies and events refused as malformed",
+                &["kind"],
+            ),
+            election_campaigns: plain_counter_vec(
+                "choria_election_campaigns",
+                "The number of campaigns a specific candidate voted in",
+                &["election", "identity", "state"],
+            ),
+            election_leader: plain_gauge_vec(
+                "choria_election_leader",
+                "Indicates if a specific instance is the current leader",
+                &["election", "identity"],
+            ),
+            election_interval_seconds: plain_gauge_vec(
+                "choria_election_interval_seconds",
+                "The number of seconds between campaigns",
+                &["election", "identity"],
+            ),
+            registry,
+            site: site.to_string(),
+        };
+        for rpc in RPC_LABELS {
+            metrics.rpc_time.touch(&[rpc]);
+            metrics.rpc_errors.with_label_values(&[rpc]);
+        }
+        metrics.helper_time.touch(&[]);
+        metrics
+    }
+
+    pub fn site(&self) -> &str {
+        &self.site
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding only fails on an invalid family, which our constant names never make.
+        if let Err(err) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            log::error!("could not encode metrics: {err}");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+/// Serves `GET /metrics` on its own named thread until `stop` is called.
+pub struct MetricsServer {
+    stopping: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    pub local_addr: std::net::SocketAddr,
+}
+
+impl MetricsServer {
+    /// Binds `addr` (Go binds `:port` on every interface) and starts serving.
+    pub fn start(addr: &str, metrics: Arc<Metrics>) -> std::io::Result<MetricsServer> {
+        let listener = TcpListener::bind(addr)?;
+        // Non-blocking accept so the thread can notice `stop` within a bounded time.
+        listener.set_nonblocking(true)?;
+        let local_addr = listener.local_addr()?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stop_flag = stopping.clone();
+        let thread = std::thread::Builder::new()
+            .name("metrics-http".into())
+            .spawn(move || {
+                while !stop_flag.load(Ordering::SeqCst) {
+                    match listener.accept() {
+                        Ok((stream, _)) => serve_one(stream, &metrics),
+                        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(50))
+                        }
+                        Err(err) => {
+                            log::warn!("metrics listener accept failed: {err}");
+                            std::thread::sleep(Duration::from_millis(50))
+                        }
+                    }
+                }
+            })?;
+        Ok(MetricsServer {
+            stopping,
+            thread: Some(thread),
+            local_addr,
+        })
+    }
+
+    pub fn stop(mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve_one(stream: TcpStream, metrics: &Metrics) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+    let mut reader = BufReader::new(match stream.try_clone() {
+        Ok(s) => s,
+        Err(_) => return,
+    });
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).is_err() {
+        return;
+    }
+    // Drain the headers, bounded in count, so the client sees a clean response.
+    for _ in 0..100 {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) if line == "\r\n" || line == "\n" => break,
+            Ok(_) => {}
+        }
+    }
+    let mut parts = request_line.split_whitespace();
+    let method = parts.next().unwrap_or("");
+    let path = parts.next().unwrap_or("");
+    let path = path.split('?').next().unwrap_or("");
+    let mut stream = stream;
+    let response = if method == "GET" && path == "/metrics" {
+        let body = metrics.render();
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+            body.len(),
+            body
+        )
+    } else {
+        let body = "404 page not found\n";
+        format!(
+            "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+            body.len(),
+            body
+        )
+    };
+    let _ = stream.write_all(response.as_bytes());
+    let _ = stream.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_exists_at_zero_before_any_node() {
+        let m = Metrics::new("testsite");
+        let text = m.render();
+        for name in [
+            "choria_provisioner_discovered{site=\"testsite\"} 0",
+            "choria_provisioner_paused{site=\"testsite\"} 0",
+            "choria_provisioner_work_queue_dropped{site=\"testsite\"} 0",
+            "choria_provisioner_helper_time_sum{site=\"testsite\"} 0",
+            "choria_provisioner_helper_time_count{site=\"testsite\"} 0",
+            "choria_provisioner_rpc_time_count{rpc=\"rpcutil#inventory\",site=\"testsite\"} 0",
+            "choria_provisioner_rpc_errors{rpc=\"choria_provision#release_update\",site=\"testsite\"} 0",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+        assert!(text.contains("# TYPE choria_provisioner_rpc_time summary"));
+    }
+
+    #[test]
+    fn summary_accumulates_sum_and_count() {
+        let m = Metrics::new("s");
+        m.rpc_time.observe(&["choria_provision#jwt"], 0.25);
+        m.rpc_time.observe(&["choria_provision#jwt"], 0.5);
+        assert_eq!(m.rpc_time.get(&["choria_provision#jwt"]), (0.75, 2));
+        let text = m.render();
+        assert!(text.contains(
+            "choria_provisioner_rpc_time_sum{rpc=\"choria_provision#jwt\",site=\"s\"} 0.75"
+        ));
+        assert!(text.contains(
+            "choria_provisioner_rpc_time_count{rpc=\"choria_provision#jwt\",site=\"s\"} 2"
+        ));
+    }
+}

@@ -1,0 +1,1 @@
+//! Running the operator helper (being written).

@@ -1,0 +1,2 @@
+//! One node's provisioning cycle (being written).
+pub mod helper;

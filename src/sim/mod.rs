@@ -1,0 +1,1 @@
+//! The fleet simulator (`choria-fleet-sim`): N Choria Servers in provisioning mode.
