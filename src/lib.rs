@@ -14,3 +14,4 @@ pub mod gate;
 pub mod metrics;
 pub mod provision;
 pub mod sim;
+pub mod testing;
