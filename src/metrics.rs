@@ -34,6 +34,9 @@ pub const RPC_LABELS: [&str; 8] = [
     "rpcutil#inventory",
 ];
 
+/// Label values → (sum, count).
+type Series = BTreeMap<Vec<String>, (f64, u64)>;
+
 /// A summary with only `_sum` and `_count`, like Go's quantile-less summaries.
 #[derive(Clone)]
 pub struct SummaryVec {
@@ -42,7 +45,7 @@ pub struct SummaryVec {
     help: String,
     const_labels: Vec<(String, String)>,
     label_names: Vec<String>,
-    series: Arc<Mutex<BTreeMap<Vec<String>, (f64, u64)>>>,
+    series: Arc<Mutex<Series>>,
 }
 
 impl SummaryVec {
