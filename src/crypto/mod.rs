@@ -6,3 +6,4 @@
 //! only where the Go daemon takes a path from its config (verify key, signing key, token).
 
 pub mod csr;
+pub mod ed25519;
