@@ -7,3 +7,4 @@
 
 pub mod csr;
 pub mod ed25519;
+pub mod key_transport;
