@@ -7,4 +7,5 @@
 
 pub mod csr;
 pub mod ed25519;
+pub mod jwt;
 pub mod key_transport;
