@@ -1,2 +1,3 @@
 //! One node's provisioning cycle (being written).
 pub mod helper;
+pub mod version;
