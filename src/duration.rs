@@ -1,1 +1,245 @@
-//! Choria durations, exactly as go-choria's `ParseDuration` (being written).
+//! Choria durations, exactly as go-choria's `ParseDuration` (`util.go`).
+//!
+//! Surrounding space is trimmed and an empty string is zero. The last byte picks the unit:
+//! `w`/`W`, `d`/`D`, `M` (30 days) and `y`/`Y` (365 days) take a number parsed as a 32-bit
+//! float, multiplied out in 64-bit and truncated to whole hours (`1.5d` = 36h, `1.01d` = 24h,
+//! `0.01d` = 0); `s`, `S`, `m`, `h`, `H` hand the whole string to Go's `time.ParseDuration`
+//! (so `1h30m` works and `10S` fails there); any other unit is an error.
+
+use std::fmt;
+
+const NANOS_PER_HOUR: i128 = 3_600_000_000_000;
+
+/// Why a duration string was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DurationError {
+    InvalidUnit(String),
+    InvalidNumber(String),
+    Syntax(String),
+    UnknownUnit { unit: String, input: String },
+    Overflow(String),
+}
+
+impl fmt::Display for DurationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DurationError::InvalidUnit(unit) => write!(f, "invalid time unit {unit}"),
+            DurationError::InvalidNumber(n) => write!(f, "invalid number {n:?}"),
+            DurationError::Syntax(s) => write!(f, "invalid duration {s:?}"),
+            DurationError::UnknownUnit { unit, input } => {
+                write!(f, "unknown unit {unit:?} in duration {input:?}")
+            }
+            DurationError::Overflow(s) => write!(f, "duration {s:?} is out of range"),
+        }
+    }
+}
+
+impl std::error::Error for DurationError {}
+
+/// Parses a Choria duration into signed nanoseconds (Go durations may be negative).
+pub fn parse_nanos(input: &str) -> Result<i64, DurationError> {
+    let text = input.trim();
+    let Some(&unit) = text.as_bytes().last() else {
+        return Ok(0);
+    };
+    let hours_per_unit: f64 = match unit {
+        b'w' | b'W' => 7.0 * 24.0,
+        b'd' | b'D' => 24.0,
+        b'M' => 24.0 * 30.0,
+        b'y' | b'Y' => 24.0 * 365.0,
+        b's' | b'S' | b'm' | b'h' | b'H' => return parse_go_duration(text),
+        _ => {
+            // Go slices the last byte; show the last character, which is what a person typed.
+            let last = text.chars().last().map(String::from).unwrap_or_default();
+            return Err(DurationError::InvalidUnit(last));
+        }
+    };
+    let number = &text[..text.len() - 1];
+    let value: f32 = number
+        .parse()
+        .map_err(|_| DurationError::InvalidNumber(number.to_string()))?;
+    if !value.is_finite() {
+        return Err(DurationError::InvalidNumber(number.to_string()));
+    }
+    // Go: time.Duration(val*24) * time.Hour, val being the float32 widened to float64.
+    let hours = (f64::from(value) * hours_per_unit).trunc();
+    let nanos = hours as i128 * NANOS_PER_HOUR;
+    i64::try_from(nanos).map_err(|_| DurationError::Overflow(text.to_string()))
+}
+
+/// Parses a Choria duration that must not be negative.
+pub fn parse(input: &str) -> Result<std::time::Duration, DurationError> {
+    let nanos = parse_nanos(input)?;
+    if nanos < 0 {
+        return Err(DurationError::Syntax(input.trim().to_string()));
+    }
+    Ok(std::time::Duration::from_nanos(nanos as u64))
+}
+
+/// Go's `time.ParseDuration`: `[-+]?([0-9]*(\.[0-9]*)?[a-z]+)+`, or a bare `0`.
+fn parse_go_duration(orig: &str) -> Result<i64, DurationError> {
+    let syntax = || DurationError::Syntax(orig.to_string());
+    let overflow = || DurationError::Overflow(orig.to_string());
+    let mut s = orig.as_bytes();
+    let mut negative = false;
+    if let Some(&c) = s.first() {
+        if c == b'-' || c == b'+' {
+            negative = c == b'-';
+            s = &s[1..];
+        }
+    }
+    if s == b"0" {
+        return Ok(0);
+    }
+    if s.is_empty() {
+        return Err(syntax());
+    }
+    let mut total: u64 = 0;
+    while !s.is_empty() {
+        if !(s[0] == b'.' || s[0].is_ascii_digit()) {
+            return Err(syntax());
+        }
+        let digits = s.iter().take_while(|c| c.is_ascii_digit()).count();
+        let mut whole: u64 = 0;
+        for &c in &s[..digits] {
+            whole = whole
+                .checked_mul(10)
+                .and_then(|v| v.checked_add(u64::from(c - b'0')))
+                .filter(|v| *v <= 1 << 63)
+                .ok_or_else(overflow)?;
+        }
+        s = &s[digits..];
+        let mut fraction: u64 = 0;
+        let mut scale: f64 = 1.0;
+        let mut fraction_digits = 0;
+        if s.first() == Some(&b'.') {
+            s = &s[1..];
+            fraction_digits = s.iter().take_while(|c| c.is_ascii_digit()).count();
+            let mut overflowed = false;
+            for &c in &s[..fraction_digits] {
+                // Like Go's leadingFraction: stop accumulating once it would overflow.
+                if overflowed {
+                    continue;
+                }
+                match fraction
+                    .checked_mul(10)
+                    .and_then(|v| v.checked_add(u64::from(c - b'0')))
+                {
+                    Some(v) if v <= 1 << 63 => {
+                        fraction = v;
+                        scale *= 10.0;
+                    }
+                    _ => overflowed = true,
+                }
+            }
+            s = &s[fraction_digits..];
+        }
+        if digits == 0 && fraction_digits == 0 {
+            return Err(syntax());
+        }
+        let unit_len = s
+            .iter()
+            .take_while(|c| !(**c == b'.' || c.is_ascii_digit()))
+            .count();
+        if unit_len == 0 {
+            return Err(syntax());
+        }
+        let unit = &s[..unit_len];
+        s = &s[unit_len..];
+        let unit_nanos: u64 = match unit {
+            b"ns" => 1,
+            b"us" | [0xc2, 0xb5, b's'] | [0xce, 0xbc, b's'] => 1_000, // us, µs (U+00B5), μs (U+03BC)
+            b"ms" => 1_000_000,
+            b"s" => 1_000_000_000,
+            b"m" => 60_000_000_000,
+            b"h" => 3_600_000_000_000,
+            _ => {
+                return Err(DurationError::UnknownUnit {
+                    unit: String::from_utf8_lossy(unit).into_owned(),
+                    input: orig.to_string(),
+                })
+            }
+        };
+        if whole > (1 << 63) / unit_nanos {
+            return Err(overflow());
+        }
+        let mut value = whole * unit_nanos;
+        if fraction > 0 {
+            value += (fraction as f64 * (unit_nanos as f64 / scale)) as u64;
+            if value > 1 << 63 {
+                return Err(overflow());
+            }
+        }
+        total = total
+            .checked_add(value)
+            .filter(|v| *v <= 1 << 63)
+            .ok_or_else(overflow)?;
+    }
+    if negative {
+        return Ok((total as i128).wrapping_neg() as i64);
+    }
+    i64::try_from(total).map_err(|_| overflow())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: i64 = 1_000_000_000;
+    const H: i64 = 3600 * S;
+
+    #[test]
+    fn parses_like_go_choria() {
+        let cases: &[(&str, Result<i64, ()>)] = &[
+            ("", Ok(0)),
+            ("   ", Ok(0)),
+            (" 1m ", Ok(60 * S)),
+            ("90s", Ok(90 * S)),
+            ("1h30m", Ok(90 * 60 * S)),
+            ("10ms", Ok(10_000_000)),
+            ("1.5h", Ok(H + H / 2)),
+            ("-1m", Ok(-60 * S)),
+            ("1w", Ok(7 * 24 * H)),
+            ("2W", Ok(14 * 24 * H)),
+            ("1d", Ok(24 * H)),
+            ("1D", Ok(24 * H)),
+            ("1.5d", Ok(36 * H)),
+            ("1.01d", Ok(24 * H)),
+            ("0.01d", Ok(0)),
+            ("1M", Ok(30 * 24 * H)),
+            ("1y", Ok(365 * 24 * H)),
+            ("1Y", Ok(365 * 24 * H)),
+            ("0.5y", Ok(4380 * H)),
+            ("10S", Err(())),
+            ("2H", Err(())),
+            ("1d12h", Err(())),
+            ("5", Err(())),
+            ("5x", Err(())),
+            ("d", Err(())),
+            ("xd", Err(())),
+            ("1m5", Err(())),
+            ("m", Err(())),
+            (".s", Err(())),
+            ("1.s", Ok(S)),
+            (".5s", Ok(S / 2)),
+        ];
+        for (input, want) in cases {
+            let got = parse_nanos(input).map_err(|_| ());
+            assert_eq!(&got, want, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn errors_say_what_was_wrong() {
+        assert_eq!(
+            parse_nanos("5x").unwrap_err().to_string(),
+            "invalid time unit x"
+        );
+        assert!(parse_nanos("10S")
+            .unwrap_err()
+            .to_string()
+            .contains("\"S\""));
+        assert!(parse("-1m").is_err());
+        assert!(parse_nanos("99999999999999999999h").is_err());
+    }
+}

@@ -1,9 +1,27 @@
-//! The fleet scheduler (the seeds' `hosts`): admission, the bounded work queue, workers, the
-//! releaser and the finisher, and the pause switch. Invariant: `fleet` never touches the
-//! network; discovery and the provisioning cycle reach it through the traits below.
-//! (The scheduler itself is being written; the traits are the contract.)
+//! The fleet scheduler (the seeds' `hosts`): admission, the bounded work queue, the workers,
+//! the releaser and the finisher, and the pause switch.
+//!
+//! One mutex guards the map identity → admission. Every admission is a distinct ticket with a
+//! fresh number, in one of three stages: queued, in flight, or held (provisioned, waiting out
+//! `release_delay` while the node restarts). A worker provisions a ticket only if it is still
+//! the current one for its identity, and the finisher removes an identity only if the map
+//! still holds that same ticket, so provisioning is exactly-once per admission (Go checks
+//! identities only). Admission is the only writer of the queue and never blocks.
+//!
+//! Invariant: `fleet` never touches the network; discovery and the provisioning cycle reach
+//! it through the [`Discover`] and [`ProvisionCycle`] traits, and time through [`Clock`].
+
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, select, Receiver, RecvTimeoutError, Sender, TrySendError};
+use parking_lot::Mutex;
 
 use crate::gate::Gate;
+use crate::metrics::Metrics;
 
 /// How one provisioning cycle ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,4 +46,932 @@ pub trait ProvisionCycle: Send + Sync {
 pub trait Discover: Send + Sync {
     /// The identities that answered one discovery round.
     fn discover(&self, gate: &Gate) -> Result<Vec<String>, String>;
+}
+
+/// The time source, injectable so tests drive time without sleeping.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Instant;
+}
+
+/// The real monotonic clock.
+#[derive(Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// A clock that moves only when told to.
+#[derive(Debug)]
+pub struct ManualClock {
+    base: Instant,
+    offset_nanos: AtomicU64,
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        ManualClock {
+            base: Instant::now(),
+            offset_nanos: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ManualClock {
+    pub fn advance(&self, by: Duration) {
+        self.offset_nanos
+            .fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        self.base + Duration::from_nanos(self.offset_nanos.load(Ordering::SeqCst))
+    }
+}
+
+/// Where a sighting came from (for logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Discovery,
+    Event,
+}
+
+/// One admission of one identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    pub identity: Arc<str>,
+    pub number: u64,
+    pub admitted: Instant,
+}
+
+/// What `admit` did with a sighting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// A new ticket is on the queue.
+    Admitted(u64),
+    /// A held identity admitted more than one interval ago was replaced by this new ticket.
+    Readmitted(u64),
+    /// The identity is already queued, in flight, or recently held.
+    Ignored,
+    /// The queue was full: the fresh ticket was forgotten and counted.
+    Dropped,
+    /// Paused or stopping: nothing admitted.
+    Refused,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Queued,
+    InFlight,
+    Held,
+}
+
+#[derive(Debug)]
+struct Entry {
+    number: u64,
+    admitted: Instant,
+    stage: Stage,
+}
+
+#[derive(Debug, Default)]
+struct Admissions {
+    entries: HashMap<Arc<str>, Entry>,
+    last_number: u64,
+}
+
+/// What a worker may do with a popped ticket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    /// Current: provision it (now in flight).
+    Provision,
+    /// No longer the current ticket for its identity: skip it silently.
+    Stale,
+    /// Waited more than 2 × interval on the queue: refused and removed, counted as an error.
+    Expired,
+}
+
+/// Timing and sizes of the scheduler, from the configuration.
+#[derive(Debug, Clone)]
+pub struct FleetSettings {
+    pub interval: Duration,
+    pub release_delay: Duration,
+    pub work_queue_size: usize,
+}
+
+/// The admission map, the queue and the pause switch.
+pub struct Fleet {
+    admissions: Mutex<Admissions>,
+    queue_tx: Sender<Ticket>,
+    queue_rx: Receiver<Ticket>,
+    gate: Arc<Gate>,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+    settings: FleetSettings,
+}
+
+impl Fleet {
+    pub fn new(
+        settings: FleetSettings,
+        gate: Arc<Gate>,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<Fleet> {
+        let (queue_tx, queue_rx) = bounded(settings.work_queue_size.max(1));
+        metrics.paused.set(if gate.is_paused() { 1.0 } else { 0.0 });
+        Arc::new(Fleet {
+            admissions: Mutex::new(Admissions::default()),
+            queue_tx,
+            queue_rx,
+            gate,
+            metrics,
+            clock,
+            settings,
+        })
+    }
+
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    /// Admits a sighting of `identity`. Never blocks.
+    pub fn admit(&self, identity: &str, source: Source) -> Admission {
+        if self.gate.check().is_err() {
+            return Admission::Refused;
+        }
+        let now = self.clock.now();
+        let mut admissions = self.admissions.lock();
+        let mut readmission = false;
+        if let Some(entry) = admissions.entries.get(identity) {
+            // One cycle per node at a time: a second cycle would share the node's provisioning
+            // lock and its `jwt` call would replace the ECDH key under the first.
+            if entry.stage != Stage::Held {
+                return Admission::Ignored;
+            }
+            // Go compares the age of the new sighting (always ~0) and so never re-admits; we
+            // compare the age of the held admission (seed: "Admission and deduplication").
+            if now.saturating_duration_since(entry.admitted) <= self.settings.interval {
+                return Admission::Ignored;
+            }
+            readmission = true;
+        }
+        admissions.last_number += 1;
+        let number = admissions.last_number;
+        let identity: Arc<str> = Arc::from(identity);
+        let ticket = Ticket {
+            identity: identity.clone(),
+            number,
+            admitted: now,
+        };
+        admissions.entries.insert(
+            identity.clone(),
+            Entry {
+                number,
+                admitted: now,
+                stage: Stage::Queued,
+            },
+        );
+        let result = match self.queue_tx.try_send(ticket) {
+            Ok(()) => {
+                log::debug!("admitted {identity} from {source:?} as ticket {number}");
+                if readmission {
+                    Admission::Readmitted(number)
+                } else {
+                    Admission::Admitted(number)
+                }
+            }
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                // Forget the fresh ticket so a later sighting can admit the node again
+                // (provisioner #190: a known-but-unqueued node was never provisioned).
+                admissions.entries.remove(&identity);
+                self.metrics.work_queue_dropped.inc();
+                log::error!(
+                    "work queue is full ({} entries): dropped {identity} from {source:?}; it will be admitted again on its next sighting",
+                    self.settings.work_queue_size
+                );
+                Admission::Dropped
+            }
+        };
+        self.update_gauges(&admissions);
+        result
+    }
+
+    /// Pops the next ticket, waiting at most `timeout`.
+    pub fn next_ticket(&self, timeout: Duration) -> Option<Ticket> {
+        let ticket = self.queue_rx.recv_timeout(timeout).ok()?;
+        self.metrics
+            .work_queue_entries
+            .set(self.queue_rx.len() as f64);
+        Some(ticket)
+    }
+
+    /// Decides whether a popped ticket is provisioned, and marks it in flight if so.
+    pub fn start(&self, ticket: &Ticket) -> Start {
+        let now = self.clock.now();
+        let mut admissions = self.admissions.lock();
+        let current = matches!(
+            admissions.entries.get(&ticket.identity),
+            Some(entry) if entry.number == ticket.number && entry.stage == Stage::Queued
+        );
+        if !current {
+            return Start::Stale;
+        }
+        if now.saturating_duration_since(ticket.admitted) > self.settings.interval * 2 {
+            admissions.entries.remove(&ticket.identity);
+            self.update_gauges(&admissions);
+            return Start::Expired;
+        }
+        if let Some(entry) = admissions.entries.get_mut(&ticket.identity) {
+            entry.stage = Stage::InFlight;
+        }
+        Start::Provision
+    }
+
+    /// Marks a provisioned ticket as held while its node restarts.
+    pub fn hold(&self, ticket: &Ticket) {
+        let mut admissions = self.admissions.lock();
+        if let Some(entry) = admissions.entries.get_mut(&ticket.identity) {
+            if entry.number == ticket.number {
+                entry.stage = Stage::Held;
+            }
+        }
+    }
+
+    /// Removes the identity if the map still holds this very ticket. Returns whether it did.
+    pub fn finish(&self, ticket: &Ticket) -> bool {
+        let mut admissions = self.admissions.lock();
+        let same = matches!(admissions.entries.get(&ticket.identity), Some(e) if e.number == ticket.number);
+        if same {
+            admissions.entries.remove(&ticket.identity);
+            self.update_gauges(&admissions);
+        }
+        same
+    }
+
+    /// Leadership lost: forget every admission and drain the queue.
+    pub fn remove_all(&self) {
+        let mut admissions = self.admissions.lock();
+        let forgotten = admissions.entries.len();
+        admissions.entries.clear();
+        let mut drained = 0usize;
+        while self.queue_rx.try_recv().is_ok() {
+            drained += 1;
+        }
+        self.update_gauges(&admissions);
+        log::info!("forgot {forgotten} admitted nodes and drained {drained} queued tickets");
+    }
+
+    pub fn pause(&self) {
+        self.gate.set_paused(true);
+        self.metrics.paused.set(1.0);
+    }
+
+    pub fn resume(&self) {
+        self.gate.set_paused(false);
+        self.metrics.paused.set(0.0);
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.gate.is_paused()
+    }
+
+    /// Identities known (queued, in flight or held).
+    pub fn len(&self) -> usize {
+        self.admissions.lock().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn queue_len(&self) -> usize {
+        self.queue_rx.len()
+    }
+
+    /// The stage and ticket number of an identity, if known.
+    pub fn stage_of(&self, identity: &str) -> Option<(Stage, u64)> {
+        self.admissions
+            .lock()
+            .entries
+            .get(identity)
+            .map(|e| (e.stage, e.number))
+    }
+
+    pub fn settings(&self) -> &FleetSettings {
+        &self.settings
+    }
+
+    fn update_gauges(&self, admissions: &Admissions) {
+        self.metrics
+            .waiting_nodes
+            .set(admissions.entries.len() as f64);
+        self.metrics
+            .work_queue_entries
+            .set(self.queue_rx.len() as f64);
+    }
+}
+
+/// Runs one worker's decision for a popped ticket and reports where it goes next.
+fn work_one(
+    fleet: &Fleet,
+    cycle: &dyn ProvisionCycle,
+    ticket: Ticket,
+    done: &Sender<Ticket>,
+    release: &Sender<Ticket>,
+) {
+    match fleet.start(&ticket) {
+        Start::Stale => return,
+        Start::Expired => {
+            fleet.metrics.provision_errors.inc();
+            log::error!(
+                "refusing to provision {}: it waited more than 2 x interval ({:?}) on the queue",
+                ticket.identity,
+                fleet.settings.interval * 2
+            );
+            return;
+        }
+        Start::Provision => {}
+    }
+    fleet.metrics.busy_workers.inc();
+    let outcome = cycle.provision(&ticket.identity, &fleet.gate);
+    fleet.metrics.busy_workers.dec();
+    let held = match &outcome {
+        ProvisionOutcome::Provisioned { hold } => {
+            log::info!("provisioned {}", ticket.identity);
+            *hold
+        }
+        ProvisionOutcome::OwnedElsewhere => {
+            log::info!(
+                "{} is locked by another provisioner: leaving it to them",
+                ticket.identity
+            );
+            false
+        }
+        ProvisionOutcome::Failed(reason) => {
+            fleet.metrics.provision_errors.inc();
+            log::error!("provisioning {} failed: {reason}", ticket.identity);
+            false
+        }
+        ProvisionOutcome::Halted => {
+            log::info!(
+                "stopped provisioning {}: {:?}",
+                ticket.identity,
+                fleet.gate.check().err()
+            );
+            false
+        }
+    };
+    let next = if held {
+        fleet.hold(&ticket);
+        release.send_timeout(ticket, Duration::from_secs(5))
+    } else {
+        done.send_timeout(ticket, Duration::from_secs(5))
+    };
+    if let Err(err) = next {
+        // Only at shutdown, when the finisher or releaser is gone: remove it ourselves.
+        fleet.finish(&err.into_inner());
+    }
+}
+
+/// The scheduler's threads: discovery ticker, workers, releaser and finisher.
+pub struct FleetThreads {
+    trigger: Sender<()>,
+    stop_ticker: Sender<()>,
+    ticker: Option<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
+    worker_exits: Receiver<()>,
+    releaser: Option<JoinHandle<()>>,
+    finisher: Option<JoinHandle<()>>,
+    stop_releaser: Sender<()>,
+}
+
+impl FleetThreads {
+    /// Starts every thread. Discovery runs at once, then every interval, and on each trigger.
+    pub fn start(
+        fleet: Arc<Fleet>,
+        cycle: Arc<dyn ProvisionCycle>,
+        discover: Arc<dyn Discover>,
+        workers: usize,
+    ) -> std::io::Result<FleetThreads> {
+        let workers = workers.max(1);
+        let (trigger, trigger_rx) = bounded::<()>(1);
+        let (stop_ticker, stop_ticker_rx) = bounded::<()>(1);
+        let (done_tx, done_rx) = bounded::<Ticket>(workers * 4 + 16);
+        let (release_tx, release_rx) = bounded::<Ticket>(4096);
+        let (stop_releaser, stop_releaser_rx) = bounded::<()>(1);
+        let (exit_tx, worker_exits) = bounded::<()>(workers);
+
+        let finisher = {
+            let fleet = fleet.clone();
+            std::thread::Builder::new()
+                .name("finisher".into())
+                .spawn(move || {
+                    // Ends when every sender (workers and releaser) has gone.
+                    for ticket in done_rx.iter() {
+                        fleet.finish(&ticket);
+                    }
+                })?
+        };
+
+        let releaser = {
+            let fleet = fleet.clone();
+            let done = done_tx.clone();
+            std::thread::Builder::new()
+                .name("releaser".into())
+                .spawn(move || run_releaser(&fleet, release_rx, stop_releaser_rx, done))?
+        };
+
+        let mut worker_handles = Vec::with_capacity(workers);
+        for n in 0..workers {
+            let fleet = fleet.clone();
+            let cycle = cycle.clone();
+            let done = done_tx.clone();
+            let release = release_tx.clone();
+            let exit = exit_tx.clone();
+            worker_handles.push(
+                std::thread::Builder::new()
+                    .name(format!("worker-{n}"))
+                    .spawn(move || {
+                        while !fleet.gate.is_stopping() {
+                            if let Some(ticket) = fleet.next_ticket(Duration::from_millis(100)) {
+                                work_one(&fleet, cycle.as_ref(), ticket, &done, &release);
+                            }
+                        }
+                        let _ = exit.send(());
+                    })?,
+            );
+        }
+        drop(done_tx);
+        drop(release_tx);
+
+        let ticker = {
+            let fleet = fleet.clone();
+            std::thread::Builder::new()
+                .name("discovery-ticker".into())
+                .spawn(move || run_ticker(&fleet, discover.as_ref(), trigger_rx, stop_ticker_rx))?
+        };
+
+        Ok(FleetThreads {
+            trigger,
+            stop_ticker,
+            ticker: Some(ticker),
+            workers: worker_handles,
+            worker_exits,
+            releaser: Some(releaser),
+            finisher: Some(finisher),
+            stop_releaser,
+        })
+    }
+
+    /// A sender that asks for a discovery now (capacity one: repeated asks coalesce).
+    pub fn trigger(&self) -> Sender<()> {
+        self.trigger.clone()
+    }
+
+    /// Stops every thread. The gate must already be stopping so no new work starts; in-flight
+    /// cycles get `grace` to end. Returns the names of workers that did not end in time.
+    pub fn shutdown(mut self, fleet: &Fleet, grace: Duration) -> Vec<String> {
+        fleet.gate.stop();
+        let _ = self.stop_ticker.try_send(());
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+        let deadline = Instant::now() + grace;
+        let mut exited = 0;
+        while exited < self.workers.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.worker_exits.recv_timeout(left) {
+                Ok(()) => exited += 1,
+                Err(_) => break,
+            }
+        }
+        let mut stuck = Vec::new();
+        for handle in self.workers.drain(..) {
+            if handle.is_finished() {
+                let _ = handle.join();
+            } else {
+                stuck.push(handle.thread().name().unwrap_or("worker").to_string());
+            }
+        }
+        let _ = self.stop_releaser.try_send(());
+        if let Some(t) = self.releaser.take() {
+            let _ = t.join();
+        }
+        if stuck.is_empty() {
+            // Every done sender is gone now, so the finisher's loop ends.
+            if let Some(t) = self.finisher.take() {
+                let _ = t.join();
+            }
+        }
+        stuck
+    }
+}
+
+fn run_ticker(fleet: &Fleet, discover: &dyn Discover, trigger: Receiver<()>, stop: Receiver<()>) {
+    let mut next = Instant::now();
+    loop {
+        let wait = next.saturating_duration_since(Instant::now());
+        select! {
+            recv(stop) -> _ => return,
+            recv(trigger) -> msg => {
+                if msg.is_err() { return; }
+                run_discovery(fleet, discover);
+            },
+            default(wait) => {
+                run_discovery(fleet, discover);
+                next = Instant::now() + fleet.settings.interval;
+            },
+        }
+        if fleet.gate.is_stopping() {
+            return;
+        }
+    }
+}
+
+/// One discovery round: skipped while paused, each identity admitted.
+pub fn run_discovery(fleet: &Fleet, discover: &dyn Discover) {
+    if let Err(halt) = fleet.gate.check() {
+        log::debug!("skipping discovery: {halt}");
+        return;
+    }
+    match discover.discover(&fleet.gate) {
+        Ok(identities) => {
+            let mut admitted = 0;
+            for identity in &identities {
+                fleet.metrics.discovered.inc();
+                if matches!(
+                    fleet.admit(identity, Source::Discovery),
+                    Admission::Admitted(_) | Admission::Readmitted(_)
+                ) {
+                    admitted += 1;
+                }
+            }
+            log::info!(
+                "discovery found {} nodes, admitted {admitted}",
+                identities.len()
+            );
+        }
+        Err(err) => log::error!("discovery failed: {err}"),
+    }
+}
+
+/// A held ticket and when it is released.
+struct Deadline {
+    at: Instant,
+    ticket: Ticket,
+}
+
+impl PartialEq for Deadline {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at && self.ticket.number == other.ticket.number
+    }
+}
+impl Eq for Deadline {}
+impl PartialOrd for Deadline {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Deadline {
+    // Reversed so the BinaryHeap (a max-heap) yields the earliest deadline first.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other
+            .at
+            .cmp(&self.at)
+            .then(other.ticket.number.cmp(&self.ticket.number))
+    }
+}
+
+/// One timer thread for every held ticket: a deadline heap, never a timer per host.
+fn run_releaser(
+    fleet: &Fleet,
+    incoming: Receiver<Ticket>,
+    stop: Receiver<()>,
+    done: Sender<Ticket>,
+) {
+    // Wake at least this often so an injected clock that jumps is noticed.
+    const TICK: Duration = Duration::from_millis(50);
+    let mut heap: BinaryHeap<Deadline> = BinaryHeap::new();
+    loop {
+        let now = fleet.clock.now();
+        while heap.peek().is_some_and(|d| d.at <= now) {
+            if let Some(due) = heap.pop() {
+                if done
+                    .send_timeout(due.ticket.clone(), Duration::from_secs(5))
+                    .is_err()
+                {
+                    fleet.finish(&due.ticket);
+                }
+            }
+        }
+        let wait = heap
+            .peek()
+            .map(|d| d.at.saturating_duration_since(now).min(TICK))
+            .unwrap_or(TICK);
+        select! {
+            recv(stop) -> _ => return,
+            recv(incoming) -> msg => match msg {
+                Ok(ticket) => heap.push(Deadline { at: fleet.clock.now() + fleet.settings.release_delay, ticket }),
+                Err(_) => {
+                    if heap.is_empty() { return; }
+                    // Workers gone: keep releasing what is held until stopped.
+                    match stop.recv_timeout(wait) {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        _ => return,
+                    }
+                }
+            },
+            default(wait) => {},
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+    use std::sync::atomic::AtomicUsize;
+
+    const INTERVAL: Duration = Duration::from_secs(60);
+
+    fn fleet_with(queue: usize) -> (Arc<Fleet>, Arc<ManualClock>, Arc<Metrics>) {
+        let clock = Arc::new(ManualClock::default());
+        let metrics = Arc::new(Metrics::new("test"));
+        let fleet = Fleet::new(
+            FleetSettings {
+                interval: INTERVAL,
+                release_delay: Duration::from_secs(60),
+                work_queue_size: queue,
+            },
+            Arc::new(Gate::new(false)),
+            metrics.clone(),
+            clock.clone(),
+        );
+        (fleet, clock, metrics)
+    }
+
+    fn pop(fleet: &Fleet) -> Ticket {
+        fleet
+            .next_ticket(Duration::from_millis(10))
+            .expect("a queued ticket")
+    }
+
+    #[test]
+    fn a_node_is_queued_once_while_queued_or_in_flight() {
+        let (fleet, clock, _) = fleet_with(10);
+        assert_eq!(fleet.admit("n1", Source::Discovery), Admission::Admitted(1));
+        assert_eq!(fleet.admit("n1", Source::Event), Admission::Ignored);
+        let ticket = pop(&fleet);
+        assert_eq!(fleet.start(&ticket), Start::Provision);
+        assert_eq!(fleet.stage_of("n1"), Some((Stage::InFlight, 1)));
+        clock.advance(INTERVAL * 3);
+        assert_eq!(
+            fleet.admit("n1", Source::Event),
+            Admission::Ignored,
+            "in flight"
+        );
+        assert_eq!(fleet.queue_len(), 0);
+    }
+
+    #[test]
+    fn a_full_queue_drops_the_fresh_ticket_counts_it_and_does_not_block() {
+        let (fleet, _, metrics) = fleet_with(2);
+        assert!(matches!(
+            fleet.admit("a", Source::Discovery),
+            Admission::Admitted(_)
+        ));
+        assert!(matches!(
+            fleet.admit("b", Source::Discovery),
+            Admission::Admitted(_)
+        ));
+        assert_eq!(fleet.admit("c", Source::Discovery), Admission::Dropped);
+        assert_eq!(metrics.work_queue_dropped.get(), 1);
+        assert_eq!(fleet.stage_of("c"), None, "the dropped node is forgotten");
+        assert_eq!(metrics.waiting_nodes.get(), 2.0);
+        assert_eq!(metrics.work_queue_entries.get(), 2.0);
+        pop(&fleet);
+        assert!(
+            matches!(fleet.admit("c", Source::Event), Admission::Admitted(_)),
+            "a later sighting admits it again"
+        );
+    }
+
+    #[test]
+    fn a_held_node_is_readmitted_only_when_admitted_more_than_an_interval_ago() {
+        let (fleet, clock, _) = fleet_with(10);
+        fleet.admit("n1", Source::Discovery);
+        let first = pop(&fleet);
+        assert_eq!(fleet.start(&first), Start::Provision);
+        fleet.hold(&first);
+        clock.advance(INTERVAL / 2);
+        assert_eq!(fleet.admit("n1", Source::Event), Admission::Ignored);
+        clock.advance(INTERVAL);
+        assert_eq!(fleet.admit("n1", Source::Event), Admission::Readmitted(2));
+        // The first ticket's late release must not remove the new admission.
+        assert!(!fleet.finish(&first));
+        assert_eq!(fleet.stage_of("n1"), Some((Stage::Queued, 2)));
+    }
+
+    #[test]
+    fn a_stale_ticket_is_skipped_and_never_removes_a_newer_admission() {
+        let (fleet, _, _) = fleet_with(10);
+        fleet.admit("n1", Source::Discovery);
+        fleet.remove_all();
+        fleet.admit("n1", Source::Discovery);
+        let second = pop(&fleet);
+        assert_eq!(second.number, 2, "remove_all drained the first ticket");
+        let first = Ticket {
+            identity: second.identity.clone(),
+            number: 1,
+            admitted: second.admitted,
+        };
+        assert_eq!(fleet.start(&first), Start::Stale);
+        assert!(!fleet.finish(&first));
+        assert_eq!(fleet.start(&second), Start::Provision);
+        assert!(fleet.finish(&second));
+        assert_eq!(fleet.len(), 0);
+    }
+
+    #[test]
+    fn a_ticket_older_than_two_intervals_is_refused() {
+        let (fleet, clock, _) = fleet_with(10);
+        fleet.admit("n1", Source::Discovery);
+        clock.advance(INTERVAL * 2 + Duration::from_secs(1));
+        let ticket = pop(&fleet);
+        assert_eq!(fleet.start(&ticket), Start::Expired);
+        assert_eq!(fleet.len(), 0);
+        fleet.admit("n2", Source::Discovery);
+        clock.advance(INTERVAL * 2);
+        assert_eq!(
+            fleet.start(&pop(&fleet)),
+            Start::Provision,
+            "exactly 2 x interval is fine"
+        );
+    }
+
+    #[test]
+    fn pause_refuses_admission_and_sets_the_gauge() {
+        let (fleet, _, metrics) = fleet_with(10);
+        assert_eq!(metrics.paused.get(), 0.0);
+        fleet.pause();
+        assert_eq!(metrics.paused.get(), 1.0);
+        assert_eq!(fleet.admit("n1", Source::Event), Admission::Refused);
+        fleet.resume();
+        assert_eq!(metrics.paused.get(), 0.0);
+        assert!(matches!(
+            fleet.admit("n1", Source::Event),
+            Admission::Admitted(_)
+        ));
+    }
+
+    #[test]
+    fn remove_all_empties_the_map_and_the_queue() {
+        let (fleet, _, metrics) = fleet_with(100);
+        for n in 0..10 {
+            fleet.admit(&format!("n{n}"), Source::Discovery);
+        }
+        assert_eq!(metrics.waiting_nodes.get(), 10.0);
+        fleet.remove_all();
+        assert_eq!(fleet.len(), 0);
+        assert_eq!(fleet.queue_len(), 0);
+        assert_eq!(metrics.waiting_nodes.get(), 0.0);
+        assert_eq!(metrics.work_queue_entries.get(), 0.0);
+    }
+
+    #[test]
+    fn concurrent_admissions_neither_lose_nor_duplicate_a_ticket() {
+        let (fleet, _, _) = fleet_with(50_000);
+        // Two threads, overlapping halves: 50,000 distinct identities in all.
+        let ranges = [(0usize, 30_000usize), (20_000, 50_000)];
+        let handles: Vec<_> = ranges
+            .into_iter()
+            .map(|(from, to)| {
+                let fleet = fleet.clone();
+                std::thread::spawn(move || {
+                    let mut admitted = 0;
+                    for n in from..to {
+                        if let Admission::Admitted(_) =
+                            fleet.admit(&format!("node-{n}"), Source::Event)
+                        {
+                            admitted += 1;
+                        }
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(admitted, 50_000);
+        assert_eq!(fleet.len(), 50_000);
+        assert_eq!(fleet.queue_len(), 50_000);
+        let mut numbers = HashSet::new();
+        let mut identities = HashSet::new();
+        while let Some(ticket) = fleet.next_ticket(Duration::from_millis(1)) {
+            assert!(
+                numbers.insert(ticket.number),
+                "duplicate ticket {}",
+                ticket.number
+            );
+            assert!(identities.insert(ticket.identity.clone()));
+        }
+        assert_eq!(numbers.len(), 50_000);
+        assert_eq!(fleet.admit("node-1", Source::Event), Admission::Ignored);
+    }
+
+    /// A cycle whose outcome per identity is scripted; it records every call.
+    struct ScriptedCycle {
+        calls: Mutex<Vec<String>>,
+        outcome: fn(&str) -> ProvisionOutcome,
+    }
+
+    impl ProvisionCycle for ScriptedCycle {
+        fn provision(&self, identity: &str, gate: &Gate) -> ProvisionOutcome {
+            if gate.check().is_err() {
+                return ProvisionOutcome::Halted;
+            }
+            self.calls.lock().push(identity.to_string());
+            (self.outcome)(identity)
+        }
+    }
+
+    struct FixedDiscovery {
+        identities: Vec<String>,
+        rounds: AtomicUsize,
+    }
+
+    impl Discover for FixedDiscovery {
+        fn discover(&self, _gate: &Gate) -> Result<Vec<String>, String> {
+            self.rounds.fetch_add(1, Ordering::SeqCst);
+            Ok(self.identities.clone())
+        }
+    }
+
+    fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn outcome_by_name(identity: &str) -> ProvisionOutcome {
+        match identity {
+            "fails" => ProvisionOutcome::Failed("helper said no".into()),
+            "upgraded" => ProvisionOutcome::Provisioned { hold: false },
+            "foreign" => ProvisionOutcome::OwnedElsewhere,
+            _ => ProvisionOutcome::Provisioned { hold: true },
+        }
+    }
+
+    #[test]
+    fn threads_discover_provision_hold_release_and_shut_down() {
+        let (fleet, clock, metrics) = fleet_with(100);
+        let cycle = Arc::new(ScriptedCycle {
+            calls: Mutex::new(Vec::new()),
+            outcome: outcome_by_name,
+        });
+        let discovery = Arc::new(FixedDiscovery {
+            identities: ["ok", "fails", "upgraded", "foreign"]
+                .map(String::from)
+                .to_vec(),
+            rounds: AtomicUsize::new(0),
+        });
+        let threads =
+            FleetThreads::start(fleet.clone(), cycle.clone(), discovery.clone(), 3).unwrap();
+
+        wait_until("four cycles", || cycle.calls.lock().len() == 4);
+        wait_until("only the held node left", || fleet.len() == 1);
+        assert_eq!(fleet.stage_of("ok").map(|s| s.0), Some(Stage::Held));
+        assert_eq!(metrics.provision_errors.get(), 1);
+        assert_eq!(metrics.discovered.get(), 4);
+        assert_eq!(
+            discovery.rounds.load(Ordering::SeqCst),
+            1,
+            "discovery ran once at start"
+        );
+
+        // A trigger runs discovery now; the held node is ignored, the others come back.
+        threads.trigger().send(()).unwrap();
+        wait_until("a second round", || {
+            discovery.rounds.load(Ordering::SeqCst) == 2
+        });
+        wait_until("seven cycles", || cycle.calls.lock().len() == 7);
+        assert_eq!(cycle.calls.lock().iter().filter(|c| *c == "ok").count(), 1);
+
+        // The release delay passes on the injected clock: the held node is forgotten.
+        clock.advance(Duration::from_secs(61));
+        wait_until("release", || fleet.stage_of("ok").is_none());
+
+        // Paused: a trigger does not discover.
+        fleet.pause();
+        threads.trigger().send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(discovery.rounds.load(Ordering::SeqCst), 2);
+        assert_eq!(metrics.busy_workers.get(), 0.0);
+
+        let stuck = threads.shutdown(&fleet, Duration::from_secs(5));
+        assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
+    }
 }

@@ -1,3 +1,20 @@
+//! `choria-provisioner`: parse the command line, then hand over to the daemon.
+
+use std::path::Path;
+
+use choria_provisioner::cli::{self, Command};
+
 fn main() {
-    std::process::exit(0);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+    let exists = |p: &Path| p.is_file();
+    match cli::parse(&args, home.as_deref(), &exists) {
+        Ok(Command::Help) => print!("{}", cli::USAGE),
+        Ok(Command::Version) => println!("{}", env!("CARGO_PKG_VERSION")),
+        Ok(Command::Run(run)) => std::process::exit(choria_provisioner::daemon::run(run)),
+        Err(err) => {
+            eprintln!("choria-provisioner: error: {err}");
+            std::process::exit(2);
+        }
+    }
 }
