@@ -9,3 +9,5 @@ pub mod csr;
 pub mod ed25519;
 pub mod jwt;
 pub mod key_transport;
+pub mod ksuid;
+pub mod server_jwt;
