@@ -494,20 +494,21 @@ impl ServerJwtIssuer {
             // Go splits without trimming whitespace (§2.1).
             collectives = list.split(',').map(str::to_string).collect();
         }
-        let mut validity_secs = req.validity.as_secs() as i64;
+        let configured_secs = i64::try_from(req.validity.as_secs()).unwrap_or(i64::MAX);
+        let mut validity_secs = configured_secs;
         let overrides = parse_overrides(req.server_claims)?;
         if !overrides.ou.is_empty() {
             ou = overrides.ou;
         }
         if let Some(exp) = overrides.exp.filter(|&e| e != 0) {
             // An absolute time, not a duration (the helper docs' 157680000 is 1974, §2.1).
-            validity_secs = exp - now;
+            validity_secs = exp.saturating_sub(now);
         }
         if !overrides.collectives.is_empty() {
             collectives = overrides.collectives;
         }
         if validity_secs <= MINIMUM_VALIDITY.as_secs() as i64 {
-            validity_secs = req.validity.as_secs() as i64;
+            validity_secs = configured_secs;
         }
 
         let jti = ksuid::new_ksuid(now).map_err(ServerJwtError::Ksuid)?;
@@ -1128,6 +1129,16 @@ mod tests {
                 json!({"exp": default_exp}),
             ),
             (config(&[]), json!({"exp": 0}), json!({"exp": default_exp})),
+            (
+                config(&[]),
+                json!({"exp": i64::MIN}),
+                json!({"exp": default_exp}),
+            ),
+            (
+                config(&[]),
+                json!({"exp": -1.5e300}),
+                json!({"exp": default_exp}),
+            ),
             (
                 config(&[]),
                 json!({"pub_subjects": ["a.>", "b"]}),
