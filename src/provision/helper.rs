@@ -1,1 +1,855 @@
-//! Running the operator helper (being written).
+//! Running the operator's helper program for one node (spec/landscape.md §2.3, §5.4).
+//!
+//! The helper is the user's extension point: it gets a JSON description of the node on stdin
+//! and answers with a JSON object on stdout saying how to configure it. The contract is the Go
+//! provisioner's, so helpers written for it work unchanged:
+//!
+//! - stdin: `{"identity", "csr", "ed25519_pubkey", "inventory", "jwt"}` in that order, with
+//!   `inventory` a JSON *string* and the others objects or `null` ([`HelperInput`]);
+//! - stdout: `defer`, `shutdown`, `msg`, `key`, `certificate`, `ca`, `ssldir`,
+//!   `configuration`, `action_policies`, `opa_policies`, `server_claims`, `upgrade`, any of
+//!   them absent or `null`, keys matched as Go's decoder does ([`HelperOutput`]).
+//!
+//! One idea to read the code: a single loop `poll(2)`s the child's three pipes, so feeding
+//! stdin, draining stdout and logging stderr never deadlock against each other, there is no
+//! thread to join, and every wait is bounded by `helper_timeout`. The helper runs in its own
+//! process group, so on a timeout SIGKILL reaches whatever it started too.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// Most stdout we accept from a helper (issue 5: "more than 1 MiB of output" is an error).
+pub const MAX_OUTPUT: usize = 1024 * 1024;
+
+/// A stderr line longer than this is logged cut short (the rest up to the newline is dropped).
+const MAX_STDERR_LINE: usize = 4096;
+
+/// At most this many stderr lines are logged per run, so a chatty helper cannot flood the log.
+const MAX_STDERR_LINES: usize = 1000;
+
+/// The node's `gencsr` reply as the helper sees it (go-choria `provision.CSRReply`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct CsrReply {
+    pub csr: String,
+    pub public_key: String,
+    pub ssldir: String,
+}
+
+/// The node's `gen25519` reply as the helper sees it (go-choria `provision.ED25519Reply`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct Ed25519Reply {
+    pub public_key: String,
+    pub directory: String,
+    pub signature: String,
+}
+
+/// What the helper reads on stdin; field order and names are the Go `Host` struct's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HelperInput {
+    pub identity: String,
+    pub csr: Option<CsrReply>,
+    pub ed25519_pubkey: Option<Ed25519Reply>,
+    /// The node's `rpcutil#inventory` reply, as a JSON document in a string (Go's `Metadata`).
+    pub inventory: String,
+    /// The verified provisioning JWT claims, when `features.jwt` fetched one.
+    pub jwt: Option<serde_json::Map<String, Value>>,
+}
+
+impl HelperInput {
+    /// The stdin bytes: compact JSON escaped as Go's encoder writes it.
+    pub fn to_json(&self) -> Result<String, serde_json::Error> {
+        Ok(go_escape(&serde_json::to_string(self)?))
+    }
+}
+
+/// What the helper answered (Go `ConfigResponse`). Absent and `null` fields are empty.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HelperOutput {
+    /// Do not provision this node now; `msg` says why.
+    pub defer: bool,
+    /// Shut the node down instead of provisioning it.
+    pub shutdown: bool,
+    pub msg: String,
+    /// A PEM private key to deliver, encrypted over ECDH (needs `features.jwt`).
+    pub key: String,
+    pub certificate: String,
+    pub ca: String,
+    pub ssldir: String,
+    /// The node's new `server.conf` settings.
+    pub configuration: BTreeMap<String, String>,
+    pub action_policies: BTreeMap<String, String>,
+    pub opa_policies: BTreeMap<String, String>,
+    /// Overrides for the server JWT (`tokens.ServerClaims` JSON), used in ed25519 mode.
+    pub server_claims: Option<Value>,
+    /// The Choria version the node should run (`features.upgrades`).
+    pub upgrade: String,
+}
+
+/// The keys of [`HelperOutput`], as the helper writes them.
+const OUTPUT_KEYS: [&str; 12] = [
+    "defer",
+    "shutdown",
+    "msg",
+    "key",
+    "certificate",
+    "ca",
+    "ssldir",
+    "configuration",
+    "action_policies",
+    "opa_policies",
+    "server_claims",
+    "upgrade",
+];
+
+impl HelperOutput {
+    /// Decodes helper stdout with the leniency of Go's `json.Unmarshal` into `ConfigResponse`:
+    /// unknown keys are ignored, `null` leaves a field empty, a key matches its field
+    /// case-insensitively when no exact match exists, and a top-level `null` is an empty
+    /// answer. A value of the wrong type is an error naming the field, as in Go.
+    pub fn from_json(bytes: &[u8]) -> Result<HelperOutput, String> {
+        let document: Value = serde_json::from_slice(bytes).map_err(|err| err.to_string())?;
+        let object = match document {
+            Value::Object(object) => object,
+            Value::Null => return Ok(HelperOutput::default()),
+            other => {
+                return Err(format!(
+                    "expected a JSON object, got {}",
+                    json_type_name(&other)
+                ))
+            }
+        };
+        let mut fields: BTreeMap<&'static str, Value> = BTreeMap::new();
+        // Exact names first, then case-insensitive ones for fields still unset (Go's rule).
+        for key in OUTPUT_KEYS {
+            if let Some(value) = object.get(key) {
+                fields.insert(key, value.clone());
+            }
+        }
+        for (name, value) in object.iter() {
+            if let Some(key) = OUTPUT_KEYS
+                .iter()
+                .find(|key| !fields.contains_key(*key) && name.eq_ignore_ascii_case(key))
+            {
+                fields.insert(key, value.clone());
+            }
+        }
+        let field = |key: &str| fields.get(key).unwrap_or(&Value::Null);
+        Ok(HelperOutput {
+            defer: bool_field("defer", field("defer"))?,
+            shutdown: bool_field("shutdown", field("shutdown"))?,
+            msg: string_field("msg", field("msg"))?,
+            key: string_field("key", field("key"))?,
+            certificate: string_field("certificate", field("certificate"))?,
+            ca: string_field("ca", field("ca"))?,
+            ssldir: string_field("ssldir", field("ssldir"))?,
+            configuration: map_field("configuration", field("configuration"))?,
+            action_policies: map_field("action_policies", field("action_policies"))?,
+            opa_policies: map_field("opa_policies", field("opa_policies"))?,
+            server_claims: match field("server_claims") {
+                Value::Null => None,
+                value @ Value::Object(_) => Some(value.clone()),
+                other => {
+                    return Err(format!(
+                        "field server_claims: expected an object, got {}",
+                        json_type_name(other)
+                    ))
+                }
+            },
+            upgrade: string_field("upgrade", field("upgrade"))?,
+        })
+    }
+}
+
+fn json_type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn bool_field(name: &str, value: &Value) -> Result<bool, String> {
+    match value {
+        Value::Null => Ok(false),
+        Value::Bool(b) => Ok(*b),
+        other => Err(format!(
+            "field {name}: expected a boolean, got {}",
+            json_type_name(other)
+        )),
+    }
+}
+
+fn string_field(name: &str, value: &Value) -> Result<String, String> {
+    match value {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        other => Err(format!(
+            "field {name}: expected a string, got {}",
+            json_type_name(other)
+        )),
+    }
+}
+
+fn map_field(name: &str, value: &Value) -> Result<BTreeMap<String, String>, String> {
+    match value {
+        Value::Null => Ok(BTreeMap::new()),
+        Value::Object(object) => object
+            .iter()
+            .map(|(key, value)| match value {
+                Value::String(s) => Ok((key.clone(), s.clone())),
+                Value::Null => Ok((key.clone(), String::new())),
+                other => Err(format!(
+                    "field {name}: key {key:?}: expected a string, got {}",
+                    json_type_name(other)
+                )),
+            })
+            .collect(),
+        other => Err(format!(
+            "field {name}: expected an object of strings, got {}",
+            json_type_name(other)
+        )),
+    }
+}
+
+/// Escapes `<`, `>`, `&`, U+2028 and U+2029 in compact JSON as Go's encoder does, so what we
+/// write is byte-for-byte what the Go daemon wrote (DESIGN.md, Known traps). Inside JSON these
+/// characters can only occur in strings, where the escapes mean the same thing.
+pub fn go_escape(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        match c {
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Why running the helper for a node failed. Each names the helper and the node.
+#[derive(Debug)]
+pub enum HelperError {
+    /// The `helper` setting could not be split into arguments.
+    BadCommand {
+        helper: String,
+        reason: String,
+    },
+    /// The input could not be encoded (not expected with our types).
+    Input {
+        helper: String,
+        identity: String,
+        reason: String,
+    },
+    Start {
+        helper: String,
+        identity: String,
+        source: std::io::Error,
+    },
+    Io {
+        helper: String,
+        identity: String,
+        source: std::io::Error,
+    },
+    Timeout {
+        helper: String,
+        identity: String,
+        timeout: Duration,
+    },
+    Exit {
+        helper: String,
+        identity: String,
+        status: String,
+    },
+    NoOutput {
+        helper: String,
+        identity: String,
+    },
+    TooLarge {
+        helper: String,
+        identity: String,
+    },
+    Decode {
+        helper: String,
+        identity: String,
+        reason: String,
+    },
+}
+
+impl fmt::Display for HelperError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HelperError::BadCommand { helper, reason } => {
+                write!(f, "cannot split the helper command {helper:?}: {reason}")
+            }
+            HelperError::Input {
+                helper,
+                identity,
+                reason,
+            } => write!(
+                f,
+                "cannot encode the input of helper {helper} for {identity}: {reason}"
+            ),
+            HelperError::Start {
+                helper,
+                identity,
+                source,
+            } => write!(f, "cannot start helper {helper} for {identity}: {source}"),
+            HelperError::Io {
+                helper,
+                identity,
+                source,
+            } => write!(
+                f,
+                "cannot talk to helper {helper} for {identity}: {source}"
+            ),
+            HelperError::Timeout {
+                helper,
+                identity,
+                timeout,
+            } => write!(
+                f,
+                "helper {helper} for {identity} did not finish within {timeout:?} and was killed"
+            ),
+            HelperError::Exit {
+                helper,
+                identity,
+                status,
+            } => write!(f, "helper {helper} for {identity} failed: {status}"),
+            HelperError::NoOutput { helper, identity } => write!(
+                f,
+                "helper {helper} for {identity} wrote nothing on stdout: zero bytes received"
+            ),
+            HelperError::TooLarge { helper, identity } => write!(
+                f,
+                "helper {helper} for {identity} wrote more than {MAX_OUTPUT} bytes on stdout and was killed"
+            ),
+            HelperError::Decode {
+                helper,
+                identity,
+                reason,
+            } => write!(
+                f,
+                "cannot decode the output of helper {helper} for {identity}: {reason}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for HelperError {}
+
+/// Splits the `helper` setting with shell quoting rules (as Go's go-shellquote since
+/// provisioner #214): `/usr/bin/helper --ca "/etc/my ca"` is a program and two arguments.
+pub fn split_command(helper: &str) -> Result<Vec<String>, HelperError> {
+    let bad = |reason: &str| HelperError::BadCommand {
+        helper: helper.to_string(),
+        reason: reason.to_string(),
+    };
+    let words =
+        shlex::split(helper).ok_or_else(|| bad("unbalanced quotes or a trailing backslash"))?;
+    if words.is_empty() {
+        return Err(bad("it names no program"));
+    }
+    Ok(words)
+}
+
+/// Runs the helper for `identity`: writes `input` to its stdin, reads at most [`MAX_OUTPUT`]
+/// bytes of stdout, logs its stderr line by line tagged with the node, and decodes the answer.
+/// A run longer than `timeout` is killed (with its process group) and reaped.
+pub fn run_helper(
+    command: &[String],
+    input: &HelperInput,
+    timeout: Duration,
+    identity: &str,
+) -> Result<HelperOutput, HelperError> {
+    let helper = command.join(" ");
+    let program = command.first().ok_or_else(|| HelperError::BadCommand {
+        helper: helper.clone(),
+        reason: "it names no program".to_string(),
+    })?;
+    let stdin_bytes = input.to_json().map_err(|err| HelperError::Input {
+        helper: helper.clone(),
+        identity: identity.to_string(),
+        reason: err.to_string(),
+    })?;
+    let mut child = Command::new(program)
+        .args(&command[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, so a timeout kill reaches what it spawned too.
+        .process_group(0)
+        .spawn()
+        .map_err(|source| HelperError::Start {
+            helper: helper.clone(),
+            identity: identity.to_string(),
+            source,
+        })?;
+    let run = Run {
+        helper: &helper,
+        identity,
+        deadline: Instant::now() + timeout,
+    };
+    let result = run.drive(&mut child, stdin_bytes.as_bytes());
+    match result {
+        Ok((status, stdout)) => {
+            if !status.success() {
+                return Err(HelperError::Exit {
+                    helper,
+                    identity: identity.to_string(),
+                    status: describe_status(status),
+                });
+            }
+            if stdout.is_empty() {
+                return Err(HelperError::NoOutput {
+                    helper,
+                    identity: identity.to_string(),
+                });
+            }
+            HelperOutput::from_json(&stdout).map_err(|reason| HelperError::Decode {
+                helper,
+                identity: identity.to_string(),
+                reason,
+            })
+        }
+        Err(end) => {
+            kill_group(&mut child);
+            Err(match end {
+                RunEnd::Timeout => HelperError::Timeout {
+                    helper,
+                    identity: identity.to_string(),
+                    timeout,
+                },
+                RunEnd::TooLarge => HelperError::TooLarge {
+                    helper,
+                    identity: identity.to_string(),
+                },
+                RunEnd::Io(source) => HelperError::Io {
+                    helper,
+                    identity: identity.to_string(),
+                    source,
+                },
+            })
+        }
+    }
+}
+
+fn describe_status(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => format!("ended with {status}"),
+    }
+}
+
+/// SIGKILL to the helper's process group, then reap the helper. The group id is the helper's
+/// pid, which Linux does not hand out again while the helper is unreaped or any member of its
+/// group lives, so this reaches only what the helper started.
+fn kill_group(child: &mut Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) with a negative pid signals that process group; no memory involved.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+    let _ = child.kill();
+    // Bounded: the process was sent SIGKILL.
+    let _ = child.wait();
+}
+
+/// Why the poll loop stopped early.
+enum RunEnd {
+    Timeout,
+    TooLarge,
+    Io(std::io::Error),
+}
+
+struct Run<'a> {
+    helper: &'a str,
+    identity: &'a str,
+    deadline: Instant,
+}
+
+fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own (a pipe end of our child); no memory involved.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+impl Run<'_> {
+    /// Feeds stdin, drains stdout and stderr, and waits for the exit, all until the deadline.
+    /// Success needs the helper to have exited and closed stdout and stderr.
+    fn drive(&self, child: &mut Child, input: &[u8]) -> Result<(ExitStatus, Vec<u8>), RunEnd> {
+        let mut stdin = child.stdin.take();
+        let mut stdout = child.stdout.take();
+        let mut stderr = child.stderr.take();
+        for fd in [
+            stdin.as_ref().map(|s| s.as_raw_fd()),
+            stdout.as_ref().map(|s| s.as_raw_fd()),
+            stderr.as_ref().map(|s| s.as_raw_fd()),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            set_nonblocking(fd).map_err(RunEnd::Io)?;
+        }
+        let mut written = 0usize;
+        if input.is_empty() {
+            stdin = None;
+        }
+        let mut output = Vec::new();
+        let mut stderr_lines = StderrLines::new(self.helper, self.identity);
+        let mut status: Option<ExitStatus> = None;
+        // Until the helper exits we also poll its status; start fast, back off to 20 ms.
+        let mut exit_poll = Duration::from_millis(1);
+        let mut chunk = vec![0u8; 64 * 1024];
+
+        loop {
+            if status.is_none() {
+                status = child.try_wait().map_err(RunEnd::Io)?;
+            }
+            if status.is_some() && stdout.is_none() && stderr.is_none() {
+                break;
+            }
+            let now = Instant::now();
+            if now >= self.deadline {
+                return Err(RunEnd::Timeout);
+            }
+            let remaining = self.deadline - now;
+            let wait = if status.is_none() {
+                let wait = exit_poll.min(remaining);
+                exit_poll = (exit_poll * 2).min(Duration::from_millis(20));
+                wait
+            } else {
+                remaining.min(Duration::from_millis(100))
+            };
+
+            let mut fds: Vec<libc::pollfd> = Vec::with_capacity(3);
+            if let Some(s) = &stdin {
+                fds.push(pollfd(s.as_raw_fd(), libc::POLLOUT));
+            }
+            if let Some(s) = &stdout {
+                fds.push(pollfd(s.as_raw_fd(), libc::POLLIN));
+            }
+            if let Some(s) = &stderr {
+                fds.push(pollfd(s.as_raw_fd(), libc::POLLIN));
+            }
+            let millis = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: `fds` is a live, correctly sized array of pollfd for the call.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
+            if ready < 0 {
+                let err = std::io::Error::last_os_error();
+                // Signals (SIGCHLD as helpers exit) interrupt poll: just go round again.
+                if err.kind() == ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(RunEnd::Io(err));
+            }
+            if ready == 0 {
+                continue;
+            }
+            let mut index = 0;
+            if let Some(pipe) = stdin.as_mut() {
+                let revents = fds[index].revents;
+                index += 1;
+                if revents != 0 {
+                    match pipe.write(&input[written..]) {
+                        Ok(n) => {
+                            written += n;
+                            if written >= input.len() {
+                                stdin = None; // closes it: the helper sees EOF
+                            }
+                        }
+                        Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+                        Err(err) if err.kind() == ErrorKind::Interrupted => {}
+                        // EPIPE: the helper does not read stdin. Fine, as in Go (§5.4).
+                        Err(_) => stdin = None,
+                    }
+                }
+            }
+            if let Some(pipe) = stdout.as_mut() {
+                let revents = fds[index].revents;
+                index += 1;
+                if revents != 0 {
+                    match read_some(pipe, &mut chunk) {
+                        ReadResult::Data(n) => {
+                            if output.len() + n > MAX_OUTPUT {
+                                return Err(RunEnd::TooLarge);
+                            }
+                            output.extend_from_slice(&chunk[..n]);
+                        }
+                        ReadResult::Again => {}
+                        ReadResult::Closed => stdout = None,
+                        ReadResult::Failed(err) => return Err(RunEnd::Io(err)),
+                    }
+                }
+            }
+            if let Some(pipe) = stderr.as_mut() {
+                let revents = fds[index].revents;
+                if revents != 0 {
+                    match read_some(pipe, &mut chunk) {
+                        ReadResult::Data(n) => stderr_lines.feed(&chunk[..n]),
+                        ReadResult::Again => {}
+                        ReadResult::Closed => {
+                            stderr_lines.finish();
+                            stderr = None
+                        }
+                        ReadResult::Failed(_) => {
+                            stderr_lines.finish();
+                            stderr = None
+                        }
+                    }
+                }
+            }
+        }
+        stderr_lines.finish();
+        match status {
+            Some(status) => Ok((status, output)),
+            None => Err(RunEnd::Timeout),
+        }
+    }
+}
+
+fn pollfd(fd: RawFd, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+enum ReadResult {
+    Data(usize),
+    Again,
+    Closed,
+    Failed(std::io::Error),
+}
+
+fn read_some(pipe: &mut impl Read, buf: &mut [u8]) -> ReadResult {
+    match pipe.read(buf) {
+        Ok(0) => ReadResult::Closed,
+        Ok(n) => ReadResult::Data(n),
+        Err(err) if err.kind() == ErrorKind::WouldBlock || err.kind() == ErrorKind::Interrupted => {
+            ReadResult::Again
+        }
+        Err(err) => ReadResult::Failed(err),
+    }
+}
+
+/// Splits the helper's stderr into lines and logs each, tagged with the helper and the node.
+struct StderrLines<'a> {
+    helper: &'a str,
+    identity: &'a str,
+    line: Vec<u8>,
+    /// The current line grew past the cap: drop bytes until its newline.
+    overflowing: bool,
+    logged: usize,
+}
+
+impl<'a> StderrLines<'a> {
+    fn new(helper: &'a str, identity: &'a str) -> StderrLines<'a> {
+        StderrLines {
+            helper,
+            identity,
+            line: Vec::new(),
+            overflowing: false,
+            logged: 0,
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            if byte == b'\n' {
+                self.emit();
+                self.overflowing = false;
+            } else if self.line.len() < MAX_STDERR_LINE {
+                self.line.push(byte);
+            } else if !self.overflowing {
+                self.overflowing = true;
+                self.emit();
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if !self.line.is_empty() {
+            self.emit();
+        }
+    }
+
+    fn emit(&mut self) {
+        let text = String::from_utf8_lossy(&self.line);
+        let text = text.trim_end_matches('\r');
+        if self.logged < MAX_STDERR_LINES {
+            log::info!(
+                target: "choria_provisioner::helper",
+                "{}: helper {}: {}",
+                self.identity,
+                self.helper,
+                text
+            );
+        } else if self.logged == MAX_STDERR_LINES {
+            log::warn!(
+                target: "choria_provisioner::helper",
+                "{}: helper {}: more than {MAX_STDERR_LINES} lines on stderr, not logging the rest",
+                self.identity,
+                self.helper
+            );
+        }
+        self.logged += 1;
+        self.line.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_json_is_gos_field_order_with_nulls_and_go_escapes() {
+        let input = HelperInput {
+            identity: "n1.example.net".into(),
+            csr: None,
+            ed25519_pubkey: Some(Ed25519Reply {
+                public_key: "ab".into(),
+                directory: "/etc/choria".into(),
+                signature: "cd".into(),
+            }),
+            inventory: r#"{"facts":{"a":"<b>&"}}"#.into(),
+            jwt: None,
+        };
+        assert_eq!(
+            input.to_json().unwrap(),
+            r#"{"identity":"n1.example.net","csr":null,"ed25519_pubkey":{"public_key":"ab","directory":"/etc/choria","signature":"cd"},"inventory":"{\"facts\":{\"a\":\"\u003cb\u003e\u0026\"}}","jwt":null}"#
+        );
+        let with_csr = HelperInput {
+            csr: Some(CsrReply {
+                csr: "C".into(),
+                public_key: "P".into(),
+                ssldir: "/s".into(),
+            }),
+            ..HelperInput::default()
+        };
+        assert!(with_csr
+            .to_json()
+            .unwrap()
+            .contains(r#""csr":{"csr":"C","public_key":"P","ssldir":"/s"}"#));
+    }
+
+    #[test]
+    fn output_decoding_is_as_lenient_as_gos_and_no_more() {
+        // (stdout, expected Ok(check) or Err(substring))
+        type Check = fn(&HelperOutput) -> bool;
+        let ok: &[(&str, Check)] = &[
+            ("{}", |o| *o == HelperOutput::default()),
+            ("null", |o| *o == HelperOutput::default()),
+            (" {\"defer\":true,\"msg\":\"later\"}\n", |o| {
+                o.defer && o.msg == "later"
+            }),
+            ("{\"shutdown\":true,\"unknown\":[1,2]}", |o| o.shutdown),
+            ("{\"msg\":null,\"configuration\":null}", |o| {
+                o.msg.is_empty() && o.configuration.is_empty()
+            }),
+            ("{\"Defer\":true,\"MSG\":\"x\"}", |o| {
+                o.defer && o.msg == "x"
+            }),
+            ("{\"msg\":\"exact\",\"Msg\":\"folded\"}", |o| {
+                o.msg == "exact"
+            }),
+            (
+                "{\"configuration\":{\"identity\":\"n1\",\"empty\":null}}",
+                |o| {
+                    o.configuration.get("identity").map(String::as_str) == Some("n1")
+                        && o.configuration.get("empty").map(String::as_str) == Some("")
+                },
+            ),
+            (
+                "{\"action_policies\":{\"a.policy\":\"x\"},\"opa_policies\":{\"b.rego\":\"y\"}}",
+                |o| o.action_policies.len() == 1 && o.opa_policies.len() == 1,
+            ),
+            (
+                "{\"server_claims\":{\"ou\":\"x\"},\"upgrade\":\"0.29.0\"}",
+                |o| o.server_claims.is_some() && o.upgrade == "0.29.0",
+            ),
+            (
+                "{\"key\":\"K\",\"certificate\":\"C\",\"ca\":\"A\",\"ssldir\":\"/s\"}",
+                |o| o.key == "K" && o.certificate == "C" && o.ca == "A" && o.ssldir == "/s",
+            ),
+        ];
+        for (text, check) in ok {
+            let out =
+                HelperOutput::from_json(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(check(&out), "{text}: {out:?}");
+        }
+        let bad: &[(&str, &str)] = &[
+            ("[]", "expected a JSON object, got an array"),
+            ("\"x\"", "expected a JSON object, got a string"),
+            ("{\"defer\":\"yes\"}", "field defer: expected a boolean"),
+            ("{\"msg\":1}", "field msg: expected a string"),
+            (
+                "{\"configuration\":{\"a\":1}}",
+                "field configuration: key \"a\"",
+            ),
+            (
+                "{\"configuration\":[]}",
+                "field configuration: expected an object",
+            ),
+            ("{\"server_claims\":\"x\"}", "field server_claims"),
+            ("{} trailing", "trailing"),
+            ("{", "EOF"),
+        ];
+        for (text, want) in bad {
+            let err = HelperOutput::from_json(text.as_bytes()).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn split_command_follows_shell_quoting() {
+        let cases: &[(&str, Option<&[&str]>)] = &[
+            ("/usr/bin/helper", Some(&["/usr/bin/helper"])),
+            (
+                "/h --ca \"/etc/my ca\" -x",
+                Some(&["/h", "--ca", "/etc/my ca", "-x"]),
+            ),
+            ("/h 'it''s' a\\ b", Some(&["/h", "its", "a b"])),
+            ("  /h   x  ", Some(&["/h", "x"])),
+            ("/h \"unbalanced", None),
+            ("", None),
+            ("   ", None),
+        ];
+        for (line, want) in cases {
+            match (split_command(line), want) {
+                (Ok(words), Some(want)) => assert_eq!(words, *want, "{line}"),
+                (Err(err), None) => assert!(err.to_string().contains("cannot split"), "{err}"),
+                (got, want) => panic!("{line}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn go_escape_matches_gos_encoder() {
+        assert_eq!(
+            go_escape("{\"a\":\"<x>&\u{2028}\u{2029}é\"}"),
+            "{\"a\":\"\\u003cx\\u003e\\u0026\\u2028\\u2029é\"}"
+        );
+    }
+}

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Sample choria-provisioner helper for the x509 flow: signs each node's CSR with a local CA.
+
+Use with `features: {pki: true}`, e.g.
+
+    helper: /etc/choria-provisioner/helpers/x509-helper.py --ca-dir /etc/choria-provisioner/ca --brokers nats://broker.example.net:4222
+
+The CA directory holds `ca.pem` (the CA certificate) and `ca-key.pem` (its unencrypted private
+key, readable only by the provisioner's user). Signing uses the `openssl` command line. Make a
+test CA with:
+
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca-key.pem -out ca.pem -days 3650 -subj "/CN=Choria Test CA"
+
+The provisioner runs this program once per node and talks to it over stdin and stdout.
+
+stdin: one JSON object describing the node
+    identity        the node's identity (string)
+    csr             {csr, public_key, ssldir}: the CSR the node made (CN = identity, already
+                    checked by the provisioner against cert_deny_list) and its SSL directory
+    ed25519_pubkey  null in this flow
+    inventory       the node's rpcutil#inventory reply, as a JSON document in a string
+    jwt             the node's verified provisioning JWT claims (object) with features.jwt, or null
+
+stdout: one JSON object; every key is optional
+    defer           true: do not provision now; msg says why (the node is retried later)
+    shutdown        true: shut the node down instead of provisioning it
+    msg             a message for the provisioner's log
+    certificate     the signed certificate (PEM), written to <ssldir>/certificate.pem
+    ca              the CA certificate (PEM), written to <ssldir>/ca.pem
+    ssldir          where they go (the node's own ssldir from gencsr wins)
+    key             a private key (PEM) to install instead of the node's own; sent encrypted,
+                    needs features.jwt; not used here
+    configuration   string -> string: the node's new server.conf settings (required to provision)
+    action_policies, opa_policies   file name -> policy text; upgrade: a Choria version to move to
+
+A non-zero exit, no output or undecodable output fails the node; so does running longer than
+`helper_timeout`. Diagnostics go to stderr, which the provisioner logs tagged with the node.
+
+Settings, from arguments or the environment (arguments win):
+    --ca-dir / CHORIA_HELPER_CA_DIR   the CA directory (default /etc/choria-provisioner/ca)
+    --brokers / CHORIA_BROKERS        plugin.choria.middleware_hosts (default nats://broker.example.net:4222)
+    --days / CHORIA_CERT_DAYS         certificate validity in days (default 365)
+    --openssl / OPENSSL               the openssl binary (default: openssl on PATH)
+"""
+
+import argparse
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+
+
+def log(message):
+    print("x509-helper: " + message, file=sys.stderr)
+
+
+def settings(argv):
+    parser = argparse.ArgumentParser(description="choria-provisioner x509 helper")
+    parser.add_argument(
+        "--ca-dir",
+        default=os.environ.get("CHORIA_HELPER_CA_DIR", "/etc/choria-provisioner/ca"),
+    )
+    parser.add_argument(
+        "--brokers",
+        default=os.environ.get("CHORIA_BROKERS", "nats://broker.example.net:4222"),
+    )
+    parser.add_argument("--days", type=int, default=int(os.environ.get("CHORIA_CERT_DAYS", "365")))
+    parser.add_argument("--openssl", default=os.environ.get("OPENSSL", "openssl"))
+    return parser.parse_args(argv)
+
+
+def defer(reason):
+    return {"defer": True, "msg": reason}
+
+
+def openssl(opts, args, stdin=None):
+    done = subprocess.run(
+        [opts.openssl] + args,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=5,
+    )
+    if done.returncode != 0:
+        raise RuntimeError("openssl %s failed: %s" % (args[0], done.stderr.strip()))
+    return done.stdout
+
+
+def sign(opts, identity, csr_pem):
+    ca_cert = os.path.join(opts.ca_dir, "ca.pem")
+    ca_key = os.path.join(opts.ca_dir, "ca-key.pem")
+    for path in (ca_cert, ca_key):
+        if not os.path.isfile(path):
+            raise RuntimeError("CA file %s does not exist (see --ca-dir)" % path)
+    with tempfile.TemporaryDirectory(prefix="x509-helper-") as work:
+        csr_file = os.path.join(work, "node.csr")
+        ext_file = os.path.join(work, "ext.cnf")
+        with open(csr_file, "w") as f:
+            f.write(csr_pem)
+        # The provisioner does not check the CSR's self-signature; we do before signing.
+        openssl(opts, ["req", "-in", csr_file, "-noout", "-verify"])
+        with open(ext_file, "w") as f:
+            f.write("basicConstraints = CA:FALSE\n")
+            f.write("keyUsage = digitalSignature, keyEncipherment\n")
+            f.write("extendedKeyUsage = serverAuth, clientAuth\n")
+            f.write("subjectAltName = DNS:%s\n" % identity)
+        # A random serial per certificate: helpers run in parallel, so no shared serial file.
+        serial = "0x" + secrets.token_hex(16)
+        return openssl(
+            opts,
+            [
+                "x509", "-req", "-in", csr_file,
+                "-CA", ca_cert, "-CAkey", ca_key, "-set_serial", serial,
+                "-days", str(opts.days), "-sha256", "-extfile", ext_file,
+            ],
+        )
+
+
+def answer(node, opts):
+    identity = node.get("identity") or ""
+    if not identity:
+        return defer("no identity received")
+    csr = node.get("csr") or {}
+    if not csr.get("csr"):
+        return defer("no CSR received: is features.pki enabled?")
+    ssldir = (csr.get("ssldir") or "/etc/choria/ssl").rstrip("/")
+
+    certificate = sign(opts, identity, csr["csr"])
+    with open(os.path.join(opts.ca_dir, "ca.pem")) as f:
+        ca = f.read()
+
+    configuration = {
+        "identity": identity,
+        "loglevel": "info",
+        "plugin.choria.server.provision": "false",
+        "plugin.choria.middleware_hosts": opts.brokers,
+        "plugin.security.provider": "file",
+        "plugin.security.file.certificate": ssldir + "/certificate.pem",
+        "plugin.security.file.key": ssldir + "/private.pem",
+        "plugin.security.file.ca": ssldir + "/ca.pem",
+    }
+    log("signed a certificate for %s valid %d days" % (identity, opts.days))
+    return {
+        "defer": False,
+        "msg": "certificate signed by the x509 sample helper",
+        "certificate": certificate,
+        "ca": ca,
+        "ssldir": ssldir,
+        "configuration": configuration,
+    }
+
+
+def main():
+    opts = settings(sys.argv[1:])
+    try:
+        node = json.load(sys.stdin)
+        reply = answer(node, opts)
+    except Exception as err:  # any surprise defers the node with the reason in the log
+        reply = defer("unexpected failure in the x509 helper: %s: %s" % (type(err).__name__, err))
+    json.dump(reply, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
