@@ -297,21 +297,9 @@ impl JwtSigner {
     }
 }
 
-/// Go's JSON encoder escapes `<`, `>`, `&`, U+2028 and U+2029. In compact serde_json output
-/// these characters can only occur inside strings, so replacing them is safe.
+/// Go's JSON escaping (one implementation, in `choria::protocol`).
 pub(crate) fn go_escape_json(json: &str) -> String {
-    let mut out = String::with_capacity(json.len());
-    for c in json.chars() {
-        match c {
-            '<' => out.push_str("\\u003c"),
-            '>' => out.push_str("\\u003e"),
-            '&' => out.push_str("\\u0026"),
-            '\u{2028}' => out.push_str("\\u2028"),
-            '\u{2029}' => out.push_str("\\u2029"),
-            _ => out.push(c),
-        }
-    }
-    out
+    crate::choria::protocol::go_escape(json.to_string())
 }
 
 /// Signs `claims` (serialised compact, Go-escaped; a `Value` object's keys come out sorted)

@@ -222,22 +222,9 @@ fn map_field(name: &str, value: &Value) -> Result<BTreeMap<String, String>, Stri
     }
 }
 
-/// Escapes `<`, `>`, `&`, U+2028 and U+2029 in compact JSON as Go's encoder does, so what we
-/// write is byte-for-byte what the Go daemon wrote (DESIGN.md, Known traps). Inside JSON these
-/// characters can only occur in strings, where the escapes mean the same thing.
+/// Go's JSON escaping (one implementation, in `choria::protocol`).
 pub fn go_escape(json: &str) -> String {
-    let mut out = String::with_capacity(json.len());
-    for c in json.chars() {
-        match c {
-            '<' => out.push_str("\\u003c"),
-            '>' => out.push_str("\\u003e"),
-            '&' => out.push_str("\\u0026"),
-            '\u{2028}' => out.push_str("\\u2028"),
-            '\u{2029}' => out.push_str("\\u2029"),
-            c => out.push(c),
-        }
-    }
-    out
+    crate::choria::protocol::go_escape(json.to_string())
 }
 
 /// Why running the helper for a node failed. Each names the helper and the node.
