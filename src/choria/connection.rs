@@ -71,6 +71,10 @@ pub enum ConnectionError {
         subject: String,
         source: io::Error,
     },
+    /// The round trip to the broker failed or timed out.
+    Flush {
+        source: io::Error,
+    },
     /// A subject we were asked to build is not valid (e.g. a wildcard in a component).
     BadSubject {
         subject: String,
@@ -102,6 +106,9 @@ impl fmt::Display for ConnectionError {
             }
             ConnectionError::Subscribe { subject, source } => {
                 write!(f, "could not subscribe to {subject}: {source}")
+            }
+            ConnectionError::Flush { source } => {
+                write!(f, "round trip to the broker failed: {source}")
             }
             ConnectionError::BadSubject { subject, reason } => {
                 write!(f, "invalid subject part {subject:?}: {reason}")
@@ -391,6 +398,25 @@ impl Connection {
             Some(url) => protocol::encode_request_via(spec, reply_to, signer, url),
             None => protocol::encode_request(spec, reply_to, signer),
         }
+    }
+
+    /// A round trip to the broker: when it returns `Ok`, everything sent before (publishes,
+    /// subscriptions) has been processed by the broker. Refused while disconnected, where
+    /// the crate would wait for the reconnect without bound.
+    pub fn flush(&self, timeout: Duration) -> Result<(), ConnectionError> {
+        if self.inner.closing.load(Ordering::SeqCst) {
+            return Err(ConnectionError::Closed);
+        }
+        let not_connected = || ConnectionError::Flush {
+            source: io::Error::new(io::ErrorKind::NotConnected, "not connected to the broker"),
+        };
+        if !self.inner.connected.load(Ordering::SeqCst) {
+            return Err(not_connected());
+        }
+        self.inner
+            .nats
+            .flush_timeout(timeout)
+            .map_err(|source| ConnectionError::Flush { source })
     }
 
     /// Where replies to `request_id` must be sent: `provisioning.reply.<md5(caller)>.<id>`.
