@@ -157,6 +157,17 @@ fn client(server: &NatsServer, metrics: &Arc<Metrics>) -> RpcClient {
     RpcClient::new(conn, metrics.clone()).with_ddl_timeout(Duration::ZERO)
 }
 
+/// node name, agent, action, behaviour, outcome (None: Ok), requests seen, rpc_errors.
+type Case = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Behaviour,
+    Option<RpcOutcome>,
+    usize,
+    u64,
+);
+
 #[test]
 fn directed_rpc_outcomes_tries_and_metrics() {
     let server = NatsServer::start().expect("nats-server");
@@ -168,7 +179,7 @@ fn directed_rpc_outcomes_tries_and_metrics() {
     let bad_token = "Incorrect provision token supplied";
     let unparsable = "Could not parse request data for choria_provision#gencsr: x";
     #[rustfmt::skip]
-    let cases: Vec<(&str, &str, &str, Behaviour, Option<RpcOutcome>, usize, u64)> = vec![
+    let cases: Vec<Case> = vec![
         // node,    agent,              action,      behaviour,                     outcome (None: Ok), requests seen, rpc_errors
         ("ok1",  "choria_provision", "jwt",       Behaviour::Status(0, "OK"),    None,                           1, 0),
         ("ok2",  "rpcutil",          "inventory", Behaviour::Status(0, "OK"),    None,                           1, 0),
