@@ -1258,6 +1258,27 @@ mod tests {
         }
     }
 
+    /// Every truncation of a good reply, and every single-byte corruption of its base64 data,
+    /// is refused with an error (none panics, none is accepted).
+    #[test]
+    fn truncated_and_corrupted_replies_are_refused() {
+        let good = A_REPLY_TRANSPORT.as_bytes();
+        for len in 0..good.len() {
+            assert!(decode_reply(&good[..len]).is_err(), "prefix of {len} bytes");
+            let _ = transport_sender(&good[..len]);
+            let _ = decode_request(&good[..len]);
+        }
+        let data_start = A_REPLY_TRANSPORT.find("\"data\":\"").unwrap() + 8;
+        let data_end = A_REPLY_TRANSPORT.find("\",\"headers\"").unwrap();
+        for at in data_start..data_end {
+            let mut corrupted = good.to_vec();
+            // Swap in a different base64 character (or '!' which is not base64).
+            corrupted[at] = if corrupted[at] == b'A' { b'!' } else { b'A' };
+            assert!(decode_reply(&corrupted).is_err(), "corrupted at byte {at}");
+        }
+        assert!(decode_reply(good).is_ok());
+    }
+
     #[test]
     fn parse_rpc_reply_table() {
         let cases: &[(&str, Option<(u8, &str)>)] = &[
