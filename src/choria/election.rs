@@ -747,10 +747,16 @@ impl Member {
         let can_read_markers = match self.last_entry(&mut replies) {
             Ok(_) => true,
             Err(err) => {
+                let reason = match err {
+                    ElectionError::NoResponders { subject } => {
+                        format!("nothing answers on {subject}")
+                    }
+                    other => other.to_string(),
+                };
                 log::info!(
-                    "cannot read the election key's last entry ({err}); campaigns cannot \
-                     overwrite a delete marker, so an eviction or release blocks everyone for \
-                     one TTL (as in the broker's provisioning account, spec/election.md §1.8)"
+                    "cannot read the election key's last entry ({reason}), as in the broker's \
+                     provisioning account: a delete marker (eviction, release) blocks every \
+                     campaign until it expires after one TTL (spec/election.md §1.8)"
                 );
                 false
             }
