@@ -1,1 +1,825 @@
-//! (stub: being written)
+//! The one long-lived broker connection of the daemon (spec/protocol.md §1, §5.1).
+//!
+//! Go's RPC client opens a publisher and a receiver connection per request; we keep one
+//! connection for the whole process, reconnecting without limit, and ONE wildcard reply
+//! subscription `provisioning.reply.<md5(callerid)>.>`. A dispatcher thread routes every reply
+//! by its request id (the last subject token, §1.1) to the bounded channel of the caller that
+//! registered that id; replies for ids nobody waits for (late answers after a timeout) are
+//! counted and dropped.
+//!
+//! Two traps of the blocking `nats` 0.26 crate are handled here (DESIGN.md, "Known traps"):
+//! - its flusher thread writes at most once per 5 ms, so a serial request/reply costs ~5 ms.
+//!   A "prompt flush" thread of ours pushes buffered publishes out at once with the crate's
+//!   PING/PONG `flush`; publishes made while one flush waits for its PONG share the next one,
+//!   so many requests in flight share each flush;
+//! - `nats::connect` sleeps 0–1 s of jitter before the first attempt; our reconnect delay
+//!   callback makes the first attempt immediate and keeps a backoff for later ones.
+//!
+//! This is one of the three files allowed to touch `nats` (RULES.md); nothing outside sees a
+//! `nats` type except `choria::election` through [`Connection::nats`].
+#![allow(deprecated)]
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
+use md5::{Digest, Md5};
+use parking_lot::Mutex;
+
+use crate::choria::client_config::ConnectSettings;
+use crate::choria::protocol::{self, COLLECTIVE};
+
+/// How often background threads look at the closing flag.
+const POLL_SLICE: Duration = Duration::from_millis(100);
+
+/// How long `close` waits for the crate to flush and shut down before giving up on it.
+const CLOSE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Bound on one prompt flush (a PING/PONG round trip on a healthy link).
+const PROMPT_FLUSH_LIMIT: Duration = Duration::from_secs(2);
+
+/// What went wrong talking to the broker.
+#[derive(Debug)]
+pub enum ConnectionError {
+    /// A URL in `plugin.choria.middleware_hosts` the client could not parse.
+    BadUrl {
+        url: String,
+        source: io::Error,
+    },
+    /// A TLS file named in the client configuration is missing or unreadable.
+    TlsFile {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// No broker in the list accepted the connection.
+    Connect {
+        urls: String,
+        source: io::Error,
+    },
+    Publish {
+        subject: String,
+        source: io::Error,
+    },
+    Subscribe {
+        subject: String,
+        source: io::Error,
+    },
+    /// The round trip to the broker failed or timed out.
+    Flush {
+        source: io::Error,
+    },
+    /// A subject we were asked to build is not valid (e.g. a wildcard in a component).
+    BadSubject {
+        subject: String,
+        reason: &'static str,
+    },
+    /// A background thread could not be started.
+    Thread {
+        name: String,
+        source: io::Error,
+    },
+    /// The connection was closed by `close`.
+    Closed,
+}
+
+impl fmt::Display for ConnectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectionError::BadUrl { url, source } => {
+                write!(f, "invalid broker URL {url:?}: {source}")
+            }
+            ConnectionError::TlsFile { what, path, source } => {
+                write!(f, "TLS {what} file {}: {source}", path.display())
+            }
+            ConnectionError::Connect { urls, source } => {
+                write!(f, "could not connect to the broker at {urls}: {source}")
+            }
+            ConnectionError::Publish { subject, source } => {
+                write!(f, "could not publish to {subject}: {source}")
+            }
+            ConnectionError::Subscribe { subject, source } => {
+                write!(f, "could not subscribe to {subject}: {source}")
+            }
+            ConnectionError::Flush { source } => {
+                write!(f, "round trip to the broker failed: {source}")
+            }
+            ConnectionError::BadSubject { subject, reason } => {
+                write!(f, "invalid subject part {subject:?}: {reason}")
+            }
+            ConnectionError::Thread { name, source } => {
+                write!(f, "could not start thread {name}: {source}")
+            }
+            ConnectionError::Closed => f.write_str("the broker connection is closed"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectionError {}
+
+/// Tuning knobs for [`Connection::connect_with`]; the defaults are what the daemon uses.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Flush publishes at once instead of waiting for the crate's 5 ms flusher (see module
+    /// docs). Off only to measure the difference in `benches/rpc.rs`.
+    pub prompt_flush: bool,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions { prompt_flush: true }
+    }
+}
+
+/// `provisioning.reply.<md5hex(caller_id)>.` — the prefix of every reply subject of ours
+/// (§1.1; Go builds the same, so a Choria Broker's subscribe permissions accept it).
+pub fn reply_prefix(caller_id: &str) -> String {
+    let digest = Md5::digest(caller_id.as_bytes());
+    format!("{COLLECTIVE}.reply.{}.", hex::encode(digest))
+}
+
+/// The broker connection. Cheap to clone; all clones share one link and its threads.
+#[derive(Clone)]
+pub struct Connection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nats: nats::Connection,
+    settings: ConnectSettings,
+    reply_prefix: String,
+    /// request id → the waiting caller's channel.
+    waiters: Mutex<HashMap<String, Sender<Vec<u8>>>>,
+    connected: Arc<AtomicBool>,
+    closing: AtomicBool,
+    flush_kick: Option<Sender<()>>,
+    threads: Mutex<Vec<(JoinHandle<()>, Receiver<()>)>>,
+    unknown_replies: AtomicU64,
+    overflowed_replies: AtomicU64,
+}
+
+impl Connection {
+    /// Connects to the first broker in `settings.urls` that answers (one pass over the list,
+    /// no jitter), then keeps the link up forever: reconnects have no limit.
+    pub fn connect(settings: &ConnectSettings, name: &str) -> Result<Connection, ConnectionError> {
+        Connection::connect_with(settings, name, ConnectOptions::default())
+    }
+
+    /// As [`Connection::connect`], but retries the first connection with the FiveSec backoff
+    /// until it succeeds or `give_up()` says to stop (checked between tries, in small
+    /// slices), for a daemon that starts before its broker.
+    pub fn connect_patiently(
+        settings: &ConnectSettings,
+        name: &str,
+        give_up: &dyn Fn() -> bool,
+    ) -> Result<Connection, ConnectionError> {
+        let mut attempt = 0usize;
+        loop {
+            match Connection::connect(settings, name) {
+                Ok(conn) => return Ok(conn),
+                Err(err @ ConnectionError::Connect { .. }) => {
+                    log::warn!("{err}; retrying");
+                    let pause = crate::choria::rpc::five_sec_backoff(attempt);
+                    attempt += 1;
+                    let end = Instant::now() + pause;
+                    while Instant::now() < end {
+                        if give_up() {
+                            return Err(err);
+                        }
+                        std::thread::sleep(POLL_SLICE.min(end - Instant::now()));
+                    }
+                    if give_up() {
+                        return Err(err);
+                    }
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    /// Connects with explicit [`ConnectOptions`].
+    pub fn connect_with(
+        settings: &ConnectSettings,
+        name: &str,
+        tuning: ConnectOptions,
+    ) -> Result<Connection, ConnectionError> {
+        let mut servers = Vec::with_capacity(settings.urls.len());
+        for url in &settings.urls {
+            let parsed: nats::ServerAddress =
+                url.parse().map_err(|source| ConnectionError::BadUrl {
+                    url: url.clone(),
+                    source,
+                })?;
+            servers.push(parsed);
+        }
+        if servers.is_empty() {
+            return Err(ConnectionError::Connect {
+                urls: String::from("(none)"),
+                source: io::Error::new(io::ErrorKind::InvalidInput, "no broker URLs configured"),
+            });
+        }
+
+        let mut options = match (&settings.user, &settings.password) {
+            (Some(user), Some(password)) => nats::Options::with_user_pass(user, password),
+            (Some(user), None) => nats::Options::with_user_pass(user, ""),
+            _ => nats::Options::new(),
+        };
+        if let Some(tls) = &settings.tls {
+            check_readable("certificate", &tls.certificate)?;
+            check_readable("key", &tls.key)?;
+            check_readable("CA", &tls.ca)?;
+            options = options
+                .tls_required(true)
+                .client_cert(&tls.certificate, &tls.key)
+                .add_root_certificate(&tls.ca);
+        }
+
+        let connected = Arc::new(AtomicBool::new(false));
+        let on_disconnect = connected.clone();
+        let on_reconnect = connected.clone();
+        let conn_name = name.to_string();
+        options = options
+            .with_name(name)
+            .max_reconnects(None)
+            .reconnect_delay_callback(reconnect_delay)
+            .disconnect_callback(move || {
+                on_disconnect.store(false, Ordering::SeqCst);
+                log::warn!("broker connection {conn_name} lost; reconnecting");
+            })
+            .reconnect_callback(move || {
+                on_reconnect.store(true, Ordering::SeqCst);
+                log::info!("broker connection reconnected");
+            })
+            .error_callback(|err| log::warn!("broker reported: {err}"));
+
+        let urls = settings.urls.join(",");
+        let nats = options
+            .connect(servers)
+            .map_err(|source| ConnectionError::Connect {
+                urls: urls.clone(),
+                source,
+            })?;
+        connected.store(true, Ordering::SeqCst);
+
+        let prefix = reply_prefix(&settings.caller_id);
+        let wildcard = format!("{prefix}>");
+        let reply_sub = nats
+            .subscribe(&wildcard)
+            .map_err(|source| ConnectionError::Subscribe {
+                subject: wildcard.clone(),
+                source,
+            })?;
+
+        let (flush_kick, flush_wanted) = if tuning.prompt_flush {
+            let (tx, rx) = bounded::<()>(1);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+
+        let inner = Arc::new(Inner {
+            nats,
+            settings: settings.clone(),
+            reply_prefix: prefix,
+            waiters: Mutex::new(HashMap::new()),
+            connected,
+            closing: AtomicBool::new(false),
+            flush_kick,
+            threads: Mutex::new(Vec::new()),
+            unknown_replies: AtomicU64::new(0),
+            overflowed_replies: AtomicU64::new(0),
+        });
+        let conn = Connection { inner };
+
+        // The threads hold a Weak-free clone of the parts they need, not the Connection, so
+        // dropping every Connection handle does not keep them alive past `close`.
+        let dispatcher = conn.inner.clone();
+        conn.spawn("broker-replies", move || {
+            dispatch_replies(&dispatcher, reply_sub)
+        })?;
+        if let Some(wanted) = flush_wanted {
+            let flusher = conn.inner.clone();
+            conn.spawn("broker-flush", move || prompt_flush(&flusher, wanted))?;
+        }
+        Ok(conn)
+    }
+
+    fn spawn(
+        &self,
+        name: &str,
+        body: impl FnOnce() + Send + 'static,
+    ) -> Result<(), ConnectionError> {
+        let (done_tx, done_rx) = bounded::<()>(1);
+        let handle = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                body();
+                let _ = done_tx.send(());
+            })
+            .map_err(|source| {
+                self.close();
+                ConnectionError::Thread {
+                    name: name.to_string(),
+                    source,
+                }
+            })?;
+        self.inner.threads.lock().push((handle, done_rx));
+        Ok(())
+    }
+
+    /// The settings this connection was made with (identity, caller id, signer, timeouts).
+    pub fn settings(&self) -> &ConnectSettings {
+        &self.inner.settings
+    }
+
+    /// Publishes one message. While the link is down the crate buffers up to 8 MiB and sends
+    /// it after the reconnect.
+    pub fn publish(&self, subject: &str, payload: &[u8]) -> Result<(), ConnectionError> {
+        if self.inner.closing.load(Ordering::SeqCst) {
+            return Err(ConnectionError::Closed);
+        }
+        self.inner
+            .nats
+            .publish(subject, payload)
+            .map_err(|source| ConnectionError::Publish {
+                subject: subject.to_string(),
+                source,
+            })?;
+        if let Some(kick) = &self.inner.flush_kick {
+            // Full means a flush is already due; it will carry this message too.
+            let _ = kick.try_send(());
+        }
+        Ok(())
+    }
+
+    /// A plain subscription (no queue group).
+    pub fn subscribe(&self, subject: &str) -> Result<Subscription, ConnectionError> {
+        if self.inner.closing.load(Ordering::SeqCst) {
+            return Err(ConnectionError::Closed);
+        }
+        let sub =
+            self.inner
+                .nats
+                .subscribe(subject)
+                .map_err(|source| ConnectionError::Subscribe {
+                    subject: subject.to_string(),
+                    source,
+                })?;
+        Ok(Subscription {
+            sub,
+            subject: subject.to_string(),
+        })
+    }
+
+    /// The broker URL to record as our `seen-by` hop (§2.1): known only when one broker is
+    /// configured, since the crate does not say which of several it picked.
+    pub fn seen_by_url(&self) -> Option<&str> {
+        match self.inner.settings.urls.as_slice() {
+            [only] => Some(only.as_str()),
+            _ => None,
+        }
+    }
+
+    /// Encodes a request the way Go's connector publishes it, with our `seen-by` hop when
+    /// the broker URL is known.
+    pub fn encode_request(
+        &self,
+        spec: &protocol::RequestSpec,
+        reply_to: &str,
+    ) -> Result<Vec<u8>, protocol::ProtocolError> {
+        let signer = &self.inner.settings.signer;
+        match self.seen_by_url() {
+            Some(url) => protocol::encode_request_via(spec, reply_to, signer, url),
+            None => protocol::encode_request(spec, reply_to, signer),
+        }
+    }
+
+    /// A round trip to the broker: when it returns `Ok`, everything sent before (publishes,
+    /// subscriptions) has been processed by the broker. Refused while disconnected, where
+    /// the crate would wait for the reconnect without bound.
+    pub fn flush(&self, timeout: Duration) -> Result<(), ConnectionError> {
+        if self.inner.closing.load(Ordering::SeqCst) {
+            return Err(ConnectionError::Closed);
+        }
+        let not_connected = || ConnectionError::Flush {
+            source: io::Error::new(io::ErrorKind::NotConnected, "not connected to the broker"),
+        };
+        if !self.inner.connected.load(Ordering::SeqCst) {
+            return Err(not_connected());
+        }
+        self.inner
+            .nats
+            .flush_timeout(timeout)
+            .map_err(|source| ConnectionError::Flush { source })
+    }
+
+    /// Where replies to `request_id` must be sent: `provisioning.reply.<md5(caller)>.<id>`.
+    pub fn reply_subject(&self, request_id: &str) -> String {
+        format!("{}{request_id}", self.inner.reply_prefix)
+    }
+
+    /// Registers interest in the replies to `request_id` BEFORE the request is published, so
+    /// no fast reply is lost. `capacity` bounds the replies held for the caller; more are
+    /// counted and dropped. Dropping the waiter unregisters it.
+    pub fn expect_replies(&self, request_id: &str, capacity: usize) -> ReplyWaiter {
+        let (tx, rx) = bounded(capacity.max(1));
+        self.inner.waiters.lock().insert(request_id.to_string(), tx);
+        ReplyWaiter {
+            inner: self.inner.clone(),
+            request_id: request_id.to_string(),
+            replies: rx,
+        }
+    }
+
+    /// Replies that arrived for a request id nobody waits for (late or stray), since start.
+    pub fn unknown_replies(&self) -> u64 {
+        self.inner.unknown_replies.load(Ordering::Relaxed)
+    }
+
+    /// Replies dropped because their caller's channel was full, since start.
+    pub fn overflowed_replies(&self) -> u64 {
+        self.inner.overflowed_replies.load(Ordering::Relaxed)
+    }
+
+    /// Whether the link is up right now (it may drop the next moment).
+    pub fn is_connected(&self) -> bool {
+        self.inner.connected.load(Ordering::SeqCst)
+    }
+
+    /// The crate's connection, for `choria::election` only (its KV needs the raw client).
+    #[allow(dead_code)] // until choria::election lands on this branch
+    pub(crate) fn nats(&self) -> nats::Connection {
+        self.inner.nats.clone()
+    }
+
+    /// Stops our threads, flushes and closes the link. Idempotent. Bounded: if the broker is
+    /// unreachable the crate's close would wait for a reconnect forever, so it is skipped
+    /// (nothing buffered could be delivered anyway) and the crate's threads end with the
+    /// process.
+    pub fn close(&self) {
+        if self.inner.closing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.inner.waiters.lock().clear();
+        if self.inner.connected.load(Ordering::SeqCst) {
+            let nats = self.inner.nats.clone();
+            let (done_tx, done_rx) = bounded::<()>(1);
+            match std::thread::Builder::new()
+                .name("broker-close".into())
+                .spawn(move || {
+                    nats.close();
+                    let _ = done_tx.send(());
+                }) {
+                Ok(handle) => join_bounded("broker-close", handle, &done_rx, CLOSE_LIMIT),
+                Err(err) => log::warn!("could not start broker-close thread: {err}"),
+            }
+        } else {
+            log::warn!("closing while disconnected from the broker; buffered messages are lost");
+        }
+        let threads: Vec<_> = self.inner.threads.lock().drain(..).collect();
+        for (handle, done) in threads {
+            let name = handle.thread().name().unwrap_or("broker").to_string();
+            join_bounded(&name, handle, &done, CLOSE_LIMIT);
+        }
+    }
+}
+
+/// Joins `handle` if it signals `done` within `limit`; otherwise leaves it (logged). Only a
+/// thread stuck inside the crate on a dead link can miss the bound.
+fn join_bounded(name: &str, handle: JoinHandle<()>, done: &Receiver<()>, limit: Duration) {
+    match done.recv_timeout(limit) {
+        Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+            if handle.join().is_err() {
+                log::error!("thread {name} panicked");
+            }
+        }
+        Err(RecvTimeoutError::Timeout) => {
+            log::warn!("thread {name} did not end within {limit:?}; leaving it to process exit")
+        }
+    }
+}
+
+fn check_readable(what: &'static str, path: &Path) -> Result<(), ConnectionError> {
+    std::fs::File::open(path)
+        .map(|_| ())
+        .map_err(|source| ConnectionError::TlsFile {
+            what,
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// First attempt at once (the crate's default sleeps 0–1 s even then); later attempts back
+/// off 100 ms, 200 ms, … up to 4 s, plus up to 25 % jitter so a fleet of provisioners does not
+/// reconnect in lock step.
+fn reconnect_delay(attempt: usize) -> Duration {
+    if attempt == 0 {
+        return Duration::ZERO;
+    }
+    let exp = (attempt - 1).min(6) as u32;
+    let base_ms = (100u64 << exp).min(4_000);
+    let jitter_ms = rand::random::<u64>() % (base_ms / 4 + 1);
+    Duration::from_millis(base_ms + jitter_ms)
+}
+
+/// The reply dispatcher: one thread reading the wildcard reply subscription.
+fn dispatch_replies(inner: &Inner, sub: nats::Subscription) {
+    while !inner.closing.load(Ordering::SeqCst) {
+        let msg = match sub.next_timeout(POLL_SLICE) {
+            Ok(msg) => msg,
+            Err(err)
+                if err.kind() == io::ErrorKind::TimedOut
+                    || err.kind() == io::ErrorKind::Interrupted =>
+            {
+                continue
+            }
+            Err(err) => {
+                if !inner.closing.load(Ordering::SeqCst) {
+                    log::error!("reply subscription ended: {err}");
+                }
+                break;
+            }
+        };
+        let request_id = match msg.subject.strip_prefix(inner.reply_prefix.as_str()) {
+            Some(rest) => rest,
+            None => {
+                inner.unknown_replies.fetch_add(1, Ordering::Relaxed);
+                log::debug!("dropping reply on unexpected subject {}", msg.subject);
+                continue;
+            }
+        };
+        let waiter = inner.waiters.lock().get(request_id).cloned();
+        match waiter {
+            Some(tx) => match tx.try_send(msg.data) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => {
+                    inner.overflowed_replies.fetch_add(1, Ordering::Relaxed);
+                    log::warn!("dropping a reply to request {request_id}: its queue is full");
+                }
+                Err(TrySendError::Disconnected(_)) => {
+                    inner.unknown_replies.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+            None => {
+                inner.unknown_replies.fetch_add(1, Ordering::Relaxed);
+                log::debug!("dropping a reply to request {request_id}: nobody is waiting for it");
+            }
+        }
+    }
+}
+
+/// The prompt flusher: flushes as soon as something was published, one flush at a time.
+fn prompt_flush(inner: &Inner, wanted: Receiver<()>) {
+    while !inner.closing.load(Ordering::SeqCst) {
+        match wanted.recv_timeout(POLL_SLICE) {
+            Ok(()) => {
+                // While disconnected the crate's flush would wait for the reconnect; the
+                // crate sends its reconnect buffer by itself then.
+                if inner.connected.load(Ordering::SeqCst) && !inner.closing.load(Ordering::SeqCst) {
+                    if let Err(err) = inner.nats.flush_timeout(PROMPT_FLUSH_LIMIT) {
+                        log::debug!("prompt flush failed: {err}");
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+}
+
+/// Replies to one request id, as registered by [`Connection::expect_replies`].
+pub struct ReplyWaiter {
+    inner: Arc<Inner>,
+    request_id: String,
+    replies: Receiver<Vec<u8>>,
+}
+
+impl ReplyWaiter {
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// Replies queued right now.
+    pub fn queued(&self) -> usize {
+        self.replies.len()
+    }
+
+    /// The next reply's transport bytes, or `None` once `deadline` passes (or on close).
+    pub fn next_until(&self, deadline: Instant) -> Option<Vec<u8>> {
+        let now = Instant::now();
+        if now >= deadline {
+            return self.replies.try_recv().ok();
+        }
+        self.replies.recv_deadline(deadline).ok()
+    }
+}
+
+impl Drop for ReplyWaiter {
+    fn drop(&mut self) {
+        self.inner.waiters.lock().remove(&self.request_id);
+    }
+}
+
+/// A plain subscription on the shared connection.
+pub struct Subscription {
+    sub: nats::Subscription,
+    subject: String,
+}
+
+impl Subscription {
+    /// The next message's payload, or `None` after `timeout` (or once the connection closed).
+    /// An interrupted wait (EINTR while signals arrive) is retried within the same bound.
+    pub fn next_timeout(&self, timeout: Duration) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.sub.next_timeout(left) {
+                Ok(msg) => return Some(msg.data),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::choria::client_config::{ConnectSettings, TlsFiles};
+    use crate::choria::security::Signer;
+    use crate::testing::NatsServer;
+
+    fn settings(url: &str) -> ConnectSettings {
+        ConnectSettings {
+            urls: vec![url.to_string()],
+            user: None,
+            password: None,
+            tls: None,
+            signer: Signer::Insecure,
+            identity: "provisioner.test".into(),
+            caller_id: "choria=provisioner.test".into(),
+            discovery_timeout: Duration::from_secs(2),
+            ttl: 60,
+        }
+    }
+
+    fn wait_for(limit: Duration, what: &str, cond: impl Fn() -> bool) {
+        let end = Instant::now() + limit;
+        while !cond() {
+            assert!(Instant::now() < end, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn replies_reach_the_caller_that_registered_their_id_and_strays_are_counted() {
+        let server = NatsServer::start().expect("nats-server");
+        let conn = Connection::connect(&settings(&server.url()), "test").expect("connect");
+        let first = conn.expect_replies("aaaa", 4);
+        let second = conn.expect_replies("bbbb", 4);
+        conn.publish(&conn.reply_subject("bbbb"), b"to-b").unwrap();
+        conn.publish(&conn.reply_subject("aaaa"), b"to-a").unwrap();
+        conn.publish(&conn.reply_subject("nobody"), b"stray")
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert_eq!(first.next_until(deadline), Some(b"to-a".to_vec()));
+        assert_eq!(second.next_until(deadline), Some(b"to-b".to_vec()));
+        wait_for(Duration::from_secs(10), "the stray reply", || {
+            conn.unknown_replies() == 1
+        });
+        // A dropped waiter unregisters: its late replies count as unknown.
+        drop(first);
+        conn.publish(&conn.reply_subject("aaaa"), b"late").unwrap();
+        wait_for(Duration::from_secs(10), "the late reply", || {
+            conn.unknown_replies() == 2
+        });
+        assert_eq!(second.next_until(Instant::now()), None);
+        conn.close();
+        conn.close();
+        assert!(matches!(
+            conn.publish("x", b"y"),
+            Err(ConnectionError::Closed)
+        ));
+    }
+
+    #[test]
+    fn a_full_reply_queue_drops_and_counts_the_excess() {
+        let server = NatsServer::start().expect("nats-server");
+        let conn = Connection::connect(&settings(&server.url()), "test").expect("connect");
+        let waiter = conn.expect_replies("cccc", 2);
+        for _ in 0..3 {
+            conn.publish(&conn.reply_subject("cccc"), b"r").unwrap();
+        }
+        wait_for(Duration::from_secs(10), "the overflow", || {
+            conn.overflowed_replies() == 1
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert!(waiter.next_until(deadline).is_some());
+        assert!(waiter.next_until(deadline).is_some());
+        assert_eq!(waiter.next_until(Instant::now()), None);
+        conn.close();
+    }
+
+    #[test]
+    fn survives_a_broker_restart() {
+        let mut server = NatsServer::start().expect("nats-server");
+        let conn = Connection::connect(&settings(&server.url()), "test").expect("connect");
+        let sub = conn.subscribe("test.subject").unwrap();
+        conn.publish("test.subject", b"before").unwrap();
+        assert_eq!(
+            sub.next_timeout(Duration::from_secs(10)),
+            Some(b"before".to_vec())
+        );
+        server.restart().expect("restart");
+        wait_for(Duration::from_secs(30), "the reconnect", || {
+            conn.is_connected()
+        });
+        // Subscriptions are restored by the crate after a reconnect.
+        let waiter = conn.expect_replies("dddd", 1);
+        let mut got = None;
+        for _ in 0..50 {
+            conn.publish("test.subject", b"after").unwrap();
+            conn.publish(&conn.reply_subject("dddd"), b"reply").unwrap();
+            got = sub.next_timeout(Duration::from_millis(200));
+            if got.is_some() {
+                break;
+            }
+        }
+        assert_eq!(got, Some(b"after".to_vec()));
+        assert!(waiter
+            .next_until(Instant::now() + Duration::from_secs(10))
+            .is_some());
+        conn.close();
+    }
+
+    #[test]
+    fn connect_errors_name_what_was_wrong() {
+        let port = crate::testing::free_port().unwrap();
+        let err = Connection::connect(&settings(&format!("nats://127.0.0.1:{port}")), "t")
+            .err()
+            .expect("nothing listens there");
+        assert!(
+            err.to_string().contains(&format!("127.0.0.1:{port}")),
+            "{err}"
+        );
+
+        let mut with_tls = settings(&format!("nats://127.0.0.1:{port}"));
+        with_tls.tls = Some(TlsFiles {
+            certificate: "/nonexistent/cert.pem".into(),
+            key: "/nonexistent/key.pem".into(),
+            ca: "/nonexistent/ca.pem".into(),
+        });
+        let err = Connection::connect(&with_tls, "t")
+            .err()
+            .expect("missing files");
+        assert!(err.to_string().contains("/nonexistent/cert.pem"), "{err}");
+
+        let err = Connection::connect(&settings("nats://[::1"), "t")
+            .err()
+            .expect("bad url");
+        assert!(err.to_string().contains("nats://[::1"), "{err}");
+    }
+
+    #[test]
+    fn reply_prefix_is_md5_of_the_caller_id() {
+        // §1.1: md5("choria=provisioner.example.net").
+        assert_eq!(
+            reply_prefix("choria=provisioner.example.net"),
+            "provisioning.reply.6079c8d10a2ceceb5904de01a22e9b41."
+        );
+        let caller = "choria=provisioner.example.net";
+        assert_eq!(
+            format!("{}0123", reply_prefix(caller)),
+            protocol::reply_subject(COLLECTIVE, caller, "0123")
+        );
+    }
+
+    #[test]
+    fn first_reconnect_is_immediate_and_later_ones_back_off_bounded() {
+        assert_eq!(reconnect_delay(0), Duration::ZERO);
+        for (attempt, low, high) in [
+            (1, 100, 125),
+            (2, 200, 250),
+            (5, 1_600, 2_000),
+            (7, 4_000, 5_000),
+            (1_000, 4_000, 5_000),
+        ] {
+            let ms = reconnect_delay(attempt).as_millis() as u64;
+            assert!(
+                (low..=high).contains(&ms),
+                "attempt {attempt}: {ms} ms not in {low}..={high}"
+            );
+        }
+    }
+}

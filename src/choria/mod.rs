@@ -9,6 +9,7 @@ pub mod connection;
 pub mod discovery;
 pub mod election;
 pub mod lifecycle;
+pub mod listener;
 pub mod protocol;
 pub mod rpc;
 pub mod security;

@@ -1,0 +1,187 @@
+//! Lifecycle events over a real `nats-server` (spec/protocol.md §7): startup events in both
+//! formats admit their node, anything else is ignored or counted, a paused standby does not
+//! take events from the leader, and the provisioner announces its own startup.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{unbounded, Receiver};
+use serde_json::Value;
+
+use choria_provisioner::choria::client_config::ConnectSettings;
+use choria_provisioner::choria::connection::Connection;
+use choria_provisioner::choria::lifecycle;
+use choria_provisioner::choria::listener::{publish_own_startup, EventListener, MALFORMED_EVENT};
+use choria_provisioner::choria::security::Signer;
+use choria_provisioner::gate::Gate;
+use choria_provisioner::metrics::Metrics;
+use choria_provisioner::testing::NatsServer;
+
+const COMPONENT: &str = "provision_mode_server";
+const WAIT: Duration = Duration::from_secs(10);
+
+fn connect(server: &NatsServer, identity: &str) -> Connection {
+    let settings = ConnectSettings {
+        urls: vec![server.url()],
+        user: None,
+        password: None,
+        tls: None,
+        signer: Signer::Insecure,
+        identity: identity.to_string(),
+        caller_id: format!("choria={identity}"),
+        discovery_timeout: Duration::from_secs(2),
+        ttl: 60,
+    };
+    Connection::connect(&settings, identity).expect("connects")
+}
+
+/// A listener whose admissions arrive on the returned channel.
+fn listen(
+    conn: &Connection,
+    gate: &Arc<Gate>,
+    metrics: &Arc<Metrics>,
+) -> (EventListener, Receiver<String>) {
+    let (admitted_tx, admitted) = unbounded();
+    let admit = Box::new(move |identity: &str| {
+        let _ = admitted_tx.send(identity.to_string());
+    });
+    let listener = EventListener::start(conn, COMPONENT, admit, gate.clone(), metrics.clone())
+        .expect("listener starts");
+    (listener, admitted)
+}
+
+fn startup_subject() -> String {
+    lifecycle::event_subject("startup", COMPONENT)
+}
+
+#[test]
+fn startup_events_in_both_formats_admit_their_node_and_junk_is_survived() {
+    let server = NatsServer::start().expect("nats-server");
+    let metrics = Arc::new(Metrics::new("test"));
+    let provisioner = connect(&server, "provisioner.test");
+    let gate = Arc::new(Gate::new(false));
+    let (listener, admitted) = listen(&provisioner, &gate, &metrics);
+    let node = connect(&server, "node");
+    let subject = startup_subject();
+
+    #[rustfmt::skip]
+    let messages: Vec<(&str, Vec<u8>)> = vec![
+        ("choria",       lifecycle::encode_choria_event("startup", "c1.example.net", COMPONENT, Some("0.30.2"), 1_700_000_000)),
+        ("junk",         b"\x00\xffnot an event".to_vec()),
+        ("cloudevents",  lifecycle::encode_cloudevent("startup", "c2.example.net", COMPONENT, Some("0.30.2"), 1_700_000_000)),
+        ("not startup",  lifecycle::encode_cloudevent("alive", "c3.example.net", COMPONENT, Some("0.30.2"), 1_700_000_000)),
+        ("no identity",  br#"{"protocol":"io.choria.lifecycle.v1.startup","id":"x","component":"c","timestamp":1}"#.to_vec()),
+        ("after junk",   lifecycle::encode_choria_event("startup", "c4.example.net", COMPONENT, None, 1_700_000_000)),
+    ];
+    for (_, bytes) in &messages {
+        node.publish(&subject, bytes).expect("publish");
+    }
+    for expected in ["c1.example.net", "c2.example.net", "c4.example.net"] {
+        assert_eq!(admitted.recv_timeout(WAIT).ok().as_deref(), Some(expected));
+    }
+    listener.stop();
+    // Everything published was handled before c4, in order; nothing else was admitted.
+    assert!(admitted.try_recv().is_err());
+    assert_eq!(metrics.event_discovered.get(), 3);
+    assert_eq!(
+        metrics
+            .malformed_messages
+            .with_label_values(&[MALFORMED_EVENT])
+            .get(),
+        2
+    );
+    node.close();
+    provisioner.close();
+}
+
+#[test]
+fn a_paused_standby_does_not_take_events_from_the_leader() {
+    let server = NatsServer::start().expect("nats-server");
+    let (leader_metrics, standby_metrics) =
+        (Arc::new(Metrics::new("a")), Arc::new(Metrics::new("b")));
+    let (leader_conn, standby_conn) = (connect(&server, "leader"), connect(&server, "standby"));
+    let leader_gate = Arc::new(Gate::new(false));
+    let standby_gate = Arc::new(Gate::new(true));
+    let (leader, leader_admitted) = listen(&leader_conn, &leader_gate, &leader_metrics);
+    let (standby, standby_admitted) = listen(&standby_conn, &standby_gate, &standby_metrics);
+    let node = connect(&server, "node");
+
+    // With a queue group the broker would hand some of these to the standby, which drops
+    // them while paused; without one the leader sees every event.
+    let identities: Vec<String> = (0..20).map(|n| format!("n{n}.example.net")).collect();
+    for identity in &identities {
+        let event = lifecycle::encode_cloudevent("startup", identity, COMPONENT, None, 1);
+        node.publish(&startup_subject(), &event).expect("publish");
+    }
+    let got: Vec<String> = identities
+        .iter()
+        .filter_map(|_| leader_admitted.recv_timeout(WAIT).ok())
+        .collect();
+    assert_eq!(got, identities);
+
+    // Once the standby resumes it admits too: it was subscribed all along.
+    standby_gate.set_paused(false);
+    let event = lifecycle::encode_choria_event("startup", "late.example.net", COMPONENT, None, 1);
+    node.publish(&startup_subject(), &event).expect("publish");
+    assert_eq!(
+        standby_admitted.recv_timeout(WAIT).ok().as_deref(),
+        Some("late.example.net")
+    );
+    assert_eq!(
+        leader_admitted.recv_timeout(WAIT).ok().as_deref(),
+        Some("late.example.net")
+    );
+    standby.stop();
+    leader.stop();
+    assert_eq!(standby_metrics.event_discovered.get(), 1);
+    assert_eq!(leader_metrics.event_discovered.get(), 21);
+    for conn in [node, leader_conn, standby_conn] {
+        conn.close();
+    }
+}
+
+#[test]
+fn the_provisioner_announces_its_own_startup_in_choria_format() {
+    let server = NatsServer::start().expect("nats-server");
+    let watcher = connect(&server, "watcher");
+    let sub = watcher
+        .subscribe("choria.lifecycle.event.startup.provisioner")
+        .expect("subscribe");
+    watcher.flush(WAIT).expect("flush");
+    let provisioner = connect(&server, "provisioner.example.net");
+
+    publish_own_startup(&provisioner, "provisioner.example.net", "0.1.0").expect("publish");
+
+    let bytes = sub.next_timeout(WAIT).expect("the startup event arrives");
+    let raw: Value = serde_json::from_slice(&bytes).expect("JSON");
+    assert_eq!(raw["protocol"], "io.choria.lifecycle.v1.startup");
+    assert!(
+        raw.get("specversion").is_none(),
+        "Choria format, not CloudEvents"
+    );
+    let event = lifecycle::parse_event(&bytes).expect("parses");
+    assert_eq!(event.kind, "startup");
+    assert_eq!(event.identity, "provisioner.example.net");
+    assert_eq!(event.component, "provisioner");
+    assert_eq!(event.version.as_deref(), Some("0.1.0"));
+    provisioner.close();
+    watcher.close();
+}
+
+#[test]
+fn a_component_with_subject_wildcards_is_refused() {
+    let server = NatsServer::start().expect("nats-server");
+    let conn = connect(&server, "p");
+    for component in ["", "a.b", ">", "a*"] {
+        let result = EventListener::start(
+            &conn,
+            component,
+            Box::new(|_| {}),
+            Arc::new(Gate::new(false)),
+            Arc::new(Metrics::new("t")),
+        );
+        let err = result.err().expect("refused");
+        assert!(err.to_string().contains(&format!("{component:?}")), "{err}");
+    }
+    conn.close();
+}
