@@ -150,7 +150,7 @@ pub fn generate_x25519() -> ([u8; 32], String) {
 pub struct KeyPool {
     ready: Receiver<RsaPrivateKey>,
     stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+    threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
     pub generated_inline: AtomicUsize,
 }
 
@@ -172,7 +172,7 @@ impl KeyPool {
         Ok(KeyPool {
             ready: rx,
             stop,
-            threads: handles,
+            threads: parking_lot::Mutex::new(handles),
             generated_inline: AtomicUsize::new(0),
         })
     }
@@ -188,9 +188,11 @@ impl KeyPool {
         }
     }
 
-    pub fn stop(&mut self) {
+    /// Stops and joins the keygen threads (each notices within one key plus 200 ms).
+    pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        for handle in self.threads.drain(..) {
+        let handles: Vec<_> = self.threads.lock().drain(..).collect();
+        for handle in handles {
             let _ = handle.join();
         }
     }

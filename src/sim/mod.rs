@@ -14,3 +14,10 @@ pub mod faults;
 pub mod keys;
 pub mod node;
 pub mod options;
+pub mod report;
+pub mod runner;
+pub mod wire;
+
+pub use options::{parse, Options, Parsed, HELP};
+pub use report::Report;
+pub use runner::{run, SimError};
