@@ -635,3 +635,182 @@ fn sim_configure_and_restart_end_in_service() {
     );
     drop(dir);
 }
+
+/// Broadcast `rpcutil#inventory` to every node; replies per sender until `expect` senders
+/// answered (transport sender, then the decoded reply or its error).
+fn broadcast_inventory(
+    client: &Client,
+    expect: usize,
+) -> BTreeMap<String, Result<protocol::Reply, String>> {
+    let req = Req {
+        agent: "rpcutil",
+        message: protocol::rpc_request_body("rpcutil", "inventory", &json!({})),
+        filter: Filter::default(),
+        ttl: 60,
+        time: now(),
+        request_id: protocol::new_request_id(),
+        sender: SENDER,
+        collective: "provisioning",
+    };
+    let reply_to = req.reply_to();
+    let sub = client.nc.subscribe(&reply_to).unwrap();
+    client
+        .nc
+        .publish(
+            "provisioning.broadcast.agent.rpcutil",
+            req.encode(&reply_to),
+        )
+        .unwrap();
+    let mut replies = BTreeMap::new();
+    while replies.len() < expect {
+        let m = sub.next_timeout(WAIT).expect("an inventory reply");
+        let sender = protocol::transport_sender(&m.data).unwrap();
+        let decoded = protocol::decode_reply(&m.data).map_err(|e| e.to_string());
+        assert!(
+            replies.insert(sender, decoded).is_none(),
+            "one reply per node"
+        );
+    }
+    replies
+}
+
+#[test]
+fn sim_faults_misbehave_as_asked() {
+    use choria_provisioner::sim::faults::{self, Fault};
+    use choria_provisioner::sim::options::FaultFractions;
+    let broker = NatsServer::start().unwrap();
+    let client = Client::connect(&broker);
+    let startups = startup_sub(&client);
+    let f = "0.125";
+    let sim = Sim::start(
+        &broker,
+        &[
+            "--nodes",
+            "8",
+            "--seed",
+            "42",
+            "--slow-delay",
+            "500ms",
+            "--dead",
+            f,
+            "--slow",
+            f,
+            "--malformed",
+            f,
+            "--bad-hash",
+            f,
+            "--wrong-cn",
+            f,
+            "--bad-signature",
+            f,
+            "--foreign-lock",
+            f,
+        ],
+    );
+    // Every node boots and announces itself, the dead one too.
+    Client::wait_startups(&startups, 8);
+    let fractions = FaultFractions {
+        dead: 0.125,
+        slow: 0.125,
+        malformed: 0.125,
+        bad_hash: 0.125,
+        wrong_cn: 0.125,
+        bad_signature: 0.125,
+        foreign_lock: 0.125,
+    };
+    let assigned = faults::assign(8, &fractions, 42);
+    let who =
+        |fault: Option<Fault>| identity(assigned.iter().position(|f| *f == fault).unwrap() + 1);
+
+    // Two broadcasts: once the second is answered by all 7 live nodes, the first has been
+    // handled by every node, the dead one included (one subscription, in order).
+    let first = broadcast_inventory(&client, 7);
+    let second = broadcast_inventory(&client, 7);
+    for replies in [&first, &second] {
+        assert!(
+            !replies.contains_key(&who(Some(Fault::Dead))),
+            "dead node answered"
+        );
+        for (sender, decoded) in replies.iter() {
+            let fault = assigned[(1..=8).position(|i| identity(i) == *sender).unwrap()];
+            match fault {
+                Some(Fault::BadHash) => assert!(decoded.is_err(), "{sender}: hash accepted"),
+                Some(Fault::Malformed) => {
+                    let reply = decoded.as_ref().unwrap();
+                    assert!(
+                        protocol::parse_rpc_reply(&reply.message).is_err(),
+                        "{sender}"
+                    );
+                }
+                _ => {
+                    let reply = decoded.as_ref().unwrap();
+                    let rpc = protocol::parse_rpc_reply(&reply.message).unwrap();
+                    assert_eq!(rpc.statuscode, 0, "{sender}");
+                }
+            }
+        }
+    }
+
+    let liar = who(Some(Fault::WrongCn));
+    let gencsr = client.call(
+        &liar,
+        &Req::rpc(
+            "choria_provision",
+            "gencsr",
+            json!({"token": TOKEN, "cn": liar}),
+            &liar,
+        ),
+    );
+    let deny = csr::DenyList::new(&[]).unwrap();
+    assert!(csr::validate_csr(gencsr.data["csr"].as_str().unwrap(), &liar, &deny).is_err());
+
+    let forger = who(Some(Fault::BadSignature));
+    let nonce = protocol::new_request_id();
+    let ed = client.call(
+        &forger,
+        &Req::rpc(
+            "choria_provision",
+            "gen25519",
+            json!({"token": TOKEN, "nonce": nonce}),
+            &forger,
+        ),
+    );
+    assert!(ed25519::verify_nonce_signature(
+        ed.data["public_key"].as_str().unwrap(),
+        &nonce,
+        ed.data["signature"].as_str().unwrap()
+    )
+    .is_err());
+
+    let locked = who(Some(Fault::ForeignLock));
+    let answer = client.call(
+        &locked,
+        &Req::rpc("choria_provision", "jwt", json!({"token": TOKEN}), &locked),
+    );
+    assert_eq!(
+        (answer.statuscode, answer.statusmsg.as_str()),
+        (1, "Could not obtain provisioning lock")
+    );
+
+    let (report, summary) = sim.stop();
+    for (i, fault) in assigned.iter().enumerate() {
+        let n = node_report(&report, &identity(i + 1));
+        assert_eq!(
+            n["fault"].as_str(),
+            fault.map(|f| f.name()),
+            "{}",
+            identity(i + 1)
+        );
+    }
+    let dead = node_report(&report, &who(Some(Fault::Dead)));
+    let dead_actions = dead["actions"].as_array().unwrap();
+    assert_eq!(dead_actions.len(), 2, "{dead:#}");
+    assert!(dead_actions.iter().all(|a| a["statuscode"].is_null()));
+    assert_eq!(report["totals"]["healthy"], 1);
+    assert!(
+        summary.contains(
+            "faults bad-hash=1,bad-signature=1,dead=1,foreign-lock=1,malformed=1,slow=1,wrong-cn=1"
+        ),
+        "{summary}"
+    );
+}
