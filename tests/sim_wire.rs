@@ -814,3 +814,53 @@ fn sim_faults_misbehave_as_asked() {
         "{summary}"
     );
 }
+
+#[test]
+fn sim_many_nodes_share_few_connections_and_each_answers_a_broadcast_once() {
+    let broker = NatsServer::start().unwrap();
+    let client = Client::connect(&broker);
+    let startups = startup_sub(&client);
+    let nodes = 1200;
+    let sim = Sim::start(
+        &broker,
+        &[
+            "--nodes",
+            "1200",
+            "--nodes-per-connection",
+            "500",
+            "--boot-spread",
+            "1s",
+        ],
+    );
+    Client::wait_startups(&startups, nodes);
+    let ping = Req {
+        agent: "discovery",
+        message: protocol::DISCOVERY_PING.to_string(),
+        filter: Filter::agent("choria_provision"),
+        ttl: 60,
+        time: now(),
+        request_id: protocol::new_request_id(),
+        sender: SENDER,
+        collective: "provisioning",
+    };
+    let reply_to = ping.reply_to();
+    let sub = client.nc.subscribe(&reply_to).unwrap();
+    client
+        .nc
+        .publish(
+            "provisioning.broadcast.agent.discovery",
+            ping.encode(&reply_to),
+        )
+        .unwrap();
+    let mut senders = Vec::new();
+    while senders.len() < nodes {
+        let m = sub.next_timeout(WAIT).expect("a discovery reply");
+        senders.push(protocol::transport_sender(&m.data).unwrap());
+    }
+    let distinct: BTreeSet<&String> = senders.iter().collect();
+    assert_eq!(distinct.len(), nodes, "each node answers exactly once");
+    let (report, _) = sim.stop();
+    assert_eq!(report["connections"], 3);
+    assert_eq!(report["totals"]["pings_answered"], nodes);
+    assert_eq!(report["totals"]["violations"], 0);
+}

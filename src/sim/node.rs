@@ -1276,6 +1276,68 @@ mod tests {
     }
 
     #[test]
+    fn release_update_shutdown_and_restart_back_into_provisioning() {
+        let t = Instant::now();
+        let e = env("", json!({"chpd": true, "update": true}));
+        let mut n = node(None);
+        let o = n.provision_action(
+            &e,
+            &call(
+                "release_update",
+                &json!({"repository":"https://r","version":"0.30.0"}),
+                "p",
+            ),
+            t,
+            0,
+        );
+        assert_eq!(
+            o.reply.as_ref().unwrap().data["message"],
+            "Restarting Choria Server after 2s"
+        );
+        assert_eq!(
+            o.events,
+            vec![Event::Upgraded {
+                version: "0.29.4".into(),
+                new_version: "0.30.0".into()
+            }]
+        );
+        assert_eq!(
+            o.schedule,
+            Some((
+                Duration::from_secs(2),
+                Scheduled::Restart {
+                    new_version: Some("0.30.0".into())
+                }
+            ))
+        );
+        // No config written, chpd true: back in provisioning with the new version, a fresh
+        // process (lock released) and a new startup event.
+        let event = n.restart_now(&e, Some("0.30.0".into()), 0);
+        assert_eq!(
+            event,
+            Some(Event::Startup {
+                version: "0.30.0".into()
+            })
+        );
+        assert_eq!(n.state, NodeState::Provisioning);
+        assert_eq!(n.record.boots, 2);
+        assert_eq!(n.lock_holder(t), None);
+
+        let o = n.provision_action(&e, &call("shutdown", &json!({}), "p"), t, 0);
+        let message = o.reply.as_ref().unwrap().data["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            message.starts_with("Shutting Choria Server down after "),
+            "{message}"
+        );
+        assert!(matches!(o.schedule, Some((_, Scheduled::Shutdown))));
+        assert_eq!(n.shut_down(), Event::Shutdown);
+        assert!(n.state.is_done());
+    }
+
+    #[test]
     fn inventory_has_machines_as_an_array() {
         let e = env("", json!({"update": true}));
         let n = node(None);

@@ -822,8 +822,8 @@ fn wait_for_end(
         if let (Some(at), Some(every)) = (next_progress, opts.progress) {
             if Instant::now() >= at {
                 eprintln!(
-                    "choria-fleet-sim: {:.0}s: {in_service}/{} in service, healthy done {healthy_done}/{healthy}, violations {violations}, duplicates {duplicates}",
-                    started.elapsed().as_secs_f64(),
+                    "choria-fleet-sim: {}s: {in_service}/{} in service, healthy done {healthy_done}/{healthy}, violations {violations}, duplicates {duplicates}",
+                    started.elapsed().as_secs(),
                     opts.nodes
                 );
                 next_progress = Some(at + every);
