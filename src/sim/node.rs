@@ -436,6 +436,14 @@ impl Node {
                 }
                 None => return Ok((true, "choria provider: server.jwt has no exp".into())),
             }
+        }
+        // `Framework.ProvisionMode()`: a server token naming another identity provisions,
+        // whatever the provider (§8.2).
+        if let Some(claims) = self
+            .server_jwt
+            .as_deref()
+            .and_then(|t| claims_unverified(t).ok())
+        {
             let token_identity = claims.get("identity").and_then(Value::as_str).unwrap_or("");
             if token_identity != self.identity {
                 return Ok((
