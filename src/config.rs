@@ -55,6 +55,9 @@ pub struct Config {
     pub features: Features,
     pub work_queue_size: usize,
     pub release_delay: Duration,
+    /// Overrides the agent DDL timeout of every RPC try (20 s for choria_provision, 2 s for
+    /// rpcutil); `discovery_timeout` from choria.cfg is added as in Go. `None`: the DDL's.
+    pub rpc_timeout: Option<Duration>,
 }
 
 /// Go's default `cert_deny_list` (`config/config.go`).
@@ -167,6 +170,7 @@ const KNOWN_KEYS: &[&str] = &[
     "features",
     "work_queue_size",
     "release_delay",
+    "rpc_timeout",
 ];
 
 const FEATURE_KEYS: &[&str] = &["pki", "jwt", "ed25519", "upgrades"];
@@ -446,6 +450,12 @@ impl Config {
             features,
             work_queue_size,
             release_delay: doc.duration(get("release_delay"), "release_delay", "60s")?,
+            rpc_timeout: match get("rpc_timeout") {
+                None => None,
+                Some(v) => {
+                    Some(doc.duration(Some(v), "rpc_timeout", "0s")?).filter(|d| !d.is_zero())
+                }
+            },
         };
         if config.features.jwt && config.jwt_verify_cert.is_empty() {
             warnings.push(format!(
@@ -600,6 +610,7 @@ mod tests {
         assert_eq!(c.server_jwt_validity, Duration::from_secs(365 * 24 * 3600));
         assert_eq!(c.work_queue_size, 50_000);
         assert_eq!(c.release_delay, Duration::from_secs(60));
+        assert_eq!(c.rpc_timeout, None);
         assert_eq!(c.leader_election_api_prefix, "choria.streams");
         assert_eq!(c.features, Features::default());
         assert_eq!(c.monitor_port, 0);
@@ -632,6 +643,7 @@ upgrades_repository: https://repo.example.net/choria
 upgrades_optional: true
 work_queue_size: 10
 release_delay: 5s
+rpc_timeout: 3s
 features:
   jwt: true
   ed25519: true
@@ -665,6 +677,7 @@ features:
         assert!(c.upgrades_optional);
         assert_eq!(c.work_queue_size, 10);
         assert_eq!(c.release_delay, Duration::from_secs(5));
+        assert_eq!(c.rpc_timeout, Some(Duration::from_secs(3)));
         assert_eq!(
             c.features,
             Features {

@@ -6,8 +6,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam_channel::{bounded, Sender};
+
+use crate::choria::client_config::{connect_settings, ClientConfig};
+use crate::choria::connection::Connection;
+use crate::choria::discovery::Discovery;
+use crate::choria::election::{Election, ElectionEvent, ElectionSettings};
+use crate::choria::listener::{publish_own_startup, EventListener};
+use crate::choria::rpc::RpcClient;
 use crate::cli::RunArgs;
 use crate::config::Config;
+use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source, SystemClock};
+use crate::gate::Gate;
+use crate::metrics::{Metrics, MetricsServer};
+use crate::provision::Cycle;
 
 /// How long in-flight cycles get to end after SIGINT/SIGTERM.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -104,7 +116,158 @@ pub fn run(args: RunArgs) -> i32 {
     }
 }
 
-fn run_configured(_config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
+fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
     let _pid = args.pid.as_deref().map(PidFile::create).transpose()?;
-    Err("the broker wiring is not merged yet".into())
+    let client = ClientConfig::load(&args.choria_config).map_err(|err| err.to_string())?;
+    let settings = connect_settings(
+        &client,
+        config.choria_insecure,
+        &config.broker_provisioning_password,
+    )
+    .map_err(|err| err.to_string())?;
+
+    let metrics = Arc::new(Metrics::new(&config.site));
+    let metrics_server = if config.monitor_port > 0 {
+        let addr = format!("0.0.0.0:{}", config.monitor_port);
+        let server = MetricsServer::start(&addr, metrics.clone())
+            .map_err(|err| format!("could not serve metrics on {addr}: {err}"))?;
+        log::info!("serving metrics on http://{addr}/metrics");
+        Some(server)
+    } else {
+        None
+    };
+
+    // SIGINT and SIGTERM (ctrlc's `termination` feature) arrive here; systemd stops with TERM.
+    let (signal_tx, signal_rx) = bounded::<()>(1);
+    ctrlc::set_handler(move || {
+        let _ = signal_tx.try_send(());
+    })
+    .map_err(|err| format!("could not install signal handlers: {err}"))?;
+
+    // With an election the instance is inert from its first thread on (seed: "Pausing and
+    // leader election"); without one it is never paused.
+    let gate = Arc::new(Gate::new(config.leader_election));
+    let fleet = Fleet::new(
+        FleetSettings {
+            interval: config.interval,
+            release_delay: config.release_delay,
+            work_queue_size: config.work_queue_size,
+        },
+        gate.clone(),
+        metrics.clone(),
+        Arc::new(SystemClock),
+    );
+
+    let signalled = || !signal_rx.is_empty();
+    let conn = Connection::connect_patiently(&settings, &settings.identity, &signalled)
+        .map_err(|err| err.to_string())?;
+    log::info!(
+        "connected to {} as {} (caller {})",
+        settings.urls.join(","),
+        settings.identity,
+        settings.caller_id
+    );
+    if let Err(err) = publish_own_startup(&conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
+        log::warn!("could not publish our startup event: {err}");
+    }
+
+    let mut rpc = RpcClient::new(conn.clone(), metrics.clone());
+    if let Some(timeout) = config.rpc_timeout {
+        rpc = rpc.with_ddl_timeout(timeout);
+    }
+    let cycle = Cycle::new(config.clone(), Arc::new(rpc), metrics.clone())
+        .map_err(|err| err.to_string())?;
+    let discovery = Discovery::new(conn.clone(), metrics.clone());
+
+    let threads = FleetThreads::start(
+        fleet.clone(),
+        Arc::new(cycle),
+        Arc::new(discovery),
+        config.workers,
+    )
+    .map_err(|err| format!("could not start the worker threads: {err}"))?;
+
+    let admitting = fleet.clone();
+    let listener = EventListener::start(
+        &conn,
+        &config.lifecycle_component,
+        Box::new(move |identity| {
+            admitting.admit(identity, Source::Event);
+        }),
+        gate.clone(),
+        metrics.clone(),
+    )
+    .map_err(|err| err.to_string())?;
+
+    let election = if config.leader_election {
+        let (events_tx, events_rx) = bounded::<ElectionEvent>(4);
+        let mut election_settings = ElectionSettings::new(&settings.identity);
+        election_settings.api_prefix = config.leader_election_api_prefix.clone();
+        let election = Election::start(conn.nats(), election_settings, events_tx, metrics.clone());
+        let fleet = fleet.clone();
+        let trigger = threads.trigger();
+        let handler = std::thread::Builder::new()
+            .name("election-events".into())
+            .spawn(move || {
+                // Ends when the election thread drops its sender.
+                for event in events_rx.iter() {
+                    apply_election_event(&fleet, &trigger, event);
+                }
+            })
+            .map_err(|err| format!("could not start the election event thread: {err}"))?;
+        log::info!("campaigning for leadership; paused until elected");
+        Some((election, handler))
+    } else {
+        None
+    };
+
+    log::info!(
+        "choria-provisioner {} running with {} workers",
+        env!("CARGO_PKG_VERSION"),
+        config.workers
+    );
+    // Every wait has a bound: wake each second, though only a signal ends the loop.
+    while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+        signal_rx.recv_timeout(Duration::from_secs(1))
+    {}
+
+    log::info!("shutting down: no new work; in-flight nodes get up to {SHUTDOWN_GRACE:?}");
+    gate.stop();
+    listener.stop();
+    if let Some((election, handler)) = election {
+        election.stop();
+        if handler.join().is_err() {
+            log::error!("the election event thread panicked");
+        }
+    }
+    let stuck = threads.shutdown(&fleet, SHUTDOWN_GRACE);
+    if !stuck.is_empty() {
+        log::error!(
+            "workers still busy after the grace period: {}",
+            stuck.join(", ")
+        );
+    }
+    conn.close();
+    if let Some(server) = metrics_server {
+        server.stop();
+    }
+    log::info!("stopped");
+    Ok(())
+}
+
+/// Won: work, and discover at once rather than waiting up to an interval. Lost: stop, and
+/// forget everything queued (a worker holding a node stops before its next RPC or helper).
+pub fn apply_election_event(fleet: &Fleet, trigger: &Sender<()>, event: ElectionEvent) {
+    match event {
+        ElectionEvent::Won => {
+            log::info!("won the leader election: resuming");
+            fleet.resume();
+            let _ = trigger.try_send(());
+        }
+        ElectionEvent::Lost => {
+            log::warn!("lost the leader election: pausing");
+            fleet.pause();
+            fleet.remove_all();
+        }
+    }
 }

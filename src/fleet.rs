@@ -547,9 +547,11 @@ impl FleetThreads {
                 Err(_) => break,
             }
         }
+        let all_exited = exited == self.workers.len();
         let mut stuck = Vec::new();
         for handle in self.workers.drain(..) {
-            if handle.is_finished() {
+            // A worker that signalled its exit is returning: joining it is immediate.
+            if all_exited || handle.is_finished() {
                 let _ = handle.join();
             } else {
                 stuck.push(handle.thread().name().unwrap_or("worker").to_string());
