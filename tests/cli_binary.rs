@@ -1,0 +1,95 @@
+//! The real `choria-provisioner` binary's command line: exit codes and one-line errors.
+
+use std::process::Command;
+
+fn provisioner(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_choria-provisioner"))
+        .args(args)
+        .env("HOME", "/nonexistent-home")
+        .output()
+        .expect("the binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn usage_errors_are_one_line_and_exit_2() {
+    let dir = choria_provisioner::testing::temp_dir("cli").unwrap();
+    let config = dir.join("p.yaml");
+    std::fs::write(&config, "helper: /bin/true\n").unwrap();
+    let config = config.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["run", "--config", config, "--frobnicate"],
+            "unknown flag --frobnicate",
+        ),
+        (&["walk"], "unknown command"),
+        (&["run"], "--config"),
+        (
+            &["run", "--config", "/nonexistent/p.yaml"],
+            "/nonexistent/p.yaml",
+        ),
+        (
+            &[
+                "run",
+                "--config",
+                config,
+                "--choria-config",
+                "/nonexistent/c.cfg",
+            ],
+            "/nonexistent/c.cfg",
+        ),
+        // No --choria-config and none of Go's default locations exist here.
+        (
+            &["--config", config],
+            "/etc/puppetlabs/mcollective/client.cfg",
+        ),
+    ];
+    for (args, needle) in cases {
+        let (code, stdout, stderr) = provisioner(args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn version_and_help() {
+    let (code, stdout, _) = provisioner(&["--version"]);
+    assert_eq!(code, 0);
+    assert_eq!(stdout.trim(), env!("CARGO_PKG_VERSION"));
+    let (code, stdout, _) = provisioner(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("--choria-config"));
+}
+
+#[test]
+fn a_bad_configuration_names_file_key_and_value_and_exits_1() {
+    let dir = choria_provisioner::testing::temp_dir("cli-bad").unwrap();
+    let config = dir.join("p.yaml");
+    std::fs::write(&config, "helper: /bin/true\ninterval: 10s\n").unwrap();
+    let choria = dir.join("c.cfg");
+    std::fs::write(
+        &choria,
+        "plugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = provisioner(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--choria-config",
+        choria.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("p.yaml") && stderr.contains("interval") && stderr.contains("10s"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
