@@ -627,6 +627,7 @@ impl Drop for ReplyWaiter {
 }
 
 /// A plain subscription on the shared connection.
+#[derive(Clone)]
 pub struct Subscription {
     sub: nats::Subscription,
     subject: String,
