@@ -765,6 +765,45 @@ mod tests {
     }
 
     #[test]
+    fn user_and_password_are_sent_when_configured() {
+        let server = NatsServer::start_with(
+            "authorization { users: [ { user: provisioner, password: s3cret } ] }",
+        )
+        .expect("nats-server");
+        for (user, password, accepted) in [
+            (Some("provisioner"), Some("s3cret"), true),
+            (Some("provisioner"), Some("wrong"), false),
+            (None, None, false),
+        ] {
+            let mut with_auth = settings(&server.url());
+            with_auth.user = user.map(String::from);
+            with_auth.password = password.map(String::from);
+            match Connection::connect(&with_auth, "auth-test") {
+                Ok(conn) => {
+                    assert!(accepted, "{user:?}/{password:?} should be refused");
+                    conn.flush(Duration::from_secs(10)).expect("round trip");
+                    conn.close();
+                }
+                Err(err) => assert!(!accepted, "{user:?}/{password:?}: {err}"),
+            }
+        }
+    }
+
+    #[test]
+    fn patient_connect_gives_up_when_told() {
+        let port = crate::testing::free_port().unwrap();
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let give_up = || calls.fetch_add(1, Ordering::SeqCst) >= 2;
+        let result = Connection::connect_patiently(
+            &settings(&format!("nats://127.0.0.1:{port}")),
+            "t",
+            &give_up,
+        );
+        assert!(matches!(result, Err(ConnectionError::Connect { .. })));
+        assert!(calls.load(Ordering::SeqCst) >= 3);
+    }
+
+    #[test]
     fn connect_errors_name_what_was_wrong() {
         let port = crate::testing::free_port().unwrap();
         let err = Connection::connect(&settings(&format!("nats://127.0.0.1:{port}")), "t")
