@@ -297,8 +297,8 @@ impl Connection {
         });
         let conn = Connection { inner };
 
-        // The threads hold a Weak-free clone of the parts they need, not the Connection, so
-        // dropping every Connection handle does not keep them alive past `close`.
+        // The threads share `Inner` and run until `close`: the daemon closes the connection
+        // once at shutdown; dropping the handles alone does not stop them.
         let dispatcher = conn.inner.clone();
         conn.spawn("broker-replies", move || {
             dispatch_replies(&dispatcher, reply_sub)
