@@ -297,8 +297,8 @@ impl Connection {
         });
         let conn = Connection { inner };
 
-        // The threads hold a Weak-free clone of the parts they need, not the Connection, so
-        // dropping every Connection handle does not keep them alive past `close`.
+        // The threads share `Inner` and run until `close`: the daemon closes the connection
+        // once at shutdown; dropping the handles alone does not stop them.
         let dispatcher = conn.inner.clone();
         conn.spawn("broker-replies", move || {
             dispatch_replies(&dispatcher, reply_sub)
@@ -453,7 +453,6 @@ impl Connection {
     }
 
     /// The crate's connection, for `choria::election` only (its KV needs the raw client).
-    #[allow(dead_code)] // until choria::election lands on this branch
     pub(crate) fn nats(&self) -> nats::Connection {
         self.inner.nats.clone()
     }
@@ -627,6 +626,7 @@ impl Drop for ReplyWaiter {
 }
 
 /// A plain subscription on the shared connection.
+#[derive(Clone)]
 pub struct Subscription {
     sub: nats::Subscription,
     subject: String,
@@ -761,6 +761,45 @@ mod tests {
             .next_until(Instant::now() + Duration::from_secs(10))
             .is_some());
         conn.close();
+    }
+
+    #[test]
+    fn user_and_password_are_sent_when_configured() {
+        let server = NatsServer::start_with(
+            "authorization { users: [ { user: provisioner, password: s3cret } ] }",
+        )
+        .expect("nats-server");
+        for (user, password, accepted) in [
+            (Some("provisioner"), Some("s3cret"), true),
+            (Some("provisioner"), Some("wrong"), false),
+            (None, None, false),
+        ] {
+            let mut with_auth = settings(&server.url());
+            with_auth.user = user.map(String::from);
+            with_auth.password = password.map(String::from);
+            match Connection::connect(&with_auth, "auth-test") {
+                Ok(conn) => {
+                    assert!(accepted, "{user:?}/{password:?} should be refused");
+                    conn.flush(Duration::from_secs(10)).expect("round trip");
+                    conn.close();
+                }
+                Err(err) => assert!(!accepted, "{user:?}/{password:?}: {err}"),
+            }
+        }
+    }
+
+    #[test]
+    fn patient_connect_gives_up_when_told() {
+        let port = crate::testing::free_port().unwrap();
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let give_up = || calls.fetch_add(1, Ordering::SeqCst) >= 2;
+        let result = Connection::connect_patiently(
+            &settings(&format!("nats://127.0.0.1:{port}")),
+            "t",
+            &give_up,
+        );
+        assert!(matches!(result, Err(ConnectionError::Connect { .. })));
+        assert!(calls.load(Ordering::SeqCst) >= 3);
     }
 
     #[test]
