@@ -157,7 +157,7 @@ struct Inner {
     /// request id → the waiting caller's channel.
     waiters: Mutex<HashMap<String, Sender<Vec<u8>>>>,
     connected: Arc<AtomicBool>,
-    closing: AtomicBool,
+    closing: Arc<AtomicBool>,
     flush_kick: Option<Sender<()>>,
     threads: Mutex<Vec<(JoinHandle<()>, Receiver<()>)>>,
     unknown_replies: AtomicU64,
@@ -244,13 +244,18 @@ impl Connection {
         let on_disconnect = connected.clone();
         let on_reconnect = connected.clone();
         let conn_name = name.to_string();
+        let closing = Arc::new(AtomicBool::new(false));
+        let closing_seen = closing.clone();
         options = options
             .with_name(name)
             .max_reconnects(None)
             .reconnect_delay_callback(reconnect_delay)
             .disconnect_callback(move || {
                 on_disconnect.store(false, Ordering::SeqCst);
-                log::warn!("broker connection {conn_name} lost; reconnecting");
+                // Our own close disconnects too; that is not news.
+                if !closing_seen.load(Ordering::SeqCst) {
+                    log::warn!("broker connection {conn_name} lost; reconnecting");
+                }
             })
             .reconnect_callback(move || {
                 on_reconnect.store(true, Ordering::SeqCst);
@@ -289,7 +294,7 @@ impl Connection {
             reply_prefix: prefix,
             waiters: Mutex::new(HashMap::new()),
             connected,
-            closing: AtomicBool::new(false),
+            closing,
             flush_kick,
             threads: Mutex::new(Vec::new()),
             unknown_replies: AtomicU64::new(0),
