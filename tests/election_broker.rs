@@ -374,6 +374,19 @@ fn three_members_elect_one_and_hand_over_on_stop(account: Account) {
         holder.as_deref(),
         Some(cluster.slots[leader].identity.as_str())
     );
+    // The state is visible in go-choria's election metrics.
+    let text = cluster.metrics.render();
+    for (member, slot) in cluster.slots.iter().enumerate() {
+        let labels = format!("election=\"{DEFAULT_KEY}\",identity=\"{}\"", slot.identity);
+        let gauge = if member == leader { 1 } else { 0 };
+        for needle in [
+            format!("choria_election_leader{{{labels}}} {gauge}"),
+            format!("choria_election_interval_seconds{{{labels}}}"),
+            format!("choria_election_campaigns{{{labels},state=\"candidate\"}}"),
+        ] {
+            assert!(text.contains(&needle), "{needle} missing in\n{text}");
+        }
+    }
 
     cluster.stop_member(leader);
     assert_eq!(

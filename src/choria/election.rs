@@ -154,6 +154,8 @@ pub enum ElectionError {
     },
     /// A reply we cannot read.
     Malformed { subject: String, reason: String },
+    /// Our last successful keep-alive is so old the key may have expired (a frozen process).
+    KeepAliveOverdue { since: Duration, budget: Duration },
     /// The bucket's max age cannot serve as an election TTL.
     BadTtl { bucket: String, max_age: Duration },
     /// The value (our identity) does not fit the bucket's message size limit.
@@ -206,6 +208,11 @@ impl fmt::Display for ElectionError {
             ElectionError::Malformed { subject, reason } => {
                 write!(f, "unreadable reply on {subject}: {reason}")
             }
+            ElectionError::KeepAliveOverdue { since, budget } => write!(
+                f,
+                "last successful keep-alive was {since:?} ago, beyond the {budget:?} the TTL \
+                 allows; another member may already lead"
+            ),
             ElectionError::BadTtl { bucket, max_age } => write!(
                 f,
                 "election bucket {bucket} has max age {max_age:?}, which cannot serve as the \
@@ -958,11 +965,9 @@ impl Member {
         written: Instant,
     ) -> Result<(u64, Instant), ElectionError> {
         let budget = bucket.ttl.saturating_sub(bucket.write_timeout);
-        if written.elapsed() >= budget {
-            return Err(ElectionError::Timeout {
-                subject: self.settings.write_subject(),
-                after: written.elapsed(),
-            });
+        let since = written.elapsed();
+        if since >= budget {
+            return Err(ElectionError::KeepAliveOverdue { since, budget });
         }
         let sent = Instant::now();
         let revision = self.write(bucket, revision, false)?;
