@@ -271,3 +271,40 @@ pub fn apply_election_event(fleet: &Fleet, trigger: &Sender<()>, event: Election
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{Admission, ManualClock};
+
+    #[test]
+    fn election_events_pause_forget_and_resume_with_an_immediate_discovery() {
+        let metrics = Arc::new(Metrics::new("t"));
+        let fleet = Fleet::new(
+            FleetSettings {
+                interval: Duration::from_secs(60),
+                release_delay: Duration::from_secs(60),
+                work_queue_size: 10,
+            },
+            Arc::new(Gate::new(true)),
+            metrics.clone(),
+            Arc::new(ManualClock::default()),
+        );
+        let (trigger, triggered) = bounded::<()>(1);
+        assert_eq!(fleet.admit("n1", Source::Event), Admission::Refused, "standby starts paused");
+
+        apply_election_event(&fleet, &trigger, ElectionEvent::Won);
+        assert!(!fleet.is_paused());
+        assert_eq!(metrics.paused.get(), 0.0);
+        assert!(triggered.try_recv().is_ok(), "a new leader discovers at once");
+        assert!(matches!(fleet.admit("n1", Source::Event), Admission::Admitted(_)));
+        assert!(matches!(fleet.admit("n2", Source::Event), Admission::Admitted(_)));
+
+        apply_election_event(&fleet, &trigger, ElectionEvent::Lost);
+        assert!(fleet.is_paused());
+        assert_eq!(metrics.paused.get(), 1.0);
+        assert_eq!(fleet.len(), 0);
+        assert_eq!(fleet.queue_len(), 0);
+        assert!(triggered.try_recv().is_err());
+    }
+}
