@@ -75,42 +75,8 @@ impl Event {
     }
 }
 
-/// A random UUID v4 in its dashed text form.
-pub fn uuid_v4() -> String {
-    let mut bytes: [u8; 16] = rand::random();
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let h = hex::encode(bytes);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ` for a unix time (civil-from-days, proleptic Gregorian).
-pub fn rfc3339_utc(unix: i64) -> String {
-    let days = unix.div_euclid(86_400);
-    let secs = unix.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
-}
+// Ids and times come from the provisioner's own helpers: they are not what is under test.
+use crate::choria::lifecycle::{new_event_id as uuid_v4, rfc3339_utc};
 
 /// Parses an encoded event back (for tests): (outer, inner).
 pub fn decode(bytes: &[u8]) -> Option<(Map<String, Value>, Map<String, Value>)> {
