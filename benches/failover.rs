@@ -23,26 +23,7 @@ const MEMBERS: usize = 3;
 /// Bound on any single wait; far above every expected takeover.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-const PROVISIONING_ACCOUNTS: &str = r#"
-accounts {
-  CHORIA: {
-    jetstream: enabled
-    users: [ {user: choria, password: choria} ]
-    exports: [
-      {service: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION", accounts: [PROVISIONING], response_type: singleton}
-      {service: "$KV.CHORIA_LEADER_ELECTION.provisioner", accounts: [PROVISIONING], response_type: singleton}
-    ]
-  }
-  PROVISIONING: {
-    users: [ {user: provisioner, password: s3cret} ]
-    imports: [
-      {service: {account: CHORIA, subject: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}, to: "choria.streams.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}
-      {service: {account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}, to: "$KV.CHORIA_LEADER_ELECTION.provisioner"}
-      {service: {account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}, to: "choria.streams.$KV.CHORIA_LEADER_ELECTION.provisioner"}
-    ]
-  }
-}
-"#;
+use choria_provisioner::testing::PROVISIONING_ACCOUNTS_CONF as PROVISIONING_ACCOUNTS;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Account {

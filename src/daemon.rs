@@ -291,14 +291,27 @@ mod tests {
             Arc::new(ManualClock::default()),
         );
         let (trigger, triggered) = bounded::<()>(1);
-        assert_eq!(fleet.admit("n1", Source::Event), Admission::Refused, "standby starts paused");
+        assert_eq!(
+            fleet.admit("n1", Source::Event),
+            Admission::Refused,
+            "standby starts paused"
+        );
 
         apply_election_event(&fleet, &trigger, ElectionEvent::Won);
         assert!(!fleet.is_paused());
         assert_eq!(metrics.paused.get(), 0.0);
-        assert!(triggered.try_recv().is_ok(), "a new leader discovers at once");
-        assert!(matches!(fleet.admit("n1", Source::Event), Admission::Admitted(_)));
-        assert!(matches!(fleet.admit("n2", Source::Event), Admission::Admitted(_)));
+        assert!(
+            triggered.try_recv().is_ok(),
+            "a new leader discovers at once"
+        );
+        assert!(matches!(
+            fleet.admit("n1", Source::Event),
+            Admission::Admitted(_)
+        ));
+        assert!(matches!(
+            fleet.admit("n2", Source::Event),
+            Admission::Admitted(_)
+        ));
 
         apply_election_event(&fleet, &trigger, ElectionEvent::Lost);
         assert!(fleet.is_paused());

@@ -42,6 +42,30 @@ pub fn temp_dir(prefix: &str) -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
+/// The Choria Broker's provisioning-account wiring for the election, simulated on a plain
+/// `nats-server` as spec/election.md §5.3 shows: JetStream in account CHORIA, the bucket's
+/// stream info and key imported into PROVISIONING (user `provisioner`, password `s3cret`).
+pub const PROVISIONING_ACCOUNTS_CONF: &str = r#"
+accounts {
+  CHORIA: {
+    jetstream: enabled
+    users: [ {user: choria, password: choria} ]
+    exports: [
+      {service: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION", accounts: [PROVISIONING], response_type: singleton}
+      {service: "$KV.CHORIA_LEADER_ELECTION.provisioner", accounts: [PROVISIONING], response_type: singleton}
+    ]
+  }
+  PROVISIONING: {
+    users: [ {user: provisioner, password: s3cret} ]
+    imports: [
+      {service: {account: CHORIA, subject: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}, to: "choria.streams.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}
+      {service: {account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}, to: "$KV.CHORIA_LEADER_ELECTION.provisioner"}
+      {service: {account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}, to: "choria.streams.$KV.CHORIA_LEADER_ELECTION.provisioner"}
+    ]
+  }
+}
+"#;
+
 /// One `nats-server` process we started.
 pub struct NatsServer {
     child: Option<Child>,

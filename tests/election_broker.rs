@@ -22,27 +22,7 @@ const TTL: Duration = Duration::from_secs(5);
 /// Generous bound for anything that should take about a TTL or two.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-/// The broker's provisioning-account wiring, as spec/election.md §5.3 shows it.
-const PROVISIONING_ACCOUNTS: &str = r#"
-accounts {
-  CHORIA: {
-    jetstream: enabled
-    users: [ {user: choria, password: choria} ]
-    exports: [
-      {service: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION", accounts: [PROVISIONING], response_type: singleton}
-      {service: "$KV.CHORIA_LEADER_ELECTION.provisioner", accounts: [PROVISIONING], response_type: singleton}
-    ]
-  }
-  PROVISIONING: {
-    users: [ {user: provisioner, password: s3cret} ]
-    imports: [
-      {service: {account: CHORIA, subject: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}, to: "choria.streams.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}
-      {service: {account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}, to: "$KV.CHORIA_LEADER_ELECTION.provisioner"}
-      {service: {account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}, to: "choria.streams.$KV.CHORIA_LEADER_ELECTION.provisioner"}
-    ]
-  }
-}
-"#;
+use choria_provisioner::testing::PROVISIONING_ACCOUNTS_CONF as PROVISIONING_ACCOUNTS;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Account {
