@@ -221,7 +221,7 @@ fn recorded(
 enum TryWait {
     /// 300 ms: well under the slow nodes' reply delay.
     Short,
-    /// 1.5 s: time for a broken reply to arrive and be refused, before timing out.
+    /// 3 s: ample time for a broken reply to arrive and be refused, before timing out.
     Medium,
     /// 20.3 s: only a reply ends it.
     Long,
@@ -231,7 +231,7 @@ impl TryWait {
     fn ddl(self) -> Duration {
         match self {
             TryWait::Short => Duration::ZERO,
-            TryWait::Medium => Duration::from_millis(1200),
+            TryWait::Medium => Duration::from_millis(2700),
             TryWait::Long => Duration::from_secs(20),
         }
     }
@@ -687,7 +687,7 @@ fn a_missed_try_is_retried_and_every_request_is_well_formed() {
     let metrics = Arc::new(Metrics::new("test"));
     let conn = connect(&server, PROVISIONER);
     let rpc = RpcClient::new(conn.clone(), metrics.clone()).with_ddl_timeout(Duration::ZERO);
-    let data = json!({"token": "s3cret", "escape": "<&>"});
+    let data = json!({"token": TOKEN});
 
     #[rustfmt::skip]
     let cases = [
