@@ -1,9 +1,14 @@
-//! Lifecycle events over a real `nats-server` (spec/protocol.md §7): startup events in both
-//! formats admit their node, anything else is ignored or counted, a paused standby does not
-//! take events from the leader, and the provisioner announces its own startup.
+//! Lifecycle events over a real `nats-server` (spec/protocol.md §7): the startup events of the
+//! fleet simulator's boots (`choria-fleet-sim`, CloudEvents format) admit their nodes, a
+//! paused standby does not take them from the leader, and the provisioner announces its own
+//! startup. The Choria format and junk on the subject, which the simulator never sends, are
+//! published by hand.
 
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver};
 use serde_json::Value;
@@ -15,6 +20,7 @@ use choria_provisioner::choria::listener::{publish_own_startup, EventListener, M
 use choria_provisioner::choria::security::Signer;
 use choria_provisioner::gate::Gate;
 use choria_provisioner::metrics::Metrics;
+use choria_provisioner::sim::Report;
 use choria_provisioner::testing::NatsServer;
 
 const COMPONENT: &str = "provision_mode_server";
@@ -54,6 +60,135 @@ fn startup_subject() -> String {
     lifecycle::event_subject("startup", COMPONENT)
 }
 
+/// The identity the simulator gives node `index` (0-based).
+fn sim_identity(index: usize) -> String {
+    format!("node{}.sim.example.net", index + 1)
+}
+
+/// The fleet simulator as a child process we started; stopped by its pid. Its nodes boot in
+/// provisioning mode and announce it with a CloudEvents startup event, component
+/// `provision_mode_server` (§7.2).
+struct Sim {
+    child: Option<Child>,
+    report: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Sim {
+    fn start(server: &NatsServer, nodes: usize) -> Sim {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let report = dir.path().join("report.json");
+        let (url, nodes_arg) = (server.url(), nodes.to_string());
+        #[rustfmt::skip]
+        let args = [
+            "--broker", url.as_str(), "--nodes", &nodes_arg,
+            "--report", report.to_str().expect("UTF-8 temp path"),
+            // Boots spread out, as a fleet powering on; no RSA keys needed.
+            "--boot-spread", "500ms", "--keygen-threads", "0",
+            // A safety net should this test die without stopping it.
+            "--deadline", "300s",
+        ];
+        let child = Command::new(env!("CARGO_BIN_EXE_choria-fleet-sim"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("choria-fleet-sim starts");
+        Sim {
+            child: Some(child),
+            report,
+            _dir: dir,
+        }
+    }
+
+    /// SIGTERM by pid, a bounded wait for the exit, then the report.
+    fn stop(mut self) -> Report {
+        let mut child = self.child.take().expect("running");
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -TERM {}", child.id());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait on the simulator") {
+                assert!(status.success(), "simulator exit status {status}");
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the simulator did not stop");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let text = std::fs::read_to_string(&self.report).expect("the simulator wrote a report");
+        serde_json::from_str(&text).expect("the report parses")
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Up to `count` admissions, each waited for at most `WAIT`.
+fn admissions(admitted: &Receiver<String>, count: usize) -> Vec<String> {
+    (0..count)
+        .map_while(|_| admitted.recv_timeout(WAIT).ok())
+        .collect()
+}
+
+#[test]
+fn the_simulators_boots_admit_every_node_once() {
+    let server = NatsServer::start().expect("nats-server");
+    let metrics = Arc::new(Metrics::new("test"));
+    let provisioner = connect(&server, "provisioner.test");
+    let gate = Arc::new(Gate::new(false));
+    let (listener, admitted) = listen(&provisioner, &gate, &metrics);
+    let nodes = 50;
+
+    let sim = Sim::start(&server, nodes);
+    let got = admissions(&admitted, nodes);
+    let report = sim.stop();
+    // A hand-made sentinel after the last boot: once it is admitted, every event before it
+    // has been handled, so nothing more came of the boots.
+    let sentinel = "sentinel.example.net";
+    let node = connect(&server, "node");
+    let event = lifecycle::encode_choria_event("startup", sentinel, COMPONENT, None, 1);
+    node.publish(&startup_subject(), &event).expect("publish");
+    assert_eq!(admitted.recv_timeout(WAIT).ok().as_deref(), Some(sentinel));
+    listener.stop();
+
+    let distinct: BTreeSet<&String> = got.iter().collect();
+    let expected: Vec<String> = (0..nodes).map(sim_identity).collect();
+    assert_eq!(distinct, expected.iter().collect(), "admitted: {got:?}");
+    assert_eq!(got.len(), nodes, "each node admitted once");
+    assert_eq!(metrics.event_discovered.get(), nodes as u64 + 1);
+    assert_eq!(
+        metrics
+            .malformed_messages
+            .with_label_values(&[MALFORMED_EVENT])
+            .get(),
+        0
+    );
+    assert!(
+        report.nodes.iter().all(|n| n.record.boots == 1),
+        "{:#?}",
+        report.nodes
+    );
+    node.close();
+    provisioner.close();
+}
+
+/// Hand-made events, for what the simulator never sends: the Choria format, junk, other
+/// event kinds and an event naming no identity, interleaved with good ones.
 #[test]
 fn startup_events_in_both_formats_admit_their_node_and_junk_is_survived() {
     let server = NatsServer::start().expect("nats-server");
@@ -104,23 +239,24 @@ fn a_paused_standby_does_not_take_events_from_the_leader() {
     let standby_gate = Arc::new(Gate::new(true));
     let (leader, leader_admitted) = listen(&leader_conn, &leader_gate, &leader_metrics);
     let (standby, standby_admitted) = listen(&standby_conn, &standby_gate, &standby_metrics);
-    let node = connect(&server, "node");
 
-    // With a queue group the broker would hand some of these to the standby, which drops
+    // With a queue group the broker would hand some of the boots to the standby, which drops
     // them while paused; without one the leader sees every event.
-    let identities: Vec<String> = (0..20).map(|n| format!("n{n}.example.net")).collect();
-    for identity in &identities {
-        let event = lifecycle::encode_cloudevent("startup", identity, COMPONENT, None, 1);
-        node.publish(&startup_subject(), &event).expect("publish");
-    }
-    let got: Vec<String> = identities
-        .iter()
-        .filter_map(|_| leader_admitted.recv_timeout(WAIT).ok())
-        .collect();
-    assert_eq!(got, identities);
+    let nodes = 20;
+    let sim = Sim::start(&server, nodes);
+    let mut got = admissions(&leader_admitted, nodes);
+    sim.stop();
+    got.sort();
+    let mut expected: Vec<String> = (0..nodes).map(sim_identity).collect();
+    expected.sort();
+    assert_eq!(got, expected);
 
-    // Once the standby resumes it admits too: it was subscribed all along.
+    // Once the standby resumes it admits too: it was subscribed all along. The broker had
+    // routed every boot before this event (the leader got them), and one subscription
+    // delivers in order: the standby's first admission being this one shows it admitted none
+    // of the boots while paused.
     standby_gate.set_paused(false);
+    let node = connect(&server, "node");
     let event = lifecycle::encode_choria_event("startup", "late.example.net", COMPONENT, None, 1);
     node.publish(&startup_subject(), &event).expect("publish");
     assert_eq!(
@@ -134,7 +270,7 @@ fn a_paused_standby_does_not_take_events_from_the_leader() {
     standby.stop();
     leader.stop();
     assert_eq!(standby_metrics.event_discovered.get(), 1);
-    assert_eq!(leader_metrics.event_discovered.get(), 21);
+    assert_eq!(leader_metrics.event_discovered.get(), nodes as u64 + 1);
     for conn in [node, leader_conn, standby_conn] {
         conn.close();
     }
