@@ -80,9 +80,12 @@ impl fmt::Display for SchemaError {
 impl std::error::Error for SchemaError {}
 
 /// The two compiled upstream schemas a server enforces (protocol.md §2.5).
+///
+/// Where the upstream files are not there (a clone without `../shared` beside it), the same
+/// rules are checked by [`builtin`], written from those schemas; a test pins the two to the
+/// same verdicts.
 pub struct Schemas {
-    secure_request: JSONSchema,
-    request: JSONSchema,
+    upstream: Option<(JSONSchema, JSONSchema)>,
 }
 
 fn load_schema(dir: &Path, name: &str) -> Result<JSONSchema, SchemaError> {
@@ -126,17 +129,219 @@ impl Schemas {
     /// Loads `secure_request.json` and `request.json` from `dir`.
     pub fn load(dir: &Path) -> Result<Schemas, SchemaError> {
         Ok(Schemas {
-            secure_request: load_schema(dir, "secure_request.json")?,
-            request: load_schema(dir, "request.json")?,
+            upstream: Some((
+                load_schema(dir, "secure_request.json")?,
+                load_schema(dir, "request.json")?,
+            )),
         })
     }
 
+    /// The built-in rules only.
+    pub fn built_in() -> Schemas {
+        Schemas { upstream: None }
+    }
+
+    /// The upstream schemas from `dir` when the directory exists, else the built-in rules.
+    pub fn load_or_built_in(dir: &Path) -> Result<Schemas, SchemaError> {
+        if dir.is_dir() {
+            Schemas::load(dir)
+        } else {
+            log::warn!(
+                "schema directory {} not found: checking requests with the built-in copy of the same rules",
+                dir.display()
+            );
+            Ok(Schemas::built_in())
+        }
+    }
+
+    pub fn is_upstream(&self) -> bool {
+        self.upstream.is_some()
+    }
+
     pub fn check_secure_request(&self, secure_request: &Value) -> Result<(), Drop> {
-        schema_errors(&self.secure_request, secure_request).map_err(Drop::SecureRequestSchema)
+        match &self.upstream {
+            Some((schema, _)) => schema_errors(schema, secure_request),
+            None => builtin::secure_request(secure_request),
+        }
+        .map_err(Drop::SecureRequestSchema)
     }
 
     pub fn check_request(&self, request: &Value) -> Result<(), Drop> {
-        schema_errors(&self.request, request).map_err(Drop::RequestSchema)
+        match &self.upstream {
+            Some((_, schema)) => schema_errors(schema, request),
+            None => builtin::request(request),
+        }
+        .map_err(Drop::RequestSchema)
+    }
+}
+
+/// The rules of go-choria's `secure_request.json` and `request.json` (draft-04), in code.
+pub mod builtin {
+    use serde_json::{Map, Value};
+
+    fn object<'a>(v: &'a Value, at: &str) -> Result<&'a Map<String, Value>, String> {
+        v.as_object()
+            .ok_or_else(|| format!("{at}: is not of type \"object\""))
+    }
+
+    fn required<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a Value, String> {
+        o.get(key)
+            .ok_or_else(|| format!("{at}: \"{key}\" is a required property"))
+    }
+
+    /// A string property, if present, with at least `min` characters (and at most `max`).
+    fn string(
+        o: &Map<String, Value>,
+        key: &str,
+        at: &str,
+        min: usize,
+        max: Option<usize>,
+    ) -> Result<(), String> {
+        let Some(v) = o.get(key) else { return Ok(()) };
+        let s = v
+            .as_str()
+            .ok_or_else(|| format!("{at}/{key}: is not of type \"string\""))?;
+        let n = s.chars().count();
+        if n < min {
+            return Err(format!(
+                "{at}/{key}: {s:?} is shorter than {min} characters"
+            ));
+        }
+        if let Some(max) = max {
+            if n > max {
+                return Err(format!("{at}/{key}: {s:?} is longer than {max} characters"));
+            }
+        }
+        Ok(())
+    }
+
+    fn enum_string(
+        o: &Map<String, Value>,
+        key: &str,
+        at: &str,
+        allowed: &[&str],
+    ) -> Result<(), String> {
+        match o.get(key) {
+            None => Ok(()),
+            Some(Value::String(s)) if allowed.contains(&s.as_str()) => Ok(()),
+            Some(other) => Err(format!("{at}/{key}: {other} is not one of {allowed:?}")),
+        }
+    }
+
+    /// Integers as the upstream validator reads them: `60.0` is not one.
+    fn integer(
+        o: &Map<String, Value>,
+        key: &str,
+        at: &str,
+        minimum: Option<i64>,
+    ) -> Result<(), String> {
+        let Some(v) = o.get(key) else { return Ok(()) };
+        let n = match v {
+            Value::Number(n) if n.is_i64() || n.is_u64() => n.as_f64().unwrap_or(0.0),
+            _ => return Err(format!("{at}/{key}: {v} is not of type \"integer\"")),
+        };
+        if let Some(min) = minimum {
+            if n < min as f64 {
+                return Err(format!("{at}/{key}: {v} is less than the minimum of {min}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn array_of<'a>(
+        o: &'a Map<String, Value>,
+        key: &str,
+        at: &str,
+    ) -> Result<Option<&'a Vec<Value>>, String> {
+        match o.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => Ok(Some(items)),
+            Some(other) => Err(format!("{at}/{key}: {other} is not of type \"array\"")),
+        }
+    }
+
+    pub fn secure_request(v: &Value) -> Result<(), String> {
+        let o = object(v, "")?;
+        for key in ["protocol", "message", "signature", "pubcert"] {
+            required(o, key, "")?;
+        }
+        enum_string(o, "protocol", "", &["choria:secure:request:1"])?;
+        for key in ["message", "signature", "pubcert"] {
+            string(o, key, "", 1, None)?;
+        }
+        Ok(())
+    }
+
+    pub fn request(v: &Value) -> Result<(), String> {
+        let o = object(v, "")?;
+        for key in ["protocol", "message", "envelope"] {
+            required(o, key, "")?;
+        }
+        enum_string(o, "protocol", "", &["choria:request:1"])?;
+        string(o, "message", "", 1, None)?;
+        let env = object(required(o, "envelope", "")?, "/envelope")?;
+        let at = "/envelope";
+        for key in [
+            "requestid",
+            "senderid",
+            "callerid",
+            "collective",
+            "agent",
+            "ttl",
+            "time",
+            "filter",
+        ] {
+            required(env, key, at)?;
+        }
+        string(env, "requestid", at, 32, Some(32))?;
+        string(env, "senderid", at, 0, None)?;
+        for key in ["callerid", "collective", "agent"] {
+            string(env, key, at, 1, None)?;
+        }
+        integer(env, "ttl", at, Some(30))?;
+        integer(env, "time", at, None)?;
+        let filter = object(required(env, "filter", at)?, "/envelope/filter")?;
+        let at = "/envelope/filter";
+        for key in ["fact", "cf_class", "identity", "compound"] {
+            required(filter, key, at)?;
+        }
+        if let Some(compound) = array_of(filter, "compound", at)? {
+            for (i, inner) in compound.iter().enumerate() {
+                let inner = inner
+                    .as_array()
+                    .ok_or_else(|| format!("{at}/compound/{i}: is not of type \"array\""))?;
+                for (j, item) in inner.iter().enumerate() {
+                    object(item, &format!("{at}/compound/{i}/{j}"))?;
+                }
+            }
+        }
+        for key in ["identity", "agent", "cf_class"] {
+            if let Some(items) = array_of(filter, key, at)? {
+                for (i, item) in items.iter().enumerate() {
+                    if !item.is_string() {
+                        return Err(format!("{at}/{key}/{i}: is not of type \"string\""));
+                    }
+                }
+            }
+        }
+        if let Some(facts) = array_of(filter, "fact", at)? {
+            for (i, fact) in facts.iter().enumerate() {
+                let at = format!("{at}/fact/{i}");
+                let fo = object(fact, &at)?;
+                for key in ["fact", "operator", "value"] {
+                    required(fo, key, &at)?;
+                }
+                string(fo, "fact", &at, 1, None)?;
+                enum_string(
+                    fo,
+                    "operator",
+                    &at,
+                    &[">=", "<=", "<", ">", "!=", "==", "=~"],
+                )?;
+                string(fo, "value", &at, 1, None)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -323,6 +528,118 @@ mod tests {
             }
         }
         json!({"protocol":"choria:request:1","message":"cGluZw==","envelope":envelope})
+    }
+
+    #[test]
+    fn the_built_in_rules_agree_with_the_upstream_schemas() {
+        let upstream = schemas();
+        let built_in = Schemas::built_in();
+        let filter = |patch: Value| {
+            let mut f = json!({"fact":[],"cf_class":[],"agent":[],"identity":[],"compound":[]});
+            for (k, v) in patch.as_object().unwrap() {
+                if v.is_null() {
+                    f.as_object_mut().unwrap().remove(k);
+                } else {
+                    f[k] = v.clone();
+                }
+            }
+            json!({ "filter": f })
+        };
+        let requests = vec![
+            request(json!({})),
+            request(json!({"ttl": 29})),
+            request(json!({"ttl": 30})),
+            request(json!({"ttl": 60.0})),
+            request(json!({"ttl": 60.5})),
+            request(json!({"ttl": "60"})),
+            request(json!({"time": "now"})),
+            request(json!({"requestid": "0123456789abcdef0123456789abcde"})),
+            request(json!({"requestid": "0123456789abcdef0123456789abcdef0"})),
+            request(json!({"requestid": 5})),
+            request(json!({"callerid": ""})),
+            request(json!({"collective": ""})),
+            request(json!({"agent": ""})),
+            request(json!({"senderid": ""})),
+            request(json!({"senderid": null})),
+            request(json!({"filter": null})),
+            request(json!({"filter": []})),
+            request(filter(json!({"compound": null}))),
+            request(filter(json!({"fact": null}))),
+            request(filter(json!({"identity": null}))),
+            request(filter(json!({"cf_class": null}))),
+            request(filter(json!({"agent": null}))),
+            request(filter(
+                json!({"agent": ["choria_provision"], "identity": ["n1", "/x/"]}),
+            )),
+            request(filter(json!({"agent": [5]}))),
+            request(filter(json!({"identity": "n1"}))),
+            request(filter(json!({"compound": [[{"expr": "x"}]]}))),
+            request(filter(json!({"compound": [{"expr": "x"}]}))),
+            request(filter(json!({"compound": [["x"]]}))),
+            request(filter(
+                json!({"fact": [{"fact":"os","operator":"==","value":"linux"}]}),
+            )),
+            request(filter(
+                json!({"fact": [{"fact":"os","operator":"===","value":"linux"}]}),
+            )),
+            request(filter(
+                json!({"fact": [{"fact":"os","operator":"==","value":""}]}),
+            )),
+            request(filter(
+                json!({"fact": [{"fact":"","operator":"==","value":"x"}]}),
+            )),
+            request(filter(json!({"fact": [{"fact":"os","operator":"=="}]}))),
+            json!({"protocol":"choria:request:2","message":"x","envelope":{}}),
+            json!({"protocol":"choria:request:1","message":"","envelope":request(json!({}))["envelope"]}),
+            json!({"protocol":"choria:request:1","envelope":request(json!({}))["envelope"]}),
+            json!({"protocol":"choria:request:1","message":"x"}),
+            json!("not an object"),
+        ];
+        for (i, r) in requests.iter().enumerate() {
+            assert_eq!(
+                upstream.check_request(r).is_ok(),
+                built_in.check_request(r).is_ok(),
+                "request case {i}: {r}"
+            );
+        }
+        let secure = |patch: Value| {
+            let mut v = json!({"protocol":"choria:secure:request:1","message":"{}","signature":"insecure","pubcert":"insecure"});
+            for (k, val) in patch.as_object().unwrap() {
+                if val.is_null() {
+                    v.as_object_mut().unwrap().remove(k);
+                } else {
+                    v[k] = val.clone();
+                }
+            }
+            v
+        };
+        let secures = [
+            secure(json!({})),
+            secure(json!({"protocol": "choria:secure:request:2"})),
+            secure(json!({"message": ""})),
+            secure(json!({"signature": ""})),
+            secure(json!({"pubcert": null})),
+            secure(json!({"message": 5})),
+            json!([]),
+        ];
+        for (i, r) in secures.iter().enumerate() {
+            assert_eq!(
+                upstream.check_secure_request(r).is_ok(),
+                built_in.check_secure_request(r).is_ok(),
+                "secure request case {i}: {r}"
+            );
+        }
+        // Both refuse and accept something, so the comparison above cannot pass vacuously.
+        assert!(built_in.check_request(&requests[0]).is_ok());
+        assert!(built_in.check_request(&requests[1]).is_err());
+        assert!(!built_in.is_upstream() && upstream.is_upstream());
+    }
+
+    #[test]
+    fn a_missing_schema_directory_falls_back_to_the_built_in_rules() {
+        let s = Schemas::load_or_built_in(Path::new("/nonexistent/schemas")).unwrap();
+        assert!(!s.is_upstream());
+        assert!(Schemas::load(Path::new("/nonexistent/schemas")).is_err());
     }
 
     #[test]

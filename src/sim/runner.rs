@@ -603,7 +603,7 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
 pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimError> {
     let started = Instant::now();
     let started_unix = unix_now();
-    let schemas = Schemas::load(&opts.schemas).map_err(SimError::Schemas)?;
+    let schemas = Schemas::load_or_built_in(&opts.schemas).map_err(SimError::Schemas)?;
 
     let claims = provisioning_claims(opts, started_unix);
     let provisioning_jwt = match &opts.jwt_key {
