@@ -1,6 +1,6 @@
 //! Real key material for the simulated nodes (protocol.md §6.2, crypto.md §3): RSA-2048 keys
 //! and SHA256-RSA CSRs for `gencsr`, ed25519 identities for `gen25519`, X25519 pairs for `jwt`,
-//! and the check that a transported private key is a valid RSA key matching the CSR.
+//! and the check that a transported private key is a valid RSA key matching its certificate.
 //!
 //! RSA key generation is slow, so `KeyPool` pre-generates keys on named threads while nodes
 //! boot; `gencsr` takes one from the pool, or makes one itself when the pool is empty.
@@ -123,6 +123,22 @@ pub fn parse_rsa_private(pem_text: &str) -> Result<RsaPrivateKey, KeyError> {
     RsaPrivateKey::from_pkcs1_pem(pem_text)
         .or_else(|_| RsaPrivateKey::from_pkcs8_pem(pem_text))
         .map_err(|e| KeyError::NotRsa(e.to_string()))
+}
+
+/// The RSA public key of the first certificate in a PEM text (what a transported key must pair
+/// with: the node installs both side by side).
+pub fn certificate_rsa_public(pem_text: &str) -> Result<RsaPublicKey, KeyError> {
+    use rsa::pkcs8::DecodePublicKey;
+    use x509_cert::der::{DecodePem, Encode};
+    let cert = x509_cert::Certificate::from_pem(pem_text.trim_start().as_bytes())
+        .map_err(|e| KeyError::NotRsa(format!("certificate does not parse: {e}")))?;
+    let spki = cert
+        .tbs_certificate
+        .subject_public_key_info
+        .to_der()
+        .map_err(|e| KeyError::NotRsa(format!("certificate key does not encode: {e}")))?;
+    RsaPublicKey::from_public_key_der(&spki)
+        .map_err(|e| KeyError::NotRsa(format!("certificate key is not RSA: {e}")))
 }
 
 /// A fresh ed25519 identity for `gen25519`: (signing key, lowercase hex public key).
