@@ -168,8 +168,10 @@ impl Provisioner {
         );
         let log_path = world.path("provisioner.log");
         let pid_path = world.path("provisioner.pid");
+        // interval 1h: the tests rely on startup events and the discovery at start only, so a
+        // slow run on a busy box never sees a periodic discovery re-admit refused nodes.
         let yaml = format!(
-            "interval: 1m\nloglevel: info\nlogfile: {log:?}\nmonitor_port: {monitor_port}\nchoria_insecure: true\nsite: e2e\n{extra}\n",
+            "interval: 1h\nloglevel: info\nlogfile: {log:?}\nmonitor_port: {monitor_port}\nchoria_insecure: true\nsite: e2e\n{extra}\n",
             log = log_path.display().to_string(),
             extra = setup.yaml
         );
