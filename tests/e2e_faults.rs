@@ -20,7 +20,7 @@ const RELEASE_DELAY: &str = "6s";
 const ORG_ISSUER_PUBLIC: &str = "3899a8bb4b6e6e09c91c27f28f086f0b40f1d3091a8c83c07320bc6cfdf67730";
 const LOCK_MESSAGE: &str = "Could not obtain provisioning lock";
 
-/// With `rpc_timeout: 1s` and `discovery_timeout` 1 s each try against a silent node costs 2 s.
+/// Each try against a silent node costs `rpc_timeout` + `discovery_timeout` (1 s).
 fn yaml(helper: &str, features: &str) -> String {
     format!(
         "{}token: {TOKEN}\nworkers: 8\nrelease_delay: {RELEASE_DELAY}\nhelper_timeout: 30s\n{features}",
@@ -97,7 +97,7 @@ fn jwt_fleet_with_dead_slow_malformed_bad_hash_and_foreign_lock_nodes() {
             yaml: yaml(
                 &helper,
                 &format!(
-                    "rpc_timeout: 1s\nfeatures:\n  jwt: true\njwt_verify_cert: {}\n",
+                    "rpc_timeout: 2s\nfeatures:\n  jwt: true\njwt_verify_cert: {}\n",
                     vector("provisioner/host/testdata/jwt-signer-public.pem")
                 ),
             ),
