@@ -74,8 +74,40 @@ fn calls(node: &choria_provisioner::sim::report::NodeReport) -> Vec<&str> {
         .collect()
 }
 
+/// The claims of a JWT file, unverified (only to check the vector's time window).
+fn jwt_claims(path: &str) -> serde_json::Value {
+    use base64::Engine;
+    let text = std::fs::read_to_string(path).expect("the JWT vector");
+    let payload = text
+        .trim()
+        .split('.')
+        .nth(1)
+        .expect("a JWT has three parts");
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .expect("base64url claims");
+    serde_json::from_slice(&json).expect("JSON claims")
+}
+
 #[test]
 fn ed25519_with_chain_issued_server_jwts() {
+    // The provisioner refuses to issue under an expired signing token: make sure the vector
+    // is inside its window, so a failure below is never just the calendar.
+    let signing_token = vector("generated/chain-issuer-client.jwt");
+    let claims = jwt_claims(&signing_token);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs();
+    assert!(claims["nbf"].as_u64().unwrap_or(0) <= now, "{claims}");
+    assert!(
+        claims["exp"].as_u64().unwrap_or(0) > now,
+        "{signing_token} expired: {claims}"
+    );
+    assert_eq!(
+        claims["public_key"],
+        "1454a451cdefe5937da64a79faffa6e54f3c083ae78f72bb7f39a7aa37975c8b"
+    );
     let world = World::new();
     let helper = format!(
         "python3 {} --issuer {ORG_ISSUER_PUBLIC} --brokers {}",
@@ -89,7 +121,7 @@ fn ed25519_with_chain_issued_server_jwts() {
                 "{}features:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER_PUBLIC}\njwt_signing_key: {}\njwt_signing_token: {}\n",
                 base_yaml(&helper),
                 vector("tokens/testdata/ed25519/other.seed"),
-                vector("generated/chain-issuer-client.jwt"),
+                signing_token,
             ),
             discovery_timeout: 1,
         },
