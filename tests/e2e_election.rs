@@ -16,6 +16,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use choria_provisioner::choria::election::{BucketAdmin, DEFAULT_BUCKET, DEFAULT_KEY};
@@ -186,6 +188,17 @@ struct Provisioner {
 
 impl Provisioner {
     fn start(broker: &Broker, identity: &str) -> Provisioner {
+        Provisioner::start_with(broker, identity, "", 1)
+    }
+
+    /// `extra_yaml` is appended to `choria-provisioner.yaml`; `discovery_timeout` in seconds
+    /// goes to `choria.cfg` (a broadcast discovery's longest window).
+    fn start_with(
+        broker: &Broker,
+        identity: &str,
+        extra_yaml: &str,
+        discovery_timeout: u32,
+    ) -> Provisioner {
         let dir = temp_dir(&format!("e2e-election-{identity}")).expect("temp dir");
         let helper = dir.join("helper.sh");
         // Configures the node out of provisioning mode; nothing else is needed for the cycle.
@@ -200,7 +213,7 @@ impl Provisioner {
         std::fs::write(
             &yaml,
             format!(
-                "workers: 2\nhelper: {}\nchoria_insecure: true\nmonitor_port: {monitor_port}\nleader_election: true\nrelease_delay: 10s\nloglevel: info\n{}",
+                "workers: 2\nhelper: {}\nchoria_insecure: true\nmonitor_port: {monitor_port}\nleader_election: true\nrelease_delay: 10s\nloglevel: info\n{}{extra_yaml}",
                 helper.display(),
                 broker.account.provisioner_yaml()
             ),
@@ -210,7 +223,7 @@ impl Provisioner {
         std::fs::write(
             &cfg,
             format!(
-                "plugin.choria.middleware_hosts = {}\nidentity = {identity}\ndiscovery_timeout = 1\n",
+                "plugin.choria.middleware_hosts = {}\nidentity = {identity}\ndiscovery_timeout = {discovery_timeout}\n",
                 broker.server.url()
             ),
         )
@@ -252,21 +265,7 @@ impl Provisioner {
 
     /// The `/metrics` text, or None when the endpoint does not answer.
     fn scrape(&self) -> Option<String> {
-        let mut stream = TcpStream::connect_timeout(
-            &([127, 0, 0, 1], self.monitor_port).into(),
-            Duration::from_secs(1),
-        )
-        .ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        stream
-            .set_write_timeout(Some(Duration::from_secs(2)))
-            .ok()?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-            .ok()?;
-        let mut body = String::new();
-        stream.read_to_string(&mut body).ok()?;
-        body.contains("200").then_some(body)
+        scrape(self.monitor_port)
     }
 
     /// Sum of every sample of metric `name` (whatever its labels), if the endpoint answers
@@ -333,6 +332,83 @@ impl Drop for Provisioner {
         } else {
             eprintln!("kept {} for inspection", self.dir.display());
         }
+    }
+}
+
+/// The `/metrics` text on a loopback port, or None when nothing answers there.
+fn scrape(port: u16) -> Option<String> {
+    let mut stream =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).ok()?;
+    body.contains("200").then_some(body)
+}
+
+/// Watches the instances' `/metrics` every 50 ms and remembers the most working leaders
+/// (elected and resumed) seen in one sweep: it must never exceed one.
+struct LeaderSampler {
+    stop: Arc<AtomicBool>,
+    most: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LeaderSampler {
+    fn start(ports: Vec<u16>) -> LeaderSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let most = Arc::new(AtomicUsize::new(0));
+        let thread = {
+            let (stop, most) = (stop.clone(), most.clone());
+            std::thread::Builder::new()
+                .name("leader-sampler".into())
+                .spawn(move || {
+                    // Bounded like everything else: the fleet deadline and then some.
+                    let deadline = Instant::now() + Duration::from_secs(300);
+                    while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+                        let leaders = ports
+                            .iter()
+                            .filter_map(|port| scrape(*port))
+                            .filter(|text| {
+                                metric_value(text, "choria_election_leader") == Some(1.0)
+                                    && metric_value(text, "choria_provisioner_paused") == Some(0.0)
+                            })
+                            .count();
+                        most.fetch_max(leaders, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                })
+                .expect("sampler thread starts")
+        };
+        LeaderSampler {
+            stop,
+            most,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops sampling; the most leaders seen at once.
+    fn finish(mut self) -> usize {
+        self.halt();
+        self.most.load(Ordering::SeqCst)
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for LeaderSampler {
+    fn drop(&mut self) {
+        self.halt();
     }
 }
 
@@ -471,13 +547,34 @@ impl Fleet {
     }
 }
 
+impl Fleet {
+    /// Nodes in service according to the latest `--progress` line, if any yet.
+    fn in_service_now(&self) -> Option<usize> {
+        let stderr = std::fs::read_to_string(self.dir.join("stderr")).ok()?;
+        let line = stderr.lines().rev().find(|l| l.contains(" in service,"))?;
+        let counts = line.split(": ").nth(2)?;
+        counts.split('/').next()?.trim().parse().ok()
+    }
+
+    /// SIGTERM (the simulator then writes its report) and the report.
+    fn stop(self) -> Report {
+        let pid = self.child.as_ref().expect("running").id();
+        signal(pid, libc::SIGTERM);
+        self.finish()
+    }
+}
+
 impl Drop for Fleet {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("kept {} for inspection", self.dir.display());
+        }
     }
 }
 
@@ -594,6 +691,7 @@ fn failover(account: Account, disruption: Disruption) {
     let mut broker = Broker::start(account);
     broker.create_bucket();
     let mut cluster = Cluster::start(&broker, 3);
+    let sampler = LeaderSampler::start(cluster.members.iter().map(|m| m.monitor_port).collect());
     let first = cluster.wait_for_one_leader("a first leader");
     let fleet = Fleet::start(&broker, NODES, &["--boot-spread", BOOT_SPREAD]);
     wait_for("the first leader to provision some nodes", PATIENCE, || {
@@ -660,6 +758,8 @@ fn failover(account: Account, disruption: Disruption) {
         assert_ne!(second, first, "{context}");
     }
     let report = fleet.finish();
+    let most_leaders = sampler.finish();
+    assert_eq!(most_leaders, 1, "{context}: working leaders at once");
     let label = context.clone();
     let context = format!("{context}\n{}", cluster.logs());
     report.assert_fleet_done_once(NODES, &context);
@@ -788,4 +888,110 @@ fn missing_bucket_provisioning_account() {
 #[test]
 fn missing_bucket_plain_account() {
     missing_bucket(Account::Plain);
+}
+
+/// The old leader dies while it holds two slow nodes' provisioning locks (taken by the `jwt`
+/// action, before anything is configured). The new leader is refused on them ("Could not
+/// obtain provisioning lock"), leaves them, and provisions them at a later discovery once
+/// the lock has expired: in service, nobody provisioned twice.
+#[test]
+fn a_killed_leaders_locked_nodes_are_picked_up_after_the_lock_expires() {
+    const LOCKED: usize = 2;
+    // Plain account: nodes with a provisioning JWT send it as a token, which a broker with
+    // users refuses even with no_auth_user (protocol.md §8.5).
+    let broker = Broker::start(Account::Plain);
+    broker.create_bucket();
+    let verifier =
+        choria_provisioner::testing::vector_path("provisioner/host/testdata/jwt-signer-public.pem");
+    let signer =
+        choria_provisioner::testing::vector_path("provisioner/host/testdata/jwt-signer.pem");
+    // jwt first, so the lock is held well before configure; discovery waits for the slow
+    // nodes' replies.
+    let yaml = format!(
+        "features:\n  jwt: true\njwt_verify_cert: {}\n",
+        verifier.display()
+    );
+    let mut cluster = Cluster {
+        members: (0..3)
+            .map(|i| Provisioner::start_with(&broker, &format!("p{i}.example.net"), &yaml, 5))
+            .collect(),
+    };
+    let first = cluster.wait_for_one_leader("a first leader");
+    let nodes = LOCKED.to_string();
+    let fleet = Fleet::start(
+        &broker,
+        LOCKED,
+        &[
+            "--slow",
+            "1",
+            "--slow-delay",
+            "2s",
+            "--jwt-key",
+            signer.to_str().expect("utf-8 path"),
+            // Outlasts the failover and the new leader's first look, by far.
+            "--lock-seconds",
+            "30",
+            "--progress",
+            "500ms",
+            "--nodes",
+            &nodes,
+        ],
+    );
+    wait_for("the leader to start on the slow nodes", PATIENCE, || {
+        let busy = cluster.members[first].metric("choria_provisioner_busy_workers")?;
+        (busy >= 1.0).then_some(())
+    });
+    let killed_at = unix_now();
+    cluster.members[first].kill();
+    let second = cluster.wait_for_one_leader("a leader after the kill");
+    assert_ne!(second, first);
+    // The lock expires 30 s after the kill, the next discovery is an interval (1 minute)
+    // after the new leader's first.
+    wait_for("every node in service", Duration::from_secs(150), || {
+        (fleet.in_service_now()? == LOCKED).then_some(())
+    });
+    let report = fleet.stop();
+    let context = format!("locked nodes\n{}", cluster.logs());
+    let summary = format!("{context}\ntotals: {}", report.json["totals"]);
+    assert_eq!(report.total("in_service"), LOCKED as i64, "{summary}");
+    assert_eq!(report.total("duplicates"), 0, "{summary}");
+    assert_eq!(report.total("violations"), 0, "{summary}");
+    report.assert_periods_do_not_overlap(&context);
+    let actions = report.actions();
+    let first_caller = cluster.members[first].caller();
+    let second_caller = cluster.members[second].caller();
+    for node in report.json["nodes"].as_array().into_iter().flatten() {
+        let identity = node["identity"].as_str().unwrap_or("?");
+        let mine: Vec<&Action> = actions.iter().filter(|a| a.node == identity).collect();
+        // The dead leader got the lock (jwt answered OK) and configured nothing.
+        assert!(
+            mine.iter().any(|a| a.caller == first_caller
+                && a.action == "choria_provision#jwt"
+                && a.statuscode == Some(0)
+                && a.at <= killed_at),
+            "{context}: {identity}: {mine:?}"
+        );
+        assert!(
+            !mine
+                .iter()
+                .any(|a| a.caller == first_caller && a.action == "choria_provision#configure"),
+            "{context}: {identity}: {mine:?}"
+        );
+        // The new leader was refused, then configured it.
+        let refused = mine
+            .iter()
+            .find(|a| {
+                a.caller == second_caller
+                    && a.statusmsg.contains("Could not obtain provisioning lock")
+            })
+            .unwrap_or_else(|| panic!("{context}: {identity} never refused: {mine:?}"));
+        assert!(
+            mine.iter().any(|a| a.caller == second_caller
+                && a.action == "choria_provision#configure"
+                && a.statuscode == Some(0)
+                && a.at >= refused.at),
+            "{context}: {identity}: {mine:?}"
+        );
+    }
+    cluster.stop_all();
 }
