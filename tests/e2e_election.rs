@@ -9,7 +9,13 @@
 //!
 //! No timed assertions: every wait is a bounded loop on a condition, and the assertions are on
 //! outcomes: the simulator's report (who sent which action when, duplicates, final states),
-//! the instances' `/metrics`, their logs and exit codes.
+//! the instances' `/metrics` (a sampler checks that no two are working leaders at once),
+//! their logs and exit codes.
+//!
+//! The simulator's provisioning lock is shortened to 3 s (below a failover) in the failover
+//! scenarios; one scenario keeps it at 30 s so the new leader is refused on the nodes the
+//! killed one held, and picks them up at its next discovery (one `interval`, 1 minute, the
+//! slowest test here).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
