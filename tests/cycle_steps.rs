@@ -419,6 +419,9 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
         case("no upgrades repository", Plain, "features:\n  upgrades: true\nupgrades_repository: \"\"\n", with(ok(), json!({"upgrade": "0.30.0"})), vec![], Want::Failed("upgrades_repository not configured"), &[I]),
         case("upgrade lock refused even if optional", Plain, "features:\n  upgrades: true\nupgrades_optional: true\n", with(ok(), json!({"upgrade": "0.30.0"})), vec![(U, Reply::Lock)], Want::OwnedElsewhere, &[I, U]),
         case("halted by the rpc", Plain, "", ok(), vec![(CF, Reply::Halt)], Want::Halted, &[I, CF]),
+        // Deliberate: once configured, the node is restarted even though leadership was
+        // just lost, so the next leader does not configure it a second time.
+        case("paused after configure still restarts", Plain, "", ok(), vec![(CF, Reply::OkThenPause(json!({"message": "Wrote 3 lines"})))], Want::Provisioned { hold: true }, &[I, CF, R]),
         case("paused before the helper", Plain, "", ok(), vec![(I, Reply::OkThenPause(json!({"version": "0.29.4"})))], Want::Halted, &[I]),
         case("inventory not an object", Plain, "", ok(), vec![(I, Reply::Ok(json!(["x"])))], Want::Failed("rpcutil#inventory reply data is not an object"), &[I]),
         case("helper answers nonsense", Plain, "", json!({"defer": "maybe"}), vec![], Want::Failed("field defer"), &[I]),

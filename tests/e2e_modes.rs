@@ -320,25 +320,21 @@ fn pki_with_jwt_transports_the_helpers_private_key() {
             "{}: the node decrypted no key",
             node.identity
         );
-        // KNOWN SIM BUG (reported): the simulator compares the decrypted key with the key of
-        // the CSR the node made, which a helper-made key can never match; it should compare
-        // it with the certificate sent alongside. Until fixed, that one detail is accepted:
-        // the key was still decrypted with the ECDH secret and parsed as a valid RSA key.
-        // Any other outcome (decryption refused, not an RSA key) fails here.
+        // The node decrypted the key with its ECDH secret and it pairs with the certificate.
         assert!(
-            checks[0].ok || checks[0].detail == SIM_CSR_KEY_MISMATCH,
+            checks[0].ok,
             "{}: {}\n{:#?}",
             node.identity,
             checks[0].detail,
             key_checks(&report)
         );
+        assert_eq!(
+            checks[0].detail,
+            "decrypted RSA key matches the certificate"
+        );
     }
     provisioner.stop();
 }
-
-/// The simulator's key check detail when a transported key is not the node's CSR key.
-const SIM_CSR_KEY_MISMATCH: &str =
-    "decrypted RSA key does not match the key of the CSR this node made";
 
 fn key_checks(report: &Report) -> Vec<(String, Vec<String>)> {
     report

@@ -288,8 +288,12 @@ impl Cycle {
         }
 
         self.configure(gate, &node, &answer, &key, &our_ecdh_public, &server_jwt)?;
+        // A configured node is finished with `restart` even if leadership was lost or a stop
+        // began meanwhile: left configured but unrestarted, it would stay in provisioning and
+        // the next leader would configure it a second time. The node's lock is still ours.
+        let finishing = Gate::new(false);
         let restarted = self.provision_call(
-            gate,
+            &finishing,
             identity,
             "restart",
             json!({"token": config.token, "splay": 1}),
