@@ -779,6 +779,52 @@ features:
     }
 
     #[test]
+    fn the_shipped_sample_is_clean_and_says_the_defaults() {
+        let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("etc/choria-provisioner.yaml");
+        let (c, warnings) = Config::load(&sample).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let (d, _) = parse("helper: h\n").unwrap();
+        assert_eq!(
+            (
+                c.workers,
+                c.interval,
+                c.logfile.clone(),
+                c.loglevel.clone(),
+                c.helper_timeout
+            ),
+            (
+                d.workers,
+                d.interval,
+                d.logfile.clone(),
+                d.loglevel.clone(),
+                d.helper_timeout
+            )
+        );
+        assert_eq!(
+            (
+                c.work_queue_size,
+                c.release_delay,
+                c.server_jwt_validity,
+                c.rpc_timeout
+            ),
+            (
+                d.work_queue_size,
+                d.release_delay,
+                d.server_jwt_validity,
+                d.rpc_timeout
+            )
+        );
+        assert_eq!(c.cert_deny_list, d.cert_deny_list);
+        assert_eq!(c.features, d.features);
+        assert_eq!(c.lifecycle_component, d.lifecycle_component);
+        assert_eq!(c.leader_election_api_prefix, d.leader_election_api_prefix);
+        assert_eq!(
+            (c.monitor_port, c.leader_election, c.choria_insecure),
+            (0, false, false)
+        );
+    }
+
+    #[test]
     fn missing_file_names_the_path() {
         let err = Config::load(Path::new("/nonexistent/prov.yaml")).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/prov.yaml"));

@@ -943,9 +943,10 @@ fn a_killed_leaders_locked_nodes_are_picked_up_after_the_lock_expires() {
             &nodes,
         ],
     );
-    wait_for("the leader to start on the slow nodes", PATIENCE, || {
+    // Every node must be in flight (its lock taken by this leader) before the kill.
+    wait_for("the leader to start on every slow node", PATIENCE, || {
         let busy = cluster.members[first].metric("choria_provisioner_busy_workers")?;
-        (busy >= 1.0).then_some(())
+        (busy >= LOCKED as f64).then_some(())
     });
     let killed_at = unix_now();
     cluster.members[first].kill();

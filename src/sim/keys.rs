@@ -162,39 +162,57 @@ pub fn generate_x25519() -> ([u8; 32], String) {
     (secret.to_bytes(), hex::encode(public.as_bytes()))
 }
 
-/// RSA keys made ahead of time on named threads, at most `budget` in all.
+/// RSA keys made ahead of time on named threads, at most `budget` in all. The threads start
+/// at the first `take`, so a fleet that never sees `gencsr` (ed25519, jwt-only) spends no CPU
+/// on keys.
 pub struct KeyPool {
     ready: Receiver<RsaPrivateKey>,
     stop: Arc<AtomicBool>,
     threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+    /// What the threads need to start: (sender, thread count, budget); `None` once started.
+    pending: parking_lot::Mutex<Option<(Sender<RsaPrivateKey>, usize, usize)>>,
     pub generated_inline: AtomicUsize,
 }
 
 impl KeyPool {
     pub fn start(threads: usize, budget: usize) -> std::io::Result<KeyPool> {
         let (tx, rx) = bounded::<RsaPrivateKey>(64);
-        let stop = Arc::new(AtomicBool::new(false));
-        let remaining = Arc::new(AtomicUsize::new(budget));
-        let mut handles = Vec::new();
-        for i in 0..threads {
-            let tx: Sender<RsaPrivateKey> = tx.clone();
-            let stop = stop.clone();
-            let remaining = remaining.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("sim-keygen-{i}"))
-                .spawn(move || keygen_loop(tx, stop, remaining))?;
-            handles.push(handle);
-        }
         Ok(KeyPool {
             ready: rx,
-            stop,
-            threads: parking_lot::Mutex::new(handles),
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: parking_lot::Mutex::new(Vec::new()),
+            pending: parking_lot::Mutex::new(Some((tx, threads, budget))),
             generated_inline: AtomicUsize::new(0),
         })
     }
 
+    fn start_threads(&self) {
+        let Some((tx, threads, budget)) = self.pending.lock().take() else {
+            return;
+        };
+        if self.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let remaining = Arc::new(AtomicUsize::new(budget));
+        let mut handles = self.threads.lock();
+        for i in 0..threads {
+            let tx = tx.clone();
+            let stop = self.stop.clone();
+            let remaining = remaining.clone();
+            match std::thread::Builder::new()
+                .name(format!("sim-keygen-{i}"))
+                .spawn(move || keygen_loop(tx, stop, remaining))
+            {
+                Ok(handle) => handles.push(handle),
+                // Keys are then made inline on demand; slower, never wrong.
+                Err(e) => log::warn!("could not start a key generation thread: {e}"),
+            }
+        }
+    }
+
     /// A key from the pool, or a fresh one made now.
     pub fn take(&self) -> Result<RsaPrivateKey, KeyError> {
+        self.start_threads();
         match self.ready.try_recv() {
             Ok(key) => Ok(key),
             Err(_) => {

@@ -133,7 +133,7 @@ Run:
   --exit-when-done          exit once every fault-free node is in service or shut down
   --deadline DUR            exit after DUR
   --workers N               threads running choria_provision actions (default 2)
-  --keygen-threads N        threads pre-generating RSA keys for gencsr (default 1; 0 = inline)
+  --keygen-threads N        threads pre-generating RSA keys from the first gencsr on (default 1; 0 = inline)
   --progress DUR            print a progress line to stderr every DUR
   --help                    this text
 
