@@ -159,8 +159,18 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
     );
 
     let signalled = || !signal_rx.is_empty();
-    let conn = Connection::connect_patiently(&settings, &settings.identity, &signalled)
-        .map_err(|err| err.to_string())?;
+    let conn = match Connection::connect_patiently(&settings, &settings.identity, &signalled) {
+        Ok(conn) => conn,
+        // Asked to stop while the broker was unreachable: a clean stop, not a failure.
+        Err(err) if signalled() => {
+            log::warn!("stopped before connecting to the broker; last attempt: {err}");
+            if let Some(server) = metrics_server {
+                server.stop();
+            }
+            return Ok(());
+        }
+        Err(err) => return Err(err.to_string()),
+    };
     log::info!(
         "connected to {} as {} (caller {})",
         settings.urls.join(","),
