@@ -5,25 +5,22 @@
 //! such below: one connection answering the ping for many identities, including a name two
 //! racks both answer for, junk replies, and the exact ping it received.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::json;
 
-use choria_provisioner::choria::client_config::ConnectSettings;
 use choria_provisioner::choria::connection::Connection;
 use choria_provisioner::choria::discovery::{
     Discovery, DISCOVERY_SUBJECT, MALFORMED_DISCOVERY_REPLY,
 };
-use choria_provisioner::choria::lifecycle;
 use choria_provisioner::choria::protocol::{self, IncomingRequest};
-use choria_provisioner::choria::security::Signer;
 use choria_provisioner::fleet::Discover;
 use choria_provisioner::gate::Gate;
 use choria_provisioner::metrics::Metrics;
@@ -31,137 +28,23 @@ use choria_provisioner::sim::faults::{self, Fault};
 use choria_provisioner::sim::options::FaultFractions;
 use choria_provisioner::sim::Report;
 use choria_provisioner::testing::NatsServer;
+use support::{insecure_settings, sim_identity, Sim, World};
 
 const PROVISIONER: &str = "provisioner.test";
-/// Bound on every wait for the simulator (boots, exit).
-const WAIT: Duration = Duration::from_secs(60);
 
-fn settings(url: &str, identity: &str, discovery_timeout: Duration) -> ConnectSettings {
-    ConnectSettings {
-        urls: vec![url.to_string()],
-        user: None,
-        password: None,
-        tls: None,
-        signer: Signer::Insecure,
-        identity: identity.to_string(),
-        caller_id: format!("choria={identity}"),
-        discovery_timeout,
-        ttl: 60,
-    }
-}
-
-/// The identity the simulator gives node `index` (0-based, as `faults::assign` counts).
-fn sim_identity(index: usize) -> String {
-    format!("node{}.sim.example.net", index + 1)
-}
-
-/// The fleet simulator as a child process we started; stopped by its pid.
-struct Sim {
-    child: Option<Child>,
-    report: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Sim {
-    /// Starts `nodes` simulated servers and returns once each has announced its boot: a node
-    /// publishes its startup event on the connection it subscribed on, so by then the broker
-    /// routes the ping to it.
-    fn start(server: &NatsServer, nodes: usize, extra: &[&str]) -> Sim {
-        let watcher = Connection::connect(
-            &settings(&server.url(), "sim-watcher", Duration::from_secs(2)),
-            "sim-watcher",
-        )
-        .expect("watcher connects");
-        let startups = watcher
-            .subscribe(&lifecycle::event_subject(
-                "startup",
-                "provision_mode_server",
-            ))
-            .expect("subscribe to startups");
-        watcher.flush(WAIT).expect("flush");
-
-        let dir = tempfile::tempdir().expect("temp dir");
-        let report = dir.path().join("report.json");
-        let (url, nodes_arg) = (server.url(), nodes.to_string());
-        let mut args = vec![
-            "--broker",
-            &url,
-            "--nodes",
-            &nodes_arg,
-            "--report",
-            report.to_str().expect("UTF-8 temp path"),
-            // Discovery needs no RSA keys.
-            "--keygen-threads",
-            "0",
-            // A safety net should this test die without stopping it.
-            "--deadline",
-            "300s",
-        ];
-        args.extend_from_slice(extra);
-        let child = Command::new(env!("CARGO_BIN_EXE_choria-fleet-sim"))
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("choria-fleet-sim starts");
-        let mut sim = Sim {
-            child: Some(child),
-            report,
-            _dir: dir,
-        };
-
-        let expected: BTreeSet<String> = (0..nodes).map(sim_identity).collect();
-        let mut booted = BTreeSet::new();
-        let deadline = Instant::now() + WAIT;
-        while booted.len() < nodes && Instant::now() < deadline {
-            if let Some(bytes) = startups.next_timeout(Duration::from_millis(200)) {
-                let event = lifecycle::parse_event(&bytes).expect("a startup event");
-                booted.insert(event.identity);
-            }
-            if let Some(Some(status)) = sim.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
-                panic!("the simulator exited early: {status}");
-            }
-        }
-        assert_eq!(booted, expected, "every simulated node booted");
-        watcher.close();
-        sim
-    }
-
-    /// SIGTERM by pid, a bounded wait for the exit, then the report.
-    fn stop(mut self) -> Report {
-        let mut child = self.child.take().expect("running");
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -TERM {}", child.id());
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = child.try_wait().expect("wait on the simulator") {
-                assert!(status.success(), "simulator exit status {status}");
-                break;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the simulator did not stop");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let text = std::fs::read_to_string(&self.report).expect("the simulator wrote a report");
-        serde_json::from_str(&text).expect("the report parses")
-    }
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// Starts `nodes` simulated servers and returns once each has announced its boot, so the
+/// broker routes the ping to it.
+fn start_sim(world: &World, nodes: usize, extra: &[&str]) -> Sim {
+    let mut args = vec![
+        // Discovery needs no RSA keys.
+        "--keygen-threads",
+        "0",
+        // A safety net should this test die without stopping it.
+        "--deadline",
+        "300s",
+    ];
+    args.extend_from_slice(extra);
+    Sim::start_booted(world, nodes, &args)
 }
 
 /// Pings answered per node, by identity, from the simulator's report.
@@ -177,7 +60,7 @@ fn discovery(server: &NatsServer, metrics: &Arc<Metrics>) -> (Discovery, Connect
     // Generous: the window slides 300 ms after the last reply, so a healthy run ends long
     // before this; only a badly loaded machine gets near it.
     let conn = Connection::connect(
-        &settings(&server.url(), PROVISIONER, Duration::from_secs(20)),
+        &insecure_settings(&server.url(), PROVISIONER, Duration::from_secs(20)),
         "provisioner",
     )
     .expect("provisioner connects");
@@ -186,9 +69,10 @@ fn discovery(server: &NatsServer, metrics: &Arc<Metrics>) -> (Discovery, Connect
 
 #[test]
 fn one_cycle_finds_a_thousand_simulated_nodes_and_loses_none() {
-    let server = NatsServer::start().expect("nats-server");
+    let world = World::new();
+    let server = &world.broker;
     let metrics = Arc::new(Metrics::new("test"));
-    let (discovery, conn) = discovery(&server, &metrics);
+    let (discovery, conn) = discovery(server, &metrics);
     // 1,000 answering nodes on 5 connections, and 10 dead ones that boot but never answer.
     let (nodes, seed) = (1010, 3);
     let fractions = FaultFractions {
@@ -197,7 +81,7 @@ fn one_cycle_finds_a_thousand_simulated_nodes_and_loses_none() {
     };
     let (seed_arg, dead_arg) = (seed.to_string(), fractions.dead.to_string());
     #[rustfmt::skip]
-    let sim = Sim::start(&server, nodes, &[
+    let sim = start_sim(&world, nodes, &[
         "--nodes-per-connection", "250", "--seed", &seed_arg, "--dead", &dead_arg,
     ]);
     let assigned = faults::assign(nodes, &fractions, seed);
@@ -234,10 +118,11 @@ fn one_cycle_finds_a_thousand_simulated_nodes_and_loses_none() {
 
 #[test]
 fn nothing_is_sent_while_the_gate_is_closed() {
-    let server = NatsServer::start().expect("nats-server");
+    let world = World::new();
+    let server = &world.broker;
     let metrics = Arc::new(Metrics::new("test"));
-    let (discovery, conn) = discovery(&server, &metrics);
-    let sim = Sim::start(&server, 2, &[]);
+    let (discovery, conn) = discovery(server, &metrics);
+    let sim = start_sim(&world, 2, &[]);
 
     let stopping = Gate::new(false);
     stopping.stop();
@@ -274,7 +159,7 @@ struct Rack {
 
 impl Rack {
     fn start(url: &str, name: &str, identities: Vec<String>, extra: Vec<Vec<u8>>) -> Rack {
-        let conn = Connection::connect(&settings(url, name, Duration::from_secs(2)), name)
+        let conn = Connection::connect(&insecure_settings(url, name, Duration::from_secs(2)), name)
             .expect("rack connects");
         let sub = conn.subscribe(DISCOVERY_SUBJECT).expect("rack subscribes");
         conn.flush(Duration::from_secs(10)).expect("rack flushes");
