@@ -8,12 +8,9 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use serde_json::json;
 
 use choria_provisioner::choria::connection::Connection;
@@ -28,7 +25,7 @@ use choria_provisioner::sim::faults::{self, Fault};
 use choria_provisioner::sim::options::FaultFractions;
 use choria_provisioner::sim::Report;
 use choria_provisioner::testing::NatsServer;
-use support::{insecure_settings, sim_identity, Sim, World};
+use support::{insecure_settings, sim_identity, Responder, Sim, World};
 
 const PROVISIONER: &str = "provisioner.test";
 
@@ -150,70 +147,20 @@ fn nothing_is_sent_while_the_gate_is_closed() {
 
 /// One connection answering the discovery ping for each identity in `identities`, plus any
 /// `extra` raw replies (malformed ones) it is told to send.
-struct Rack {
-    stopping: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-    seen: Arc<Mutex<Vec<IncomingRequest>>>,
-    conn: Connection,
-}
-
-impl Rack {
-    fn start(url: &str, name: &str, identities: Vec<String>, extra: Vec<Vec<u8>>) -> Rack {
-        let conn = Connection::connect(&insecure_settings(url, name, Duration::from_secs(2)), name)
-            .expect("rack connects");
-        let sub = conn.subscribe(DISCOVERY_SUBJECT).expect("rack subscribes");
-        conn.flush(Duration::from_secs(10)).expect("rack flushes");
-        let stopping = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (stop_flag, seen_log, publisher) = (stopping.clone(), seen.clone(), conn.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("rack-{name}"))
-            .spawn(move || {
-                while !stop_flag.load(Ordering::SeqCst) {
-                    let Some(bytes) = sub.next_timeout(Duration::from_millis(50)) else {
-                        continue;
-                    };
-                    // A ping that does not decode is recorded as nothing: the test's count of
-                    // pings seen then fails.
-                    let Ok(request) = protocol::decode_request(&bytes) else {
-                        continue;
-                    };
-                    seen_log.lock().push(request.clone());
-                    for raw in &extra {
-                        let _ = publisher.publish(&request.reply_to, raw);
-                    }
-                    for identity in &identities {
-                        let reply = protocol::encode_reply(
-                            &request.request_id,
-                            identity,
-                            "discovery",
-                            "pong",
-                            request.time,
-                        );
-                        let _ = publisher.publish(&request.reply_to, &reply);
-                    }
-                }
-            })
-            .expect("rack thread");
-        Rack {
-            stopping,
-            thread: Some(thread),
-            seen,
-            conn,
-        }
-    }
-
-    fn seen(&self) -> Vec<IncomingRequest> {
-        self.seen.lock().clone()
-    }
-
-    fn stop(mut self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.thread.take() {
-            thread.join().expect("rack thread ended cleanly");
-        }
-        self.conn.close();
-    }
+fn start_rack(url: &str, name: &str, identities: Vec<String>, extra: Vec<Vec<u8>>) -> Responder {
+    let answer = move |request: &IncomingRequest, _: usize| {
+        let pongs = identities.iter().map(|identity| {
+            protocol::encode_reply(
+                &request.request_id,
+                identity,
+                "discovery",
+                "pong",
+                request.time,
+            )
+        });
+        extra.iter().cloned().chain(pongs).collect()
+    };
+    Responder::start(url, name, DISCOVERY_SUBJECT, Box::new(answer))
 }
 
 #[test]
@@ -227,8 +174,8 @@ fn duplicates_are_merged_and_malformed_replies_counted_and_survived() {
         br#"{"protocol":"choria:transport:1","data":"","headers":{}}"#.to_vec(),
         br#"{"protocol":"something:else","data":"","headers":{"mc_sender":"x"}}"#.to_vec(),
     ];
-    let first = Rack::start(&server.url(), "r1", names(&["a.net", "b.net"]), malformed);
-    let second = Rack::start(&server.url(), "r2", names(&["b.net", "c.net"]), vec![]);
+    let first = start_rack(&server.url(), "r1", names(&["a.net", "b.net"]), malformed);
+    let second = start_rack(&server.url(), "r2", names(&["b.net", "c.net"]), vec![]);
 
     let found = discovery.discover(&Gate::new(false)).expect("discovery");
 

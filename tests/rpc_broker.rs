@@ -10,12 +10,9 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use choria_provisioner::choria::connection::{reply_prefix, Connection};
@@ -28,7 +25,7 @@ use choria_provisioner::sim::faults::{self, Fault};
 use choria_provisioner::sim::options::FaultFractions;
 use choria_provisioner::sim::Report;
 use choria_provisioner::testing::NatsServer;
-use support::{insecure_settings, sim_identity, unix_now, Sim, World};
+use support::{insecure_settings, sim_identity, unix_now, Answer, Responder, Sim, World};
 
 const PROVISIONER: &str = "provisioner.test";
 /// The simulated fleet's provisioning token.
@@ -467,74 +464,14 @@ fn try_timeout_is_discovery_timeout_plus_the_ddl_timeout() {
 // another request id or sender, and show us the exact request it received.
 // ---------------------------------------------------------------------------------------
 
-/// What a hand-written node sends back for the request number `index` (0-based) it received.
-type Answer = Box<dyn Fn(&IncomingRequest, usize) -> Vec<Vec<u8>> + Send>;
-
 /// A hand-written pretend node listening on `provisioning.node.<identity>`.
-struct Node {
-    stopping: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-    seen: Arc<Mutex<Vec<IncomingRequest>>>,
-    conn: Connection,
-}
-
-impl Node {
-    fn start(url: &str, identity: &str, answer: Answer) -> Node {
-        let conn = Connection::connect(
-            &insecure_settings(url, identity, Duration::from_secs(2)),
-            identity,
-        )
-        .expect("node connects");
-        let sub = conn
-            .subscribe(&format!("provisioning.node.{identity}"))
-            .expect("node subscribes");
-        // The broker knows the subscription once this round trip returns.
-        conn.flush(Duration::from_secs(10)).expect("node flushes");
-        let stopping = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (stop_flag, seen_log, publisher) = (stopping.clone(), seen.clone(), conn.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("node-{identity}"))
-            .spawn(move || {
-                while !stop_flag.load(Ordering::SeqCst) {
-                    let Some(bytes) = sub.next_timeout(Duration::from_millis(50)) else {
-                        continue;
-                    };
-                    // A request that does not decode is recorded as nothing: the test's
-                    // count of requests seen then fails.
-                    let Ok(request) = protocol::decode_request(&bytes) else {
-                        continue;
-                    };
-                    let index = {
-                        let mut log = seen_log.lock();
-                        log.push(request.clone());
-                        log.len() - 1
-                    };
-                    for reply in answer(&request, index) {
-                        let _ = publisher.publish(&request.reply_to, &reply);
-                    }
-                }
-            })
-            .expect("node thread");
-        Node {
-            stopping,
-            thread: Some(thread),
-            seen,
-            conn,
-        }
-    }
-
-    fn seen(&self) -> Vec<IncomingRequest> {
-        self.seen.lock().clone()
-    }
-
-    fn stop(mut self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.thread.take() {
-            thread.join().expect("node thread ended cleanly");
-        }
-        self.conn.close();
-    }
+fn start_node(url: &str, identity: &str, answer: Answer) -> Responder {
+    Responder::start(
+        url,
+        identity,
+        &format!("provisioning.node.{identity}"),
+        answer,
+    )
 }
 
 fn action_of(request: &IncomingRequest) -> String {
@@ -587,7 +524,7 @@ fn a_missed_try_is_retried_and_every_request_is_well_formed() {
     ];
     for (node_name, agent, action, silent, requests, errors) in cases {
         let identity = format!("{node_name}.example.net");
-        let node = Node::start(&server.url(), &identity, silent_for(&identity, silent));
+        let node = start_node(&server.url(), &identity, silent_for(&identity, silent));
         let label = format!("{agent}#{action}");
 
         let outcome = rpc.call(&identity, agent, action, data.clone(), &Gate::new(false));
@@ -649,7 +586,7 @@ fn broken_and_foreign_replies_are_counted_and_a_good_reply_after_them_is_accepte
     let conn = connect(&server, PROVISIONER);
     let rpc = RpcClient::new(conn.clone(), metrics.clone());
     let identity = "liar.example.net";
-    let node = Node::start(
+    let node = start_node(
         &server.url(),
         identity,
         Box::new(move |request, _| {
