@@ -17,18 +17,19 @@
 //! killed one held, and picks them up at its next discovery (one `interval`, 1 minute, the
 //! slowest test here).
 
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+mod support;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use choria_provisioner::choria::election::{BucketAdmin, DEFAULT_BUCKET, DEFAULT_KEY};
-use choria_provisioner::testing::{free_port, temp_dir, NatsServer};
-use serde_json::Value;
+use choria_provisioner::sim::report::Report;
+use choria_provisioner::testing::PROVISIONING_ACCOUNTS_CONF;
+use support::{
+    actions_in_time_order, caller_periods, scrape, unix_now, wait_for, Metrics, NodeAction,
+    Provisioner, ProvisionerSetup, Sim, World,
+};
 
 /// The election bucket's max age: short, so failovers are quick (Go's minimum is 4 s).
 const TTL: Duration = Duration::from_secs(5);
@@ -39,24 +40,15 @@ const LOCK_SECONDS: &str = "3";
 const PATIENCE: Duration = Duration::from_secs(60);
 /// Bound on a whole fleet run.
 const FLEET_DEADLINE: &str = "150s";
+/// Bound on waiting for a fleet run to end: its own deadline and then some.
+const FLEET_WAIT: Duration = Duration::from_secs(200);
 
 const PROVISIONER_PASSWORD: &str = "s3cret";
 
-/// The broker's provisioning-account wiring (§5.3), with the node user of protocol.md §8.5
-/// as `no_auth_user`, so the simulator's credential-less nodes land in the provisioning
-/// account with a real provisioning-mode server's permissions.
-const PROVISIONING_ACCOUNTS: &str = r#"
-accounts {
-  CHORIA: {
-    jetstream: enabled
-    users: [ {user: choria, password: choria} ]
-    exports: [
-      {service: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION", accounts: [PROVISIONING], response_type: singleton}
-      {service: "$KV.CHORIA_LEADER_ELECTION.provisioner", accounts: [PROVISIONING], response_type: singleton}
-    ]
-  }
-  PROVISIONING: {
-    users: [
+/// The provisioning account's users in the broker's wiring (§5.3): the provisioner, and the
+/// node user of protocol.md §8.5 as `no_auth_user`, so the simulator's credential-less nodes
+/// land in the provisioning account with a real provisioning-mode server's permissions.
+const PROVISIONING_USERS: &str = r#"users: [
       {user: provisioner, password: s3cret}
       {user: prov_node, password: nodepass,
        permissions: {
@@ -65,16 +57,21 @@ accounts {
                               "provisioning.broadcast.agent.choria_provision"] }
          publish: { allow: ["choria.lifecycle.>", "provisioning.reply.>", "provisioning.registration.>"] }
        }}
-    ]
-    imports: [
-      {service: {account: CHORIA, subject: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}, to: "choria.streams.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}
-      {service: {account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}, to: "$KV.CHORIA_LEADER_ELECTION.provisioner"}
-      {service: {account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}, to: "choria.streams.$KV.CHORIA_LEADER_ELECTION.provisioner"}
-    ]
-  }
+    ]"#;
+
+/// The broker's provisioning-account wiring (`testing::PROVISIONING_ACCOUNTS_CONF`) with the
+/// node user added.
+fn provisioning_accounts() -> String {
+    let provisioner_only = "users: [ {user: provisioner, password: s3cret} ]";
+    assert!(
+        PROVISIONING_ACCOUNTS_CONF.contains(provisioner_only),
+        "the provisioning account's users moved in testing::PROVISIONING_ACCOUNTS_CONF"
+    );
+    format!(
+        "{}no_auth_user: prov_node\n",
+        PROVISIONING_ACCOUNTS_CONF.replace(provisioner_only, PROVISIONING_USERS)
+    )
 }
-no_auth_user: prov_node
-"#;
 
 /// Which broker setup a scenario runs in.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -87,10 +84,10 @@ enum Account {
 }
 
 impl Account {
-    fn conf(self) -> &'static str {
+    fn conf(self) -> String {
         match self {
-            Account::Plain => "",
-            Account::Provisioning => PROVISIONING_ACCOUNTS,
+            Account::Plain => String::new(),
+            Account::Provisioning => provisioning_accounts(),
         }
     }
 
@@ -112,63 +109,32 @@ impl Account {
     }
 }
 
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
-/// Polls `cond` every 100 ms until it holds or `limit` passes; panics naming `what`.
-fn wait_for<T>(what: &str, limit: Duration, mut cond: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = cond() {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "gave up after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn signal(pid: u32, sig: libc::c_int) {
-    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped yet.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
-    assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
-}
-
-/// Waits (bounded) for a child to exit.
-fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// One broker with the election bucket (or not yet), in the given account setup.
-struct Broker {
-    server: NatsServer,
+/// The election scenarios' world: one broker in the given account setup, with the election
+/// bucket (or not yet), and the helper every instance runs.
+struct ElectionWorld {
+    world: World,
     account: Account,
+    helper: String,
 }
 
-impl Broker {
-    fn start(account: Account) -> Broker {
-        let server = NatsServer::start_with(account.conf()).expect("nats-server starts");
-        Broker { server, account }
+impl ElectionWorld {
+    fn start(account: Account) -> ElectionWorld {
+        let world = World::with_conf(&account.conf());
+        // Configures the node out of provisioning mode; nothing else is needed for the cycle.
+        let helper = world.write_executable(
+            "helper.sh",
+            "#!/bin/sh\ncat >/dev/null\necho '{\"configuration\":{\"plugin.choria.server.provision\":\"false\"}}'\n",
+        );
+        ElectionWorld {
+            world,
+            account,
+            helper,
+        }
     }
 
     fn admin(&self) -> BucketAdmin {
         BucketAdmin::connect(
-            &self.server.url(),
+            &self.world.broker.url(),
             self.account.admin_credentials(),
             "$JS.API",
         )
@@ -181,180 +147,60 @@ impl Broker {
             .create_bucket(DEFAULT_BUCKET, TTL)
             .expect("election bucket created");
     }
-}
 
-/// One `choria-provisioner` process with its own identity, config, log and metrics port.
-struct Provisioner {
-    identity: String,
-    child: Option<Child>,
-    monitor_port: u16,
-    log: PathBuf,
-    dir: PathBuf,
-}
-
-impl Provisioner {
-    fn start(broker: &Broker, identity: &str) -> Provisioner {
-        Provisioner::start_with(broker, identity, "", 1)
-    }
-
-    /// `extra_yaml` is appended to `choria-provisioner.yaml`; `discovery_timeout` in seconds
-    /// goes to `choria.cfg` (a broadcast discovery's longest window).
-    fn start_with(
-        broker: &Broker,
-        identity: &str,
-        extra_yaml: &str,
-        discovery_timeout: u32,
-    ) -> Provisioner {
-        let dir = temp_dir(&format!("e2e-election-{identity}")).expect("temp dir");
-        let helper = dir.join("helper.sh");
-        // Configures the node out of provisioning mode; nothing else is needed for the cycle.
-        std::fs::write(
-            &helper,
-            "#!/bin/sh\ncat >/dev/null\necho '{\"configuration\":{\"plugin.choria.server.provision\":\"false\"}}'\n",
+    /// One `choria-provisioner` with `leader_election: true` and its own identity;
+    /// `extra_yaml` is appended to its config; `discovery_timeout` in seconds goes to
+    /// `choria.cfg` (a broadcast discovery's longest window).
+    fn provisioner(&self, identity: &str, extra_yaml: &str, discovery_timeout: u64) -> Provisioner {
+        Provisioner::start(
+            &self.world,
+            ProvisionerSetup {
+                identity: identity.to_string(),
+                yaml: format!(
+                    "workers: 2\nhelper: {}\nleader_election: true\nrelease_delay: 10s\n{}{extra_yaml}",
+                    self.helper,
+                    self.account.provisioner_yaml()
+                ),
+                discovery_timeout,
+                // The config's default: the locked-nodes scenario waits for the next discovery.
+                interval: "1m".to_string(),
+            },
         )
-        .expect("helper written");
-        set_executable(&helper);
-        let monitor_port = free_port().expect("free port");
-        let yaml = dir.join("choria-provisioner.yaml");
-        std::fs::write(
-            &yaml,
-            format!(
-                "workers: 2\nhelper: {}\nchoria_insecure: true\nmonitor_port: {monitor_port}\nleader_election: true\nrelease_delay: 10s\nloglevel: info\n{}{extra_yaml}",
-                helper.display(),
-                broker.account.provisioner_yaml()
-            ),
-        )
-        .expect("config written");
-        let cfg = dir.join("choria.cfg");
-        std::fs::write(
-            &cfg,
-            format!(
-                "plugin.choria.middleware_hosts = {}\nidentity = {identity}\ndiscovery_timeout = {discovery_timeout}\n",
-                broker.server.url()
-            ),
-        )
-        .expect("choria.cfg written");
-        let log = dir.join("provisioner.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_choria-provisioner"))
-            .arg("run")
-            .arg("--config")
-            .arg(&yaml)
-            .arg("--choria-config")
-            .arg(&cfg)
-            .env("HOME", &dir)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.join("stdout")).expect("stdout file"))
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("choria-provisioner starts");
-        Provisioner {
-            identity: identity.to_string(),
-            child: Some(child),
-            monitor_port,
-            log,
-            dir,
-        }
     }
 
-    /// The `choria=<identity>` caller id the fleet sees in its requests.
-    fn caller(&self) -> String {
-        format!("choria={}", self.identity)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().expect("still running").id()
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The `/metrics` text, or None when the endpoint does not answer.
-    fn scrape(&self) -> Option<String> {
-        scrape(self.monitor_port)
-    }
-
-    /// Sum of every sample of metric `name` (whatever its labels), if the endpoint answers
-    /// and carries it.
-    fn metric(&self, name: &str) -> Option<f64> {
-        metric_value(&self.scrape()?, name)
-    }
-
-    /// Working leader: elected (`choria_election_leader` 1) and resumed (`paused` 0).
-    fn is_working_leader(&self) -> bool {
-        self.metric("choria_election_leader") == Some(1.0)
-            && self.metric("choria_provisioner_paused") == Some(0.0)
-    }
-
-    fn is_paused(&self) -> bool {
-        self.metric("choria_provisioner_paused") == Some(1.0)
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        signal(self.pid(), sig);
-    }
-
-    /// SIGTERM and the exit status, bounded.
-    fn terminate(&mut self) -> ExitStatus {
-        self.signal(libc::SIGTERM);
-        let mut child = self.child.take().expect("still running");
-        match wait_exit(&mut child, Duration::from_secs(30)) {
-            Some(status) => status,
-            None => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("{} did not exit within 30 s of SIGTERM", self.identity);
-            }
-        }
-    }
-
-    /// SIGKILL: a crash, nothing released.
-    fn kill(&mut self) {
-        self.signal(libc::SIGKILL);
-        let mut child = self.child.take().expect("still running");
-        assert!(
-            wait_exit(&mut child, Duration::from_secs(10)).is_some(),
-            "{} survived SIGKILL",
-            self.identity
-        );
-    }
-
-    fn is_running(&mut self) -> bool {
-        match self.child.as_mut() {
-            Some(child) => matches!(child.try_wait(), Ok(None)),
-            None => false,
-        }
+    /// A `choria-fleet-sim` run of `nodes` with the short provisioning lock, ending by itself
+    /// once every node is done (or at its deadline).
+    fn fleet(&self, nodes: usize, extra: &[&str]) -> Sim {
+        let nodes = nodes.to_string();
+        let mut args = vec![
+            "--nodes",
+            nodes.as_str(),
+            "--lock-seconds",
+            LOCK_SECONDS,
+            "--exit-when-done",
+            "--deadline",
+            FLEET_DEADLINE,
+            "--keygen-threads",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        Sim::start(&self.world, &args)
     }
 }
 
-impl Drop for Provisioner {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!("kept {} for inspection", self.dir.display());
-        }
-    }
+/// Working leader: elected (`choria_election_leader` 1) and resumed (`paused` 0).
+fn is_working_leader(metrics: &Metrics) -> bool {
+    metrics.total("choria_election_leader") == Some(1.0)
+        && metrics.total("choria_provisioner_paused") == Some(0.0)
 }
 
-/// The `/metrics` text on a loopback port, or None when nothing answers there.
-fn scrape(port: u16) -> Option<String> {
-    let mut stream =
-        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(1)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    stream
-        .set_write_timeout(Some(Duration::from_secs(2)))
-        .ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).ok()?;
-    body.contains("200").then_some(body)
+fn is_paused(member: &Provisioner) -> bool {
+    member.metric("choria_provisioner_paused") == Some(1.0)
+}
+
+/// Times an instance's log says it lost the election.
+fn losses(member: &Provisioner) -> usize {
+    member.log().matches("lost the leader election").count()
 }
 
 /// Watches the instances' `/metrics` every 50 ms and remembers the most working leaders
@@ -379,11 +225,8 @@ impl LeaderSampler {
                     while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
                         let leaders = ports
                             .iter()
-                            .filter_map(|port| scrape(*port))
-                            .filter(|text| {
-                                metric_value(text, "choria_election_leader") == Some(1.0)
-                                    && metric_value(text, "choria_provisioner_paused") == Some(0.0)
-                            })
+                            .filter_map(|port| scrape(*port).ok())
+                            .filter(is_working_leader)
                             .count();
                         most.fetch_max(leaders, Ordering::SeqCst);
                         std::thread::sleep(Duration::from_millis(50));
@@ -418,37 +261,27 @@ impl Drop for LeaderSampler {
     }
 }
 
-fn set_executable(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-}
-
-/// Sum of all samples of `name` in a Prometheus text exposition.
-fn metric_value(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            continue;
-        }
-        let value: f64 = rest.rsplit(' ').next()?.trim().parse().ok()?;
-        *found.get_or_insert(0.0) += value;
-    }
-    found
-}
-
-/// Three instances on one broker.
+/// Instances on one broker.
 struct Cluster {
     members: Vec<Provisioner>,
 }
 
 impl Cluster {
-    fn start(broker: &Broker, size: usize) -> Cluster {
+    fn start(world: &ElectionWorld, size: usize) -> Cluster {
+        Cluster::start_with(world, size, "", 1)
+    }
+
+    fn start_with(
+        world: &ElectionWorld,
+        size: usize,
+        extra_yaml: &str,
+        discovery_timeout: u64,
+    ) -> Cluster {
         Cluster {
             members: (0..size)
-                .map(|i| Provisioner::start(broker, &format!("p{i}.example.net")))
+                .map(|i| {
+                    world.provisioner(&format!("p{i}.example.net"), extra_yaml, discovery_timeout)
+                })
                 .collect(),
         }
     }
@@ -457,7 +290,11 @@ impl Cluster {
     fn working_leaders(&mut self) -> Vec<usize> {
         let mut leaders = Vec::new();
         for (index, member) in self.members.iter_mut().enumerate() {
-            if member.is_running() && member.is_working_leader() {
+            if member.is_running()
+                && member
+                    .try_metrics()
+                    .is_ok_and(|metrics| is_working_leader(&metrics))
+            {
                 leaders.push(index);
             }
         }
@@ -466,16 +303,21 @@ impl Cluster {
 
     /// Waits until exactly one running member works, and returns it.
     fn wait_for_one_leader(&mut self, what: &str) -> usize {
-        wait_for(what, PATIENCE, || match self.working_leaders()[..] {
-            [one] => Some(one),
-            _ => None,
-        })
+        wait_for(
+            what,
+            PATIENCE,
+            || match self.working_leaders()[..] {
+                [one] => Some(one),
+                _ => None,
+            },
+            String::new,
+        )
     }
 
     fn logs(&self) -> String {
         self.members
             .iter()
-            .map(|m| format!("===== {} =====\n{}", m.identity, m.log_text()))
+            .map(|m| m.logs())
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -491,182 +333,38 @@ impl Cluster {
     }
 }
 
-/// A `choria-fleet-sim` run; its report is read once it ends.
-struct Fleet {
-    child: Option<Child>,
-    report: PathBuf,
-    dir: PathBuf,
+/// The whole fleet in service, nobody provisioned twice, nothing the nodes refused as
+/// malformed.
+fn assert_fleet_done_once(report: &Report, nodes: usize, context: &str) {
+    let summary = format!("{context}\ntotals: {:?}", report.totals);
+    assert_eq!(report.totals.nodes, nodes, "{summary}");
+    assert_eq!(report.totals.in_service, nodes, "{summary}");
+    assert_eq!(report.totals.duplicates, 0, "{summary}");
+    assert_eq!(
+        report.duplicates.len(),
+        0,
+        "{summary}\nduplicates: {:?}",
+        report.duplicates
+    );
+    assert_eq!(report.totals.violations, 0, "{summary}");
+    assert_eq!(report.exit_reason, "done", "{summary}");
 }
 
-impl Fleet {
-    fn start(broker: &Broker, nodes: usize, extra: &[&str]) -> Fleet {
-        let dir = temp_dir("e2e-election-fleet").expect("temp dir");
-        let report = dir.join("report.json");
-        let nodes = nodes.to_string();
-        let url = broker.server.url();
-        let mut args = vec![
-            "--broker",
-            url.as_str(),
-            "--nodes",
-            nodes.as_str(),
-            "--lock-seconds",
-            LOCK_SECONDS,
-            "--exit-when-done",
-            "--deadline",
-            FLEET_DEADLINE,
-            "--keygen-threads",
-            "0",
-            "--report",
-            report.to_str().expect("utf-8 path"),
-        ];
-        args.extend_from_slice(extra);
-        let child = Command::new(env!("CARGO_BIN_EXE_choria-fleet-sim"))
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.join("stdout")).expect("stdout file"))
-            .stderr(std::fs::File::create(dir.join("stderr")).expect("stderr file"))
-            .spawn()
-            .expect("choria-fleet-sim starts");
-        Fleet {
-            child: Some(child),
-            report,
-            dir,
-        }
-    }
-
-    /// Waits (bounded by the simulator's own deadline) for the end and parses the report.
-    fn finish(mut self) -> Report {
-        let mut child = self.child.take().expect("running");
-        let status = wait_exit(&mut child, Duration::from_secs(200));
-        if status.is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let text = std::fs::read_to_string(&self.report).unwrap_or_default();
-        let json: Value = serde_json::from_str(&text).unwrap_or_else(|err| {
-            panic!(
-                "no report from the simulator (status {status:?}): {err}; stderr: {}",
-                std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default()
-            )
-        });
-        Report { json }
-    }
-}
-
-impl Fleet {
-    /// Nodes in service according to the latest `--progress` line, if any yet.
-    fn in_service_now(&self) -> Option<usize> {
-        let stderr = std::fs::read_to_string(self.dir.join("stderr")).ok()?;
-        let line = stderr.lines().rev().find(|l| l.contains(" in service,"))?;
-        let counts = line.split(": ").nth(2)?;
-        counts.split('/').next()?.trim().parse().ok()
-    }
-
-    /// SIGTERM (the simulator then writes its report) and the report.
-    fn stop(self) -> Report {
-        let pid = self.child.as_ref().expect("running").id();
-        signal(pid, libc::SIGTERM);
-        self.finish()
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!("kept {} for inspection", self.dir.display());
-        }
-    }
-}
-
-/// One provisioning RPC as a node recorded it.
-#[derive(Clone, Debug)]
-struct Action {
-    at: i64,
-    node: String,
-    action: String,
-    caller: String,
-    statuscode: Option<i64>,
-    statusmsg: String,
-}
-
-struct Report {
-    json: Value,
-}
-
-impl Report {
-    fn total(&self, key: &str) -> i64 {
-        self.json["totals"][key].as_i64().unwrap_or(-1)
-    }
-
-    fn actions(&self) -> Vec<Action> {
-        let mut all = Vec::new();
-        for node in self.json["nodes"].as_array().into_iter().flatten() {
-            let identity = node["identity"].as_str().unwrap_or("?").to_string();
-            for a in node["actions"].as_array().into_iter().flatten() {
-                all.push(Action {
-                    at: a["at"].as_i64().unwrap_or(0),
-                    node: identity.clone(),
-                    action: a["action"].as_str().unwrap_or("").to_string(),
-                    caller: a["caller"].as_str().unwrap_or("").to_string(),
-                    statuscode: a["statuscode"].as_i64(),
-                    statusmsg: a["statusmsg"].as_str().unwrap_or("").to_string(),
-                });
-            }
-        }
-        all.sort_by_key(|a| a.at);
-        all
-    }
-
-    /// Per caller, the first and last second it sent anything.
-    fn periods(&self) -> BTreeMap<String, (i64, i64)> {
-        let mut periods: BTreeMap<String, (i64, i64)> = BTreeMap::new();
-        for a in self.actions() {
-            let p = periods.entry(a.caller).or_insert((a.at, a.at));
-            p.0 = p.0.min(a.at);
-            p.1 = p.1.max(a.at);
-        }
-        periods
-    }
-
-    /// The whole fleet in service, nobody provisioned twice, nothing the nodes refused as
-    /// malformed.
-    fn assert_fleet_done_once(&self, nodes: usize, context: &str) {
-        let summary = format!("{context}\ntotals: {}", self.json["totals"]);
-        assert_eq!(self.total("nodes"), nodes as i64, "{summary}");
-        assert_eq!(self.total("in_service"), nodes as i64, "{summary}");
-        assert_eq!(self.total("duplicates"), 0, "{summary}");
-        assert_eq!(
-            self.json["duplicates"].as_object().map(|d| d.len()),
-            Some(0),
-            "{summary}\nduplicates: {}",
-            self.json["duplicates"]
+/// Leadership periods do not overlap: ordered by their first action, each caller's last
+/// action is no later than the next caller's first (same second allowed: the report has
+/// one-second resolution and a handover can fall within one second).
+fn assert_periods_do_not_overlap(report: &Report, context: &str) -> Vec<(String, (i64, i64))> {
+    let mut periods: Vec<(String, (i64, i64))> = caller_periods(report).into_iter().collect();
+    periods.sort_by_key(|(_, (first, _))| *first);
+    for pair in periods.windows(2) {
+        let (a, (_, a_last)) = &pair[0];
+        let (b, (b_first, _)) = &pair[1];
+        assert!(
+            a_last <= b_first,
+            "{context}: {a} still sent at {a_last} after {b} began at {b_first}: {periods:?}"
         );
-        assert_eq!(self.total("violations"), 0, "{summary}");
-        assert_eq!(self.json["exit_reason"], "done", "{summary}");
     }
-
-    /// Leadership periods do not overlap: ordered by their first action, each caller's
-    /// last action is no later than the next caller's first (same second allowed: the report
-    /// has one-second resolution and a handover can fall within one second).
-    fn assert_periods_do_not_overlap(&self, context: &str) -> Vec<(String, (i64, i64))> {
-        let mut periods: Vec<(String, (i64, i64))> = self.periods().into_iter().collect();
-        periods.sort_by_key(|(_, (first, _))| *first);
-        for pair in periods.windows(2) {
-            let (a, (_, a_last)) = &pair[0];
-            let (b, (b_first, _)) = &pair[1];
-            assert!(
-                a_last <= b_first,
-                "{context}: {a} still sent at {a_last} after {b} began at {b_first}: {periods:?}"
-            );
-        }
-        periods
-    }
+    periods
 }
 
 /// Fleet size and boot spread: small, but spread so that nodes keep arriving while the
@@ -694,20 +392,22 @@ enum Disruption {
 /// periods never overlapping.
 fn failover(account: Account, disruption: Disruption) {
     let context = format!("{account:?} / {disruption:?}");
-    let mut broker = Broker::start(account);
-    broker.create_bucket();
-    let mut cluster = Cluster::start(&broker, 3);
+    let mut stage = ElectionWorld::start(account);
+    stage.create_bucket();
+    let mut cluster = Cluster::start(&stage, 3);
     let sampler = LeaderSampler::start(cluster.members.iter().map(|m| m.monitor_port).collect());
     let first = cluster.wait_for_one_leader("a first leader");
-    let fleet = Fleet::start(&broker, NODES, &["--boot-spread", BOOT_SPREAD]);
-    wait_for("the first leader to provision some nodes", PATIENCE, || {
-        let done = cluster.members[first].metric("choria_provisioner_provisioned")?;
-        (done >= 3.0).then_some(())
-    });
-    let lost_before = cluster.members[first]
-        .log_text()
-        .matches("lost the leader election")
-        .count();
+    let fleet = stage.fleet(NODES, &["--boot-spread", BOOT_SPREAD]);
+    wait_for(
+        "the first leader to provision some nodes",
+        PATIENCE,
+        || {
+            let done = cluster.members[first].metric("choria_provisioner_provisioned")?;
+            (done >= 3.0).then_some(())
+        },
+        || cluster.logs(),
+    );
+    let lost_before = losses(&cluster.members[first]);
     let disrupted_at = unix_now();
     match disruption {
         Disruption::Kill => cluster.members[first].kill(),
@@ -719,13 +419,13 @@ fn failover(account: Account, disruption: Disruption) {
             );
         }
         Disruption::Evict => {
-            broker
+            stage
                 .admin()
                 .evict(DEFAULT_BUCKET, DEFAULT_KEY)
                 .expect("evicted");
         }
         Disruption::Overwrite => {
-            broker
+            stage
                 .admin()
                 .overwrite(DEFAULT_BUCKET, DEFAULT_KEY, "stranger.example.net")
                 .expect("overwritten");
@@ -733,43 +433,44 @@ fn failover(account: Account, disruption: Disruption) {
         Disruption::BrokerRestart => {
             // Down long enough for a keep-alive to time out (a blink of a restart can pass
             // unnoticed by the election, which is fine but tests nothing).
-            broker.server.stop();
-            wait_for("the leader to notice the broker is gone", PATIENCE, || {
-                let lost = cluster.members[first]
-                    .log_text()
-                    .matches("lost the leader election")
-                    .count();
-                (lost > lost_before).then_some(())
-            });
-            broker.server.restart().expect("broker restarts");
+            stage.world.broker.stop();
+            wait_for(
+                "the leader to notice the broker is gone",
+                PATIENCE,
+                || (losses(&cluster.members[first]) > lost_before).then_some(()),
+                || cluster.logs(),
+            );
+            stage.world.broker.restart().expect("broker restarts");
         }
     }
     if matches!(disruption, Disruption::Evict | Disruption::Overwrite) {
         // The leader stands down: paused again, and it says so. Nobody can win before the
         // marker (provisioning account, §1.8) or the stranger's value expires, so the gauge
         // stays at 1 for about a TTL.
-        wait_for("the leader's paused gauge to go to 1", PATIENCE, || {
-            cluster.members[first].is_paused().then_some(())
-        });
-        wait_for("the leader to log its loss", PATIENCE, || {
-            let lost = cluster.members[first]
-                .log_text()
-                .matches("lost the leader election")
-                .count();
-            (lost > lost_before).then_some(())
-        });
+        wait_for(
+            "the leader's paused gauge to go to 1",
+            PATIENCE,
+            || is_paused(&cluster.members[first]).then_some(()),
+            || cluster.logs(),
+        );
+        wait_for(
+            "the leader to log its loss",
+            PATIENCE,
+            || (losses(&cluster.members[first]) > lost_before).then_some(()),
+            || cluster.logs(),
+        );
     }
     let second = cluster.wait_for_one_leader("a leader after the disruption");
     if matches!(disruption, Disruption::Kill | Disruption::Term) {
         assert_ne!(second, first, "{context}");
     }
-    let report = fleet.finish();
+    let report = fleet.wait_within(FLEET_WAIT, || cluster.logs());
     let most_leaders = sampler.finish();
     assert_eq!(most_leaders, 1, "{context}: working leaders at once");
     let label = context.clone();
     let context = format!("{context}\n{}", cluster.logs());
-    report.assert_fleet_done_once(NODES, &context);
-    let periods = report.assert_periods_do_not_overlap(&context);
+    assert_fleet_done_once(&report, NODES, &context);
+    let periods = assert_periods_do_not_overlap(&report, &context);
     let callers: Vec<String> = cluster.members.iter().map(|m| m.caller()).collect();
     for (caller, _) in &periods {
         assert!(
@@ -797,8 +498,8 @@ fn failover(account: Account, disruption: Disruption) {
     }
     // A node refused to the new leader because the old one still held its provisioning
     // lock is picked up later: configured by someone after the refusal.
-    let actions = report.actions();
-    let refused: Vec<&Action> = actions
+    let actions = actions_in_time_order(&report);
+    let refused: Vec<&NodeAction> = actions
         .iter()
         .filter(|a| a.statusmsg.contains("Could not obtain provisioning lock"))
         .collect();
@@ -849,35 +550,50 @@ fn broker_restart_mid_run_loses_nothing_and_duplicates_nothing() {
 /// says why in its log (naming the broker setting that creates the bucket), keeps
 /// retrying, and wins once the bucket exists; then it provisions.
 fn missing_bucket(account: Account) {
-    let broker = Broker::start(account);
-    let mut cluster = Cluster::start(&broker, 1);
+    let stage = ElectionWorld::start(account);
+    let mut cluster = Cluster::start(&stage, 1);
     let only = &mut cluster.members[0];
-    wait_for("the complaint about the missing bucket", PATIENCE, || {
-        let log = only.log_text();
-        (log.contains("CHORIA_LEADER_ELECTION")
-            && log.contains("does not exist")
-            && log.contains("plugin.choria.network.stream.store"))
-        .then_some(())
-    });
+    wait_for(
+        "the complaint about the missing bucket",
+        PATIENCE,
+        || {
+            let log = only.log();
+            (log.contains("CHORIA_LEADER_ELECTION")
+                && log.contains("does not exist")
+                && log.contains("plugin.choria.network.stream.store"))
+            .then_some(())
+        },
+        String::new,
+    );
     // Still retrying: the campaign counter (or the setup retries) keep the process busy,
     // and it keeps serving paused 1 / leader 0.
-    wait_for("a paused, serving, running instance", PATIENCE, || {
-        (only.is_running()
-            && only.is_paused()
-            && only.metric("choria_election_leader") == Some(0.0))
-        .then_some(())
-    });
-    let fleet = Fleet::start(&broker, 3, &[]);
-    broker.create_bucket();
+    wait_for(
+        "a paused, serving, running instance",
+        PATIENCE,
+        || {
+            (only.is_running()
+                && is_paused(only)
+                && only.metric("choria_election_leader") == Some(0.0))
+            .then_some(())
+        },
+        String::new,
+    );
+    let fleet = stage.fleet(3, &[]);
+    stage.create_bucket();
     wait_for(
         "the instance to win once the bucket exists",
         PATIENCE,
-        || only.is_working_leader().then_some(()),
+        || {
+            only.try_metrics()
+                .is_ok_and(|m| is_working_leader(&m))
+                .then_some(())
+        },
+        String::new,
     );
-    let report = fleet.finish();
+    let report = fleet.wait_within(FLEET_WAIT, || cluster.logs());
     let context = format!("{account:?} / missing bucket\n{}", cluster.logs());
-    report.assert_fleet_done_once(3, &context);
-    let periods = report.periods();
+    assert_fleet_done_once(&report, 3, &context);
+    let periods = caller_periods(&report);
     assert_eq!(
         periods.keys().cloned().collect::<Vec<_>>(),
         vec![cluster.members[0].caller()],
@@ -905,8 +621,8 @@ fn a_killed_leaders_locked_nodes_are_picked_up_after_the_lock_expires() {
     const LOCKED: usize = 2;
     // Plain account: nodes with a provisioning JWT send it as a token, which a broker with
     // users refuses even with no_auth_user (protocol.md §8.5).
-    let broker = Broker::start(Account::Plain);
-    broker.create_bucket();
+    let stage = ElectionWorld::start(Account::Plain);
+    stage.create_bucket();
     let verifier =
         choria_provisioner::testing::vector_path("provisioner/host/testdata/jwt-signer-public.pem");
     let signer =
@@ -917,15 +633,10 @@ fn a_killed_leaders_locked_nodes_are_picked_up_after_the_lock_expires() {
         "features:\n  jwt: true\njwt_verify_cert: {}\n",
         verifier.display()
     );
-    let mut cluster = Cluster {
-        members: (0..3)
-            .map(|i| Provisioner::start_with(&broker, &format!("p{i}.example.net"), &yaml, 5))
-            .collect(),
-    };
+    let mut cluster = Cluster::start_with(&stage, 3, &yaml, 5);
     let first = cluster.wait_for_one_leader("a first leader");
     let nodes = LOCKED.to_string();
-    let fleet = Fleet::start(
-        &broker,
+    let fleet = stage.fleet(
         LOCKED,
         &[
             "--slow",
@@ -944,32 +655,40 @@ fn a_killed_leaders_locked_nodes_are_picked_up_after_the_lock_expires() {
         ],
     );
     // Every node must be in flight (its lock taken by this leader) before the kill.
-    wait_for("the leader to start on every slow node", PATIENCE, || {
-        let busy = cluster.members[first].metric("choria_provisioner_busy_workers")?;
-        (busy >= LOCKED as f64).then_some(())
-    });
+    wait_for(
+        "the leader to start on every slow node",
+        PATIENCE,
+        || {
+            let busy = cluster.members[first].metric("choria_provisioner_busy_workers")?;
+            (busy >= LOCKED as f64).then_some(())
+        },
+        || cluster.logs(),
+    );
     let killed_at = unix_now();
     cluster.members[first].kill();
     let second = cluster.wait_for_one_leader("a leader after the kill");
     assert_ne!(second, first);
     // The lock expires 30 s after the kill, the next discovery is an interval (1 minute)
     // after the new leader's first.
-    wait_for("every node in service", Duration::from_secs(150), || {
-        (fleet.in_service_now()? == LOCKED).then_some(())
-    });
+    wait_for(
+        "every node in service",
+        Duration::from_secs(150),
+        || (fleet.in_service_now()? == LOCKED).then_some(()),
+        || cluster.logs(),
+    );
     let report = fleet.stop();
     let context = format!("locked nodes\n{}", cluster.logs());
-    let summary = format!("{context}\ntotals: {}", report.json["totals"]);
-    assert_eq!(report.total("in_service"), LOCKED as i64, "{summary}");
-    assert_eq!(report.total("duplicates"), 0, "{summary}");
-    assert_eq!(report.total("violations"), 0, "{summary}");
-    report.assert_periods_do_not_overlap(&context);
-    let actions = report.actions();
+    let summary = format!("{context}\ntotals: {:?}", report.totals);
+    assert_eq!(report.totals.in_service, LOCKED, "{summary}");
+    assert_eq!(report.totals.duplicates, 0, "{summary}");
+    assert_eq!(report.totals.violations, 0, "{summary}");
+    assert_periods_do_not_overlap(&report, &context);
+    let actions = actions_in_time_order(&report);
     let first_caller = cluster.members[first].caller();
     let second_caller = cluster.members[second].caller();
-    for node in report.json["nodes"].as_array().into_iter().flatten() {
-        let identity = node["identity"].as_str().unwrap_or("?");
-        let mine: Vec<&Action> = actions.iter().filter(|a| a.node == identity).collect();
+    for node in &report.nodes {
+        let identity = &node.identity;
+        let mine: Vec<&NodeAction> = actions.iter().filter(|a| a.node == *identity).collect();
         // The dead leader got the lock (jwt answered OK) and configured nothing.
         assert!(
             mine.iter().any(|a| a.caller == first_caller

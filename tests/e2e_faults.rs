@@ -102,6 +102,7 @@ fn jwt_fleet_with_dead_slow_malformed_bad_hash_and_foreign_lock_nodes() {
                 ),
             ),
             discovery_timeout: 1,
+            ..Default::default()
         },
     );
     let nodes = NODES.to_string();
@@ -284,6 +285,7 @@ fn pki_fleet_with_wrong_cn_nodes() {
         ProvisionerSetup {
             yaml: yaml(&helper, "features:\n  pki: true\n"),
             discovery_timeout: 1,
+            ..Default::default()
         },
     );
     let nodes = NODES.to_string();
@@ -380,6 +382,7 @@ fn ed25519_fleet_with_bad_signature_nodes() {
                 ),
             ),
             discovery_timeout: 1,
+            ..Default::default()
         },
     );
     let nodes = NODES.to_string();

@@ -37,6 +37,7 @@ fn two_hundred_nodes_provision_completely_with_rs256_provisioning_jwts() {
                 vector("provisioner/host/testdata/jwt-signer-public.pem")
             ),
             discovery_timeout: 1,
+            ..Default::default()
         },
     );
     let nodes = NODES.to_string();

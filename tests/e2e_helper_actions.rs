@@ -25,6 +25,7 @@ fn setup(helper: &str, extra: &str) -> ProvisionerSetup {
             vector("provisioner/host/testdata/jwt-signer-public.pem")
         ),
         discovery_timeout: 1,
+        ..Default::default()
     }
 }
 

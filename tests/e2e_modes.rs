@@ -124,6 +124,7 @@ fn ed25519_with_chain_issued_server_jwts() {
                 signing_token,
             ),
             discovery_timeout: 1,
+            ..Default::default()
         },
     );
     let (report, _) = run_fleet(
@@ -190,6 +191,7 @@ fn pki_with_csrs_signed_by_the_sample_ca_helper() {
         ProvisionerSetup {
             yaml: format!("{}features:\n  pki: true\n", base_yaml(&helper)),
             discovery_timeout: 1,
+            ..Default::default()
         },
     );
     let (report, _) = run_fleet(&world, &provisioner, 6, &["--keygen-threads", "1"]);
@@ -287,6 +289,7 @@ fn pki_with_jwt_transports_the_helpers_private_key() {
                 vector("provisioner/host/testdata/jwt-signer-public.pem")
             ),
             discovery_timeout: 1,
+            ..Default::default()
         },
     );
     let (report, _) = run_fleet(

@@ -4,40 +4,28 @@
 //! startup. The Choria format and junk on the subject, which the simulator never sends, are
 //! published by hand.
 
+mod support;
+
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::{unbounded, Receiver};
 use serde_json::Value;
 
-use choria_provisioner::choria::client_config::ConnectSettings;
 use choria_provisioner::choria::connection::Connection;
 use choria_provisioner::choria::lifecycle;
 use choria_provisioner::choria::listener::{publish_own_startup, EventListener, MALFORMED_EVENT};
-use choria_provisioner::choria::security::Signer;
 use choria_provisioner::gate::Gate;
 use choria_provisioner::metrics::Metrics;
-use choria_provisioner::sim::Report;
 use choria_provisioner::testing::NatsServer;
+use support::{insecure_settings, sim_identity, Sim, World};
 
 const COMPONENT: &str = "provision_mode_server";
 const WAIT: Duration = Duration::from_secs(10);
 
 fn connect(server: &NatsServer, identity: &str) -> Connection {
-    let settings = ConnectSettings {
-        urls: vec![server.url()],
-        user: None,
-        password: None,
-        tls: None,
-        signer: Signer::Insecure,
-        identity: identity.to_string(),
-        caller_id: format!("choria={identity}"),
-        discovery_timeout: Duration::from_secs(2),
-        ttl: 60,
-    };
+    let settings = insecure_settings(&server.url(), identity, Duration::from_secs(2));
     Connection::connect(&settings, identity).expect("connects")
 }
 
@@ -60,82 +48,19 @@ fn startup_subject() -> String {
     lifecycle::event_subject("startup", COMPONENT)
 }
 
-/// The identity the simulator gives node `index` (0-based).
-fn sim_identity(index: usize) -> String {
-    format!("node{}.sim.example.net", index + 1)
-}
-
-/// The fleet simulator as a child process we started; stopped by its pid. Its nodes boot in
-/// provisioning mode and announce it with a CloudEvents startup event, component
-/// `provision_mode_server` (§7.2).
-struct Sim {
-    child: Option<Child>,
-    report: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Sim {
-    fn start(server: &NatsServer, nodes: usize) -> Sim {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let report = dir.path().join("report.json");
-        let (url, nodes_arg) = (server.url(), nodes.to_string());
-        #[rustfmt::skip]
-        let args = [
-            "--broker", url.as_str(), "--nodes", &nodes_arg,
-            "--report", report.to_str().expect("UTF-8 temp path"),
-            // Boots spread out, as a fleet powering on; no RSA keys needed.
-            "--boot-spread", "500ms", "--keygen-threads", "0",
-            // A safety net should this test die without stopping it.
-            "--deadline", "300s",
-        ];
-        let child = Command::new(env!("CARGO_BIN_EXE_choria-fleet-sim"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("choria-fleet-sim starts");
-        Sim {
-            child: Some(child),
-            report,
-            _dir: dir,
-        }
-    }
-
-    /// SIGTERM by pid, a bounded wait for the exit, then the report.
-    fn stop(mut self) -> Report {
-        let mut child = self.child.take().expect("running");
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -TERM {}", child.id());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = child.try_wait().expect("wait on the simulator") {
-                assert!(status.success(), "simulator exit status {status}");
-                break;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the simulator did not stop");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let text = std::fs::read_to_string(&self.report).expect("the simulator wrote a report");
-        serde_json::from_str(&text).expect("the report parses")
-    }
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// The fleet simulator, its nodes booting in provisioning mode and announcing it with a
+/// CloudEvents startup event, component `provision_mode_server` (§7.2).
+fn start_sim(world: &World, nodes: usize) -> Sim {
+    let nodes_arg = nodes.to_string();
+    #[rustfmt::skip]
+    let args = [
+        "--nodes", &nodes_arg,
+        // Boots spread out, as a fleet powering on; no RSA keys needed.
+        "--boot-spread", "500ms", "--keygen-threads", "0",
+        // A safety net should this test die without stopping it.
+        "--deadline", "300s",
+    ];
+    Sim::start(world, &args)
 }
 
 /// Up to `count` admissions, each waited for at most `WAIT`.
@@ -147,20 +72,21 @@ fn admissions(admitted: &Receiver<String>, count: usize) -> Vec<String> {
 
 #[test]
 fn the_simulators_boots_admit_every_node_once() {
-    let server = NatsServer::start().expect("nats-server");
+    let world = World::new();
+    let server = &world.broker;
     let metrics = Arc::new(Metrics::new("test"));
-    let provisioner = connect(&server, "provisioner.test");
+    let provisioner = connect(server, "provisioner.test");
     let gate = Arc::new(Gate::new(false));
     let (listener, admitted) = listen(&provisioner, &gate, &metrics);
     let nodes = 50;
 
-    let sim = Sim::start(&server, nodes);
+    let sim = start_sim(&world, nodes);
     let got = admissions(&admitted, nodes);
     let report = sim.stop();
     // A hand-made sentinel after the last boot: once it is admitted, every event before it
     // has been handled, so nothing more came of the boots.
     let sentinel = "sentinel.example.net";
-    let node = connect(&server, "node");
+    let node = connect(server, "node");
     let event = lifecycle::encode_choria_event("startup", sentinel, COMPONENT, None, 1);
     node.publish(&startup_subject(), &event).expect("publish");
     assert_eq!(admitted.recv_timeout(WAIT).ok().as_deref(), Some(sentinel));
@@ -231,10 +157,11 @@ fn startup_events_in_both_formats_admit_their_node_and_junk_is_survived() {
 
 #[test]
 fn a_paused_standby_does_not_take_events_from_the_leader() {
-    let server = NatsServer::start().expect("nats-server");
+    let world = World::new();
+    let server = &world.broker;
     let (leader_metrics, standby_metrics) =
         (Arc::new(Metrics::new("a")), Arc::new(Metrics::new("b")));
-    let (leader_conn, standby_conn) = (connect(&server, "leader"), connect(&server, "standby"));
+    let (leader_conn, standby_conn) = (connect(server, "leader"), connect(server, "standby"));
     let leader_gate = Arc::new(Gate::new(false));
     let standby_gate = Arc::new(Gate::new(true));
     let (leader, leader_admitted) = listen(&leader_conn, &leader_gate, &leader_metrics);
@@ -243,7 +170,7 @@ fn a_paused_standby_does_not_take_events_from_the_leader() {
     // With a queue group the broker would hand some of the boots to the standby, which drops
     // them while paused; without one the leader sees every event.
     let nodes = 20;
-    let sim = Sim::start(&server, nodes);
+    let sim = start_sim(&world, nodes);
     let mut got = admissions(&leader_admitted, nodes);
     sim.stop();
     got.sort();
@@ -256,7 +183,7 @@ fn a_paused_standby_does_not_take_events_from_the_leader() {
     // delivers in order: the standby's first admission being this one shows it admitted none
     // of the boots while paused.
     standby_gate.set_paused(false);
-    let node = connect(&server, "node");
+    let node = connect(server, "node");
     let event = lifecycle::encode_choria_event("startup", "late.example.net", COMPONENT, None, 1);
     node.publish(&startup_subject(), &event).expect("publish");
     assert_eq!(

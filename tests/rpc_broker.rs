@@ -7,23 +7,17 @@
 //! such below: a node silent on the first try only, replies with a broken transport, a wrong
 //! request id or a wrong sender, and the exact fields of each request we send.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use choria_provisioner::choria::client_config::ConnectSettings;
 use choria_provisioner::choria::connection::{reply_prefix, Connection};
-use choria_provisioner::choria::lifecycle;
 use choria_provisioner::choria::protocol::{self, IncomingRequest};
 use choria_provisioner::choria::rpc::{malformed, NodeRpc, RpcClient, RpcOutcome};
-use choria_provisioner::choria::security::Signer;
 use choria_provisioner::crypto::{ed25519, jwt};
 use choria_provisioner::gate::{Gate, Halt};
 use choria_provisioner::metrics::Metrics;
@@ -31,6 +25,7 @@ use choria_provisioner::sim::faults::{self, Fault};
 use choria_provisioner::sim::options::FaultFractions;
 use choria_provisioner::sim::Report;
 use choria_provisioner::testing::NatsServer;
+use support::{insecure_settings, sim_identity, unix_now, Answer, Responder, Sim, World};
 
 const PROVISIONER: &str = "provisioner.test";
 /// The simulated fleet's provisioning token.
@@ -40,153 +35,35 @@ const WAIT: Duration = Duration::from_secs(60);
 /// Part of every try's timeout (§5.2); short, as the DDL part is what the cases vary.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_millis(300);
 
-fn settings(url: &str, identity: &str, discovery_timeout: Duration) -> ConnectSettings {
-    ConnectSettings {
-        urls: vec![url.to_string()],
-        user: None,
-        password: None,
-        tls: None,
-        signer: Signer::Insecure,
-        identity: identity.to_string(),
-        caller_id: format!("choria={identity}"),
-        discovery_timeout,
-        ttl: 60,
-    }
-}
-
 fn connect(server: &NatsServer, identity: &str) -> Connection {
     Connection::connect(
-        &settings(&server.url(), identity, DISCOVERY_TIMEOUT),
+        &insecure_settings(&server.url(), identity, DISCOVERY_TIMEOUT),
         identity,
     )
     .expect("connects")
 }
 
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
-/// The identity the simulator gives node `index` (0-based, as `faults::assign` counts).
-fn sim_identity(index: usize) -> String {
-    format!("node{}.sim.example.net", index + 1)
-}
-
-/// The fleet simulator as a child process we started; stopped by its pid.
-struct Sim {
-    child: Option<Child>,
-    report: PathBuf,
-    /// Public half of the ed25519 key that signs the nodes' provisioning JWT.
-    jwt_signer_public: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Sim {
-    /// Starts `nodes` simulated servers and returns once each has announced its boot: a node
-    /// publishes its startup event on the connection it subscribed on, so by then the broker
-    /// routes requests to it.
-    fn start(server: &NatsServer, nodes: usize, extra: &[&str]) -> Sim {
-        let watcher = connect(server, "sim-watcher");
-        let startups = watcher
-            .subscribe(&lifecycle::event_subject(
-                "startup",
-                "provision_mode_server",
-            ))
-            .expect("subscribe to startups");
-        watcher.flush(WAIT).expect("flush");
-
-        let dir = tempfile::tempdir().expect("temp dir");
-        let seed: [u8; 32] = rand::random();
-        let seed_file = dir.path().join("jwt-signer.seed");
-        std::fs::write(&seed_file, hex::encode(seed)).expect("write the JWT signer seed");
-        let report = dir.path().join("report.json");
-        let (url, nodes_arg) = (server.url(), nodes.to_string());
-        let mut args = vec![
-            "--broker",
-            &url,
-            "--nodes",
-            &nodes_arg,
-            "--token",
-            TOKEN,
-            "--jwt-key",
-            seed_file.to_str().expect("UTF-8 temp path"),
-            "--report",
-            report.to_str().expect("UTF-8 temp path"),
-            // No RSA keys: no case here gets as far as generating a CSR.
-            "--keygen-threads",
-            "0",
-            // A safety net should this test die without stopping it.
-            "--deadline",
-            "300s",
-        ];
-        args.extend_from_slice(extra);
-        let child = Command::new(env!("CARGO_BIN_EXE_choria-fleet-sim"))
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("choria-fleet-sim starts");
-        let mut sim = Sim {
-            child: Some(child),
-            report,
-            jwt_signer_public: ed25519::public_key_hex_from_seed(&seed),
-            _dir: dir,
-        };
-
-        let expected: BTreeSet<String> = (0..nodes).map(sim_identity).collect();
-        let mut booted = BTreeSet::new();
-        let deadline = Instant::now() + WAIT;
-        while booted.len() < nodes && Instant::now() < deadline {
-            if let Some(bytes) = startups.next_timeout(Duration::from_millis(200)) {
-                let event = lifecycle::parse_event(&bytes).expect("a startup event");
-                booted.insert(event.identity);
-            }
-            if let Some(Some(status)) = sim.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
-                panic!("the simulator exited early: {status}");
-            }
-        }
-        assert_eq!(booted, expected, "every simulated node booted");
-        watcher.close();
-        sim
-    }
-
-    /// SIGTERM by pid, a bounded wait for the exit, then the report.
-    fn stop(mut self) -> Report {
-        let mut child = self.child.take().expect("running");
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -TERM {}", child.id());
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = child.try_wait().expect("wait on the simulator") {
-                assert!(status.success(), "simulator exit status {status}");
-                break;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("the simulator did not stop");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let text = std::fs::read_to_string(&self.report).expect("the simulator wrote a report");
-        serde_json::from_str(&text).expect("the report parses")
-    }
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// Starts `nodes` simulated servers and returns once each has announced its boot, so the
+/// broker routes requests to it; also the public half of the ed25519 key that signs the
+/// nodes' provisioning JWT.
+fn start_sim(world: &World, nodes: usize, extra: &[&str]) -> (Sim, String) {
+    let seed: [u8; 32] = rand::random();
+    let seed_file = world.write("jwt-signer.seed", &hex::encode(seed));
+    let mut args = vec![
+        "--token",
+        TOKEN,
+        "--jwt-key",
+        &seed_file,
+        // No RSA keys: no case here gets as far as generating a CSR.
+        "--keygen-threads",
+        "0",
+        // A safety net should this test die without stopping it.
+        "--deadline",
+        "300s",
+    ];
+    args.extend_from_slice(extra);
+    let sim = Sim::start_booted(world, nodes, &args);
+    (sim, ed25519::public_key_hex_from_seed(&seed))
 }
 
 /// The requests from `sender` that the simulated `node` recorded: (action, request id,
@@ -278,7 +155,7 @@ fn check_ok_data(name: &str, action: &str, data: &Value, jwt_signer_public: &str
         "jwt" => {
             let key = jwt::VerifyKey::load(jwt_signer_public).expect("the signer's key");
             let token = data["jwt"].as_str().unwrap_or_default();
-            let claims = jwt::verify_provisioning_jwt(token, &key, now() as u64)
+            let claims = jwt::verify_provisioning_jwt(token, &key, unix_now() as u64)
                 .unwrap_or_else(|err| panic!("{name}: the node's JWT: {err}"));
             assert_eq!(claims["cht"], TOKEN, "{name}");
             let ecdh = data["ecdh_public"].as_str().unwrap_or_default();
@@ -294,7 +171,8 @@ fn check_ok_data(name: &str, action: &str, data: &Value, jwt_signer_public: &str
 
 #[test]
 fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
-    let server = NatsServer::start().expect("nats-server");
+    let world = World::new();
+    let server = &world.broker;
     let fraction = |f: f64| f.to_string();
     let (dead, slow, malformed_f, bad_hash, foreign_lock) = (
         fraction(fractions().dead),
@@ -305,7 +183,7 @@ fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
     );
     let seed = SEED.to_string();
     #[rustfmt::skip]
-    let sim = Sim::start(&server, NODES, &[
+    let (sim, jwt_signer_public) = start_sim(&world, NODES, &[
         "--seed", &seed, "--slow-delay", SLOW_DELAY, "--dead", &dead, "--slow", &slow,
         "--malformed", &malformed_f, "--bad-hash", &bad_hash, "--foreign-lock", &foreign_lock,
     ]);
@@ -361,8 +239,8 @@ fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
 
     // Every case at once, each with its own metrics, on the one shared connection; the
     // other provisioner has a connection (and so a lock key) of its own.
-    let conn = connect(&server, PROVISIONER);
-    let other = connect(&server, "other.test");
+    let conn = connect(server, PROVISIONER);
+    let other = connect(server, "other.test");
     let results: Vec<(RpcOutcome, Arc<Metrics>, Option<RpcOutcome>)> =
         std::thread::scope(|scope| {
             let handles: Vec<_> = cases
@@ -426,7 +304,6 @@ fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
     assert!(conn.is_connected());
     conn.close();
     other.close();
-    let jwt_signer_public = sim.jwt_signer_public.clone();
     let report = sim.stop();
 
     for ((case, target), (outcome, metrics, owner)) in cases.iter().zip(&targets).zip(results) {
@@ -499,10 +376,11 @@ fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
 
 #[test]
 fn a_closed_gate_stops_tries_before_sending_and_while_waiting() {
-    let server = NatsServer::start().expect("nats-server");
+    let world = World::new();
+    let server = &world.broker;
     let seed = SEED.to_string();
     // Two nodes, one of them dead.
-    let sim = Sim::start(&server, 2, &["--seed", &seed, "--dead", "0.5"]);
+    let (sim, _) = start_sim(&world, 2, &["--seed", &seed, "--dead", "0.5"]);
     let assigned = faults::assign(
         2,
         &FaultFractions {
@@ -515,7 +393,7 @@ fn a_closed_gate_stops_tries_before_sending_and_while_waiting() {
         sim_identity(assigned.iter().position(|f| *f == fault).expect("assigned"))
     };
     let (healthy, dead) = (node_of(None), node_of(Some(Fault::Dead)));
-    let conn = connect(&server, PROVISIONER);
+    let conn = connect(server, PROVISIONER);
     // A long DDL timeout: only the gate can end the wait on the dead node early.
     let rpc = RpcClient::new(conn.clone(), Arc::new(Metrics::new("test")))
         .with_ddl_timeout(Duration::from_secs(600));
@@ -559,7 +437,7 @@ fn try_timeout_is_discovery_timeout_plus_the_ddl_timeout() {
     let server = NatsServer::start().expect("nats-server");
     let metrics = Arc::new(Metrics::new("test"));
     let conn = Connection::connect(
-        &settings(&server.url(), PROVISIONER, Duration::from_secs(2)),
+        &insecure_settings(&server.url(), PROVISIONER, Duration::from_secs(2)),
         "provisioner",
     )
     .expect("connect");
@@ -586,71 +464,14 @@ fn try_timeout_is_discovery_timeout_plus_the_ddl_timeout() {
 // another request id or sender, and show us the exact request it received.
 // ---------------------------------------------------------------------------------------
 
-/// What a hand-written node sends back for the request number `index` (0-based) it received.
-type Answer = Box<dyn Fn(&IncomingRequest, usize) -> Vec<Vec<u8>> + Send>;
-
 /// A hand-written pretend node listening on `provisioning.node.<identity>`.
-struct Node {
-    stopping: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-    seen: Arc<Mutex<Vec<IncomingRequest>>>,
-    conn: Connection,
-}
-
-impl Node {
-    fn start(url: &str, identity: &str, answer: Answer) -> Node {
-        let conn = Connection::connect(&settings(url, identity, Duration::from_secs(2)), identity)
-            .expect("node connects");
-        let sub = conn
-            .subscribe(&format!("provisioning.node.{identity}"))
-            .expect("node subscribes");
-        // The broker knows the subscription once this round trip returns.
-        conn.flush(Duration::from_secs(10)).expect("node flushes");
-        let stopping = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (stop_flag, seen_log, publisher) = (stopping.clone(), seen.clone(), conn.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("node-{identity}"))
-            .spawn(move || {
-                while !stop_flag.load(Ordering::SeqCst) {
-                    let Some(bytes) = sub.next_timeout(Duration::from_millis(50)) else {
-                        continue;
-                    };
-                    // A request that does not decode is recorded as nothing: the test's
-                    // count of requests seen then fails.
-                    let Ok(request) = protocol::decode_request(&bytes) else {
-                        continue;
-                    };
-                    let index = {
-                        let mut log = seen_log.lock();
-                        log.push(request.clone());
-                        log.len() - 1
-                    };
-                    for reply in answer(&request, index) {
-                        let _ = publisher.publish(&request.reply_to, &reply);
-                    }
-                }
-            })
-            .expect("node thread");
-        Node {
-            stopping,
-            thread: Some(thread),
-            seen,
-            conn,
-        }
-    }
-
-    fn seen(&self) -> Vec<IncomingRequest> {
-        self.seen.lock().clone()
-    }
-
-    fn stop(mut self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.thread.take() {
-            thread.join().expect("node thread ended cleanly");
-        }
-        self.conn.close();
-    }
+fn start_node(url: &str, identity: &str, answer: Answer) -> Responder {
+    Responder::start(
+        url,
+        identity,
+        &format!("provisioning.node.{identity}"),
+        answer,
+    )
 }
 
 fn action_of(request: &IncomingRequest) -> String {
@@ -663,7 +484,13 @@ fn action_of(request: &IncomingRequest) -> String {
 /// A node's OK reply, as `identity`.
 fn ok_reply(request: &IncomingRequest, identity: &str, data: &Value) -> Vec<u8> {
     let body = protocol::encode_rpc_reply(&action_of(request), 0, "OK", data);
-    protocol::encode_reply(&request.request_id, identity, &request.agent, &body, now())
+    protocol::encode_reply(
+        &request.request_id,
+        identity,
+        &request.agent,
+        &body,
+        unix_now(),
+    )
 }
 
 /// Stays silent for the first `silent_tries` requests, then replies OK with the try number.
@@ -697,7 +524,7 @@ fn a_missed_try_is_retried_and_every_request_is_well_formed() {
     ];
     for (node_name, agent, action, silent, requests, errors) in cases {
         let identity = format!("{node_name}.example.net");
-        let node = Node::start(&server.url(), &identity, silent_for(&identity, silent));
+        let node = start_node(&server.url(), &identity, silent_for(&identity, silent));
         let label = format!("{agent}#{action}");
 
         let outcome = rpc.call(&identity, agent, action, data.clone(), &Gate::new(false));
@@ -759,7 +586,7 @@ fn broken_and_foreign_replies_are_counted_and_a_good_reply_after_them_is_accepte
     let conn = connect(&server, PROVISIONER);
     let rpc = RpcClient::new(conn.clone(), metrics.clone());
     let identity = "liar.example.net";
-    let node = Node::start(
+    let node = start_node(
         &server.url(),
         identity,
         Box::new(move |request, _| {
@@ -773,14 +600,14 @@ fn broken_and_foreign_replies_are_counted_and_a_good_reply_after_them_is_accepte
                     identity,
                     &request.agent,
                     &body,
-                    now(),
+                    unix_now(),
                 ),
                 protocol::encode_reply(
                     &request.request_id,
                     "impostor.example.net",
                     &request.agent,
                     &body,
-                    now(),
+                    unix_now(),
                 ),
                 ok_reply(request, identity, &json!({"good": true})),
             ]

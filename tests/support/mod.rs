@@ -1,23 +1,43 @@
-//! Shared harness of the end-to-end tests: the real `choria-provisioner` and `choria-fleet-sim`
-//! binaries on a real `nats-server`, with real helper processes. Configurations are written
-//! into a temp dir; processes are started and stopped by pid (SIGTERM through `libc::kill`);
-//! every wait is bounded and waits on a condition, never on a duration; the simulator's report
-//! is parsed with serde_json; `/metrics` is scraped over a plain TcpStream. A failing test
-//! prints the provisioner's log (a guard dumps it while the thread panics).
-#![allow(dead_code)] // each tests/e2e_*.rs file uses a different part of the harness
+//! Shared harness of the integration tests that run real processes: the `choria-provisioner`
+//! and `choria-fleet-sim` binaries on a real `nats-server`, with real helper processes.
+//!
+//! A [`World`] is one broker and one private directory; in it run any number of
+//! [`Provisioner`]s (each named by its identity) and a [`Sim`] fleet, which can also run with
+//! no provisioner at all and be waited for until every node has announced its boot.
+//! Processes are started and stopped by pid (SIGTERM or SIGKILL through `libc::kill`); every
+//! wait is bounded and waits on a condition, never on a duration; the simulator's report is
+//! read as its typed [`Report`]; `/metrics` is scraped over a plain TcpStream. A failing test
+//! prints the provisioners' logs and the simulator's output (guards dump them while the
+//! thread panics) and keeps the world's directory.
+#![allow(dead_code)] // each test file uses a different part of the harness
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use choria_provisioner::choria::client_config::ConnectSettings;
+use choria_provisioner::choria::connection::Connection;
+use choria_provisioner::choria::lifecycle;
+use choria_provisioner::choria::protocol::{self, IncomingRequest};
+use choria_provisioner::choria::security::Signer;
+use choria_provisioner::sim::node::ActionRecord;
 use choria_provisioner::sim::report::{NodeReport, Report};
 use choria_provisioner::testing::{free_port, vector_path, NatsServer};
 
 /// How long any one condition may take before the test fails. Generous: the box is shared.
 pub const PATIENCE: Duration = Duration::from_secs(150);
+
+/// How long a process may take to exit after SIGTERM (provisioner or simulator).
+pub const EXIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long a process may take to exit after SIGKILL, and a cleanup's reaping.
+pub const KILL_LIMIT: Duration = Duration::from_secs(10);
+
+/// How long a simulated fleet may take to announce every node's boot.
+pub const BOOT_LIMIT: Duration = Duration::from_secs(60);
 
 /// The caller id the provisioner's requests carry in insecure mode (`choria=<identity>`).
 pub const PROVISIONER_IDENTITY: &str = "provisioner.e2e.example.net";
@@ -59,6 +79,38 @@ pub fn wait_for<T>(
     }
 }
 
+/// Seconds since the Unix epoch (the simulator's report uses the same clock).
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Insecure connection settings to a test broker for `identity` (caller `choria=<identity>`).
+pub fn insecure_settings(
+    url: &str,
+    identity: &str,
+    discovery_timeout: Duration,
+) -> ConnectSettings {
+    ConnectSettings {
+        urls: vec![url.to_string()],
+        user: None,
+        password: None,
+        tls: None,
+        signer: Signer::Insecure,
+        identity: identity.to_string(),
+        caller_id: format!("choria={identity}"),
+        discovery_timeout,
+        ttl: 60,
+    }
+}
+
+/// The identity the simulator gives node `index` (0-based, as `faults::assign` counts).
+pub fn sim_identity(index: usize) -> String {
+    format!("node{}.sim.example.net", index + 1)
+}
+
 /// Sends `signal` to a process we started, by its pid.
 fn signal(child: &Child, signal: libc::c_int) {
     let pid = child.id() as libc::pid_t;
@@ -92,12 +144,12 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 fn kill_and_reap(child: &mut Child) {
     if let Ok(None) = child.try_wait() {
         signal(child, libc::SIGKILL);
-        let _ = wait_exit(child, Duration::from_secs(10));
+        let _ = wait_exit(child, KILL_LIMIT);
     }
 }
 
 /// One test's world: a broker and a private directory (kept for inspection, and its path
-/// printed, when `E2E_KEEP` is set).
+/// printed, when the test fails or `E2E_KEEP` is set).
 pub struct World {
     pub broker: NatsServer,
     pub dir: tempfile::TempDir,
@@ -105,17 +157,23 @@ pub struct World {
 
 impl Drop for World {
     fn drop(&mut self) {
-        if std::env::var_os("E2E_KEEP").is_some() {
+        if std::thread::panicking() || std::env::var_os("E2E_KEEP").is_some() {
             let kept = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("a temp dir"));
-            eprintln!("E2E_KEEP: kept {}", kept.keep().display());
+            eprintln!("kept {} for inspection", kept.keep().display());
         }
     }
 }
 
 impl World {
+    /// A plain broker with JetStream.
     pub fn new() -> World {
+        World::with_conf("")
+    }
+
+    /// A broker with `conf` (accounts, users, ...) added to its configuration.
+    pub fn with_conf(conf: &str) -> World {
         World {
-            broker: NatsServer::start()
+            broker: NatsServer::start_with(conf)
                 .expect("nats-server starts (install the nats-server package)"),
             dir: tempfile::Builder::new()
                 .prefix("choria-e2e-")
@@ -134,18 +192,46 @@ impl World {
         std::fs::write(&path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
         path.display().to_string()
     }
+
+    /// As `write`, and made executable (a script run as a command of its own).
+    pub fn write_executable(&self, name: &str, text: &str) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.write(name, text);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod {path}: {e}"));
+        path
+    }
 }
 
 /// Provisioner settings a test chooses; the harness adds broker, logging, metrics, pid.
 pub struct ProvisionerSetup {
+    /// Its `identity` in choria.cfg (callers see `choria=<identity>`); its files in the
+    /// world's directory are named after it, so a world can run several provisioners.
+    pub identity: String,
     /// YAML lines appended to the config (features, helper, keys, ...).
     pub yaml: String,
     /// `discovery_timeout` in choria.cfg, seconds.
     pub discovery_timeout: u64,
+    /// `interval` in the config. 1h by default: most tests rely on startup events and the
+    /// discovery at start only, so a slow run on a busy box never sees a periodic discovery
+    /// re-admit refused nodes.
+    pub interval: String,
+}
+
+impl Default for ProvisionerSetup {
+    fn default() -> ProvisionerSetup {
+        ProvisionerSetup {
+            identity: PROVISIONER_IDENTITY.to_string(),
+            yaml: String::new(),
+            discovery_timeout: 1,
+            interval: "1h".to_string(),
+        }
+    }
 }
 
 /// The real `choria-provisioner` binary, running.
 pub struct Provisioner {
+    pub identity: String,
     child: Option<Child>,
     pub monitor_port: u16,
     pub log_path: PathBuf,
@@ -154,29 +240,29 @@ pub struct Provisioner {
 }
 
 impl Provisioner {
-    /// Writes `choria.cfg` and the YAML config into the world's directory, starts the daemon
+    /// Writes its `choria.cfg` and YAML config into the world's directory, starts the daemon
     /// and waits until it is subscribed to lifecycle events and serving `/metrics`.
     pub fn start(world: &World, setup: ProvisionerSetup) -> Provisioner {
+        let identity = setup.identity;
         let monitor_port = free_port().expect("a free port");
         let choria_cfg = world.write(
-            "choria.cfg",
+            &format!("{identity}.cfg"),
             &format!(
-                "plugin.choria.middleware_hosts = {}\nidentity = {PROVISIONER_IDENTITY}\ndiscovery_timeout = {}\n",
+                "plugin.choria.middleware_hosts = {}\nidentity = {identity}\ndiscovery_timeout = {}\n",
                 world.broker.url(),
                 setup.discovery_timeout
             ),
         );
-        let log_path = world.path("provisioner.log");
-        let pid_path = world.path("provisioner.pid");
-        // interval 1h: the tests rely on startup events and the discovery at start only, so a
-        // slow run on a busy box never sees a periodic discovery re-admit refused nodes.
+        let log_path = world.path(&format!("{identity}.log"));
+        let pid_path = world.path(&format!("{identity}.pid"));
         let yaml = format!(
-            "interval: 1h\nloglevel: info\nlogfile: {log:?}\nmonitor_port: {monitor_port}\nchoria_insecure: true\nsite: e2e\n{extra}\n",
+            "interval: {interval}\nloglevel: info\nlogfile: {log:?}\nmonitor_port: {monitor_port}\nchoria_insecure: true\nsite: e2e\n{extra}\n",
+            interval = setup.interval,
             log = log_path.display().to_string(),
             extra = setup.yaml
         );
-        let config = world.write("choria-provisioner.yaml", &yaml);
-        let stderr_path = world.path("provisioner.stderr");
+        let config = world.write(&format!("{identity}.yaml"), &yaml);
+        let stderr_path = world.path(&format!("{identity}.stderr"));
         let child = Command::new(env!("CARGO_BIN_EXE_choria-provisioner"))
             .args([
                 "run",
@@ -187,6 +273,8 @@ impl Provisioner {
                 "--pid",
             ])
             .arg(&pid_path)
+            // No ~/.choriarc of the machine's user can leak in.
+            .env("HOME", world.dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr_path).expect("stderr file"))
@@ -194,6 +282,7 @@ impl Provisioner {
             .expect("choria-provisioner starts");
         let mut child = child;
         let mut provisioner = Provisioner {
+            identity,
             child: None,
             monitor_port,
             log_path,
@@ -234,6 +323,19 @@ impl Provisioner {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
+    /// The `choria=<identity>` caller id the fleet sees in its requests.
+    pub fn caller(&self) -> String {
+        format!("choria={}", self.identity)
+    }
+
+    /// Started, and not exited (nor stopped or killed by the test).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
     /// The daemon's log file so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
@@ -243,8 +345,9 @@ impl Provisioner {
     pub fn logs(&self) -> String {
         let stderr = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
         format!(
-            "---- provisioner log ----\n{}\n---- provisioner stderr ----\n{stderr}\n----",
-            self.log()
+            "---- {id} log ----\n{}\n---- {id} stderr ----\n{stderr}\n----",
+            self.log(),
+            id = self.identity
         )
     }
 
@@ -256,6 +359,11 @@ impl Provisioner {
     pub fn metrics(&self) -> Metrics {
         self.try_metrics()
             .unwrap_or_else(|e| panic!("scraping /metrics: {e}\n{}", self.logs()))
+    }
+
+    /// The sum of every series of metric `name`, if `/metrics` answers and carries it.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        self.try_metrics().ok()?.total(name)
     }
 
     /// Waits until the metrics satisfy `done`.
@@ -286,18 +394,35 @@ impl Provisioner {
         })
     }
 
-    /// SIGTERM by pid; the daemon must exit 0 and remove its pid file.
-    pub fn stop(mut self) {
+    /// SIGTERM by pid and the exit status (bounded by `EXIT_LIMIT`).
+    pub fn terminate(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
         signal(&child, libc::SIGTERM);
-        let status = wait_exit(&mut child, Duration::from_secs(60));
-        let Some(status) = status else {
+        let Some(status) = wait_exit(&mut child, EXIT_LIMIT) else {
             kill_and_reap(&mut child);
             panic!(
-                "the provisioner did not exit after SIGTERM\n{}",
+                "{} did not exit within {EXIT_LIMIT:?} of SIGTERM\n{}",
+                self.identity,
                 self.logs()
             );
         };
+        status
+    }
+
+    /// SIGKILL by pid: a crash, nothing released. It must be gone within `KILL_LIMIT`.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        signal(&child, libc::SIGKILL);
+        assert!(
+            wait_exit(&mut child, KILL_LIMIT).is_some(),
+            "{} survived SIGKILL",
+            self.identity
+        );
+    }
+
+    /// SIGTERM by pid; the daemon must exit 0 and remove its pid file.
+    pub fn stop(mut self) {
+        let status = self.terminate();
         assert!(
             status.success(),
             "the provisioner exited with {status} after SIGTERM\n{}",
@@ -357,13 +482,19 @@ impl Metrics {
         self.series.get(key).copied().unwrap_or(0.0)
     }
 
-    /// The sum of every series of a metric, whatever its labels.
+    /// The sum of every series of a metric, whatever its labels; 0 if absent.
     pub fn sum(&self, name: &str) -> f64 {
+        self.total(name).unwrap_or(0.0)
+    }
+
+    /// The sum of every series of a metric, whatever its labels; None if it has none.
+    pub fn total(&self, name: &str) -> Option<f64> {
+        let labelled = format!("{name}{{");
         self.series
             .iter()
-            .filter(|(k, _)| *k == name || k.starts_with(&format!("{name}{{")))
-            .map(|(_, v)| v)
-            .sum()
+            .filter(|(k, _)| *k == name || k.starts_with(&labelled))
+            .map(|(_, v)| *v)
+            .reduce(|a, b| a + b)
     }
 
     /// The counters and gauges a failing wait shows.
@@ -421,7 +552,8 @@ pub fn scrape(port: u16) -> Result<Metrics, String> {
     Ok(Metrics::parse(body))
 }
 
-/// The real `choria-fleet-sim` binary, running.
+/// The real `choria-fleet-sim` binary, running. Its files (report, stdout, stderr) are in
+/// the world's directory.
 pub struct Sim {
     child: Option<Child>,
     report_path: PathBuf,
@@ -454,6 +586,45 @@ impl Sim {
         }
     }
 
+    /// Starts `nodes` simulated servers (`--nodes` is added to `args`) and returns once each
+    /// has announced its boot: a node publishes its startup event on the connection it
+    /// subscribed on, so by then the broker routes requests to it.
+    pub fn start_booted(world: &World, nodes: usize, args: &[&str]) -> Sim {
+        let watcher = Connection::connect(
+            &insecure_settings(&world.broker.url(), "sim-watcher", Duration::from_secs(2)),
+            "sim-watcher",
+        )
+        .expect("the boot watcher connects");
+        let startups = watcher
+            .subscribe(&lifecycle::event_subject(
+                "startup",
+                "provision_mode_server",
+            ))
+            .expect("subscribe to startups");
+        watcher.flush(BOOT_LIMIT).expect("flush");
+
+        let nodes_arg = nodes.to_string();
+        let mut all_args = vec!["--nodes", nodes_arg.as_str()];
+        all_args.extend_from_slice(args);
+        let mut sim = Sim::start(world, &all_args);
+
+        let expected: BTreeSet<String> = (0..nodes).map(sim_identity).collect();
+        let mut booted = BTreeSet::new();
+        let deadline = Instant::now() + BOOT_LIMIT;
+        while booted.len() < nodes && Instant::now() < deadline {
+            if let Some(bytes) = startups.next_timeout(Duration::from_millis(200)) {
+                let event = lifecycle::parse_event(&bytes).expect("a startup event");
+                booted.insert(event.identity);
+            }
+            if let Some(Some(status)) = sim.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
+                panic!("the simulator exited early: {status}\n{}", sim.output());
+            }
+        }
+        assert_eq!(booted, expected, "every simulated node booted");
+        watcher.close();
+        sim
+    }
+
     fn output(&self) -> String {
         format!(
             "---- sim stdout ----\n{}\n---- sim stderr ----\n{}",
@@ -462,19 +633,34 @@ impl Sim {
         )
     }
 
+    /// Nodes in service according to the latest `--progress` line, if any yet.
+    pub fn in_service_now(&self) -> Option<usize> {
+        let stderr = std::fs::read_to_string(&self.stderr_path).ok()?;
+        let line = stderr.lines().rev().find(|l| l.contains(" in service,"))?;
+        let counts = line.split(": ").nth(2)?;
+        counts.split('/').next()?.trim().parse().ok()
+    }
+
     /// Waits (bounded) for the simulator to exit by itself (`--exit-when-done`/`--deadline`).
-    pub fn wait(mut self, provisioner: &Provisioner) -> Report {
+    pub fn wait(self, provisioner: &Provisioner) -> Report {
+        self.wait_within(PATIENCE, || {
+            provisioner
+                .try_metrics()
+                .map(|m| m.summary())
+                .unwrap_or_else(|e| e)
+        })
+    }
+
+    /// As `wait`, within `limit`; `describe` says what else a failure should show.
+    pub fn wait_within(mut self, limit: Duration, describe: impl Fn() -> String) -> Report {
         let mut child = self.child.take().expect("running");
-        let status = wait_exit(&mut child, PATIENCE);
+        let status = wait_exit(&mut child, limit);
         let Some(status) = status else {
             kill_and_reap(&mut child);
             panic!(
-                "the simulator did not finish within {PATIENCE:?}\n{}\n{}",
+                "the simulator did not finish within {limit:?}\n{}\n{}",
                 self.output(),
-                provisioner
-                    .try_metrics()
-                    .map(|m| m.summary())
-                    .unwrap_or_else(|e| e)
+                describe()
             );
         };
         self.finish(status)
@@ -484,7 +670,7 @@ impl Sim {
     pub fn stop(mut self) -> Report {
         let mut child = self.child.take().expect("running");
         signal(&child, libc::SIGTERM);
-        let Some(status) = wait_exit(&mut child, Duration::from_secs(60)) else {
+        let Some(status) = wait_exit(&mut child, EXIT_LIMIT) else {
             kill_and_reap(&mut child);
             panic!(
                 "the simulator did not exit after SIGTERM\n{}",
@@ -523,6 +709,123 @@ impl Drop for Sim {
             kill_and_reap(&mut child);
         }
     }
+}
+
+/// What a hand-written responder sends back (raw replies) for the request number `index`
+/// (0-based) it received.
+pub type Answer = Box<dyn Fn(&IncomingRequest, usize) -> Vec<Vec<u8>> + Send>;
+
+/// A hand-written pretend server, for what the simulator cannot produce: one connection
+/// (`name`) subscribed to `subject`, recording every request it decodes and publishing what
+/// `answer` says to the request's reply subject.
+pub struct Responder {
+    stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    seen: std::sync::Arc<parking_lot::Mutex<Vec<IncomingRequest>>>,
+    conn: Connection,
+}
+
+impl Responder {
+    pub fn start(url: &str, name: &str, subject: &str, answer: Answer) -> Responder {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let conn = Connection::connect(&insecure_settings(url, name, Duration::from_secs(2)), name)
+            .expect("responder connects");
+        let sub = conn.subscribe(subject).expect("responder subscribes");
+        // The broker knows the subscription once this round trip returns.
+        conn.flush(Duration::from_secs(10))
+            .expect("responder flushes");
+        let stopping = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (stop_flag, seen_log, publisher) = (stopping.clone(), seen.clone(), conn.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("responder-{name}"))
+            .spawn(move || {
+                while !stop_flag.load(Ordering::SeqCst) {
+                    let Some(bytes) = sub.next_timeout(Duration::from_millis(50)) else {
+                        continue;
+                    };
+                    // A request that does not decode is recorded as nothing: the test's
+                    // count of requests seen then fails.
+                    let Ok(request) = protocol::decode_request(&bytes) else {
+                        continue;
+                    };
+                    let index = {
+                        let mut log = seen_log.lock();
+                        log.push(request.clone());
+                        log.len() - 1
+                    };
+                    for reply in answer(&request, index) {
+                        let _ = publisher.publish(&request.reply_to, &reply);
+                    }
+                }
+            })
+            .expect("responder thread");
+        Responder {
+            stopping,
+            thread: Some(thread),
+            seen,
+            conn,
+        }
+    }
+
+    /// Every request received so far, in order.
+    pub fn seen(&self) -> Vec<IncomingRequest> {
+        self.seen.lock().clone()
+    }
+
+    pub fn stop(mut self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("responder thread ended cleanly");
+        }
+        self.conn.close();
+    }
+}
+
+/// One action a node recorded, with the node's identity (the record's fields read through).
+#[derive(Clone, Debug)]
+pub struct NodeAction {
+    pub node: String,
+    pub record: ActionRecord,
+}
+
+impl std::ops::Deref for NodeAction {
+    type Target = ActionRecord;
+
+    fn deref(&self) -> &ActionRecord {
+        &self.record
+    }
+}
+
+/// Every action of every node, in time order (the report's one-second resolution).
+pub fn actions_in_time_order(report: &Report) -> Vec<NodeAction> {
+    let mut all: Vec<NodeAction> = report
+        .nodes
+        .iter()
+        .flat_map(|node| {
+            node.record.actions.iter().map(|a| NodeAction {
+                node: node.identity.clone(),
+                record: a.clone(),
+            })
+        })
+        .collect();
+    all.sort_by_key(|a| a.record.at);
+    all
+}
+
+/// Per caller id, the first and last second it sent anything.
+pub fn caller_periods(report: &Report) -> BTreeMap<String, (i64, i64)> {
+    let mut periods: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for node in &report.nodes {
+        for a in &node.record.actions {
+            let p = periods.entry(a.caller.clone()).or_insert((a.at, a.at));
+            p.0 = p.0.min(a.at);
+            p.1 = p.1.max(a.at);
+        }
+    }
+    periods
 }
 
 /// How a node's actions look: `action` names and their status codes, in order.
