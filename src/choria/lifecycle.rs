@@ -191,10 +191,7 @@ pub fn parse_event(bytes: &[u8]) -> Result<LifecycleEvent, EventError> {
 
 /// A random UUID v4 in its dashed form, as go-choria's event ids.
 pub fn new_event_id() -> String {
-    let mut b: [u8; 16] = rand::random();
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex::encode(b);
+    let h = super::protocol::new_request_id();
     format!(
         "{}-{}-{}-{}-{}",
         &h[0..8],

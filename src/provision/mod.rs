@@ -28,7 +28,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use rand::RngCore;
 use serde_json::{json, Map, Value};
 
 use crate::choria::rpc::{max_tries, NodeRpc, RpcOutcome};
@@ -122,11 +121,8 @@ fn now_unix() -> u64 {
 
 /// A 32-lowercase-hex nonce shaped like Go's `choria.NewRequestID()` (a UUIDv4 without dashes).
 pub fn new_nonce() -> String {
-    let mut bytes = [0u8; 16];
-    rand::thread_rng().fill_bytes(&mut bytes);
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    hex::encode(bytes)
+    // Go uses choria.NewRequestID(): the same 32-hex UUIDv4 shape as request ids.
+    crate::choria::protocol::new_request_id()
 }
 
 fn failed(identity: &str, what: impl fmt::Display) -> ProvisionOutcome {
