@@ -50,6 +50,9 @@ echo '{"configuration":{"plugin.choria.server.provision":"false"}}'
 
 /// Polls `probe` every 50 ms until it gives `Some`, failing after `PATIENCE` with `what` and
 /// the state `describe` gives.
+/// What the daemon adds to a TLS connect failure so an operator knows where to look.
+const TLS_HINT: &str = " (check plugin.security.file.certificate, .key and .ca in the Choria client configuration, and the broker's CA)";
+
 fn wait_for<T>(
     what: &str,
     mut probe: impl FnMut() -> Option<T>,
@@ -694,7 +697,7 @@ fn an_untrusted_certificate_is_refused_cleanly_and_retried() {
         let lines = provisioner.wait_log_lines("could not connect to the broker", 2);
         for line in &lines {
             let want = format!(
-                "WARN  choria_provisioner::choria::connection: could not connect to the broker at {url}: {}; retrying",
+                "WARN  choria_provisioner::choria::connection: could not connect to the broker at {url}: {}{TLS_HINT}; retrying",
                 refusal.client_says
             );
             assert!(line.ends_with(&want), "{case}: {line:?}\nwanted {want:?}");
@@ -727,7 +730,7 @@ fn an_untrusted_certificate_is_refused_cleanly_and_retried() {
         let log = provisioner.log();
         assert!(
             log.contains(&format!(
-                "stopped before connecting to the broker; last attempt: could not connect to the broker at {url}: {}",
+                "stopped before connecting to the broker; last attempt: could not connect to the broker at {url}: {}{TLS_HINT}",
                 refusal.client_says
             )),
             "{case}\n{log}"

@@ -62,6 +62,8 @@ pub enum ConnectionError {
     Connect {
         urls: String,
         source: io::Error,
+        /// What to check, when we can tell (e.g. the TLS files for a TLS failure).
+        hint: &'static str,
     },
     Publish {
         subject: String,
@@ -98,8 +100,11 @@ impl fmt::Display for ConnectionError {
             ConnectionError::TlsFile { what, path, source } => {
                 write!(f, "TLS {what} file {}: {source}", path.display())
             }
-            ConnectionError::Connect { urls, source } => {
-                write!(f, "could not connect to the broker at {urls}: {source}")
+            ConnectionError::Connect { urls, source, hint } => {
+                write!(
+                    f,
+                    "could not connect to the broker at {urls}: {source}{hint}"
+                )
             }
             ConnectionError::Publish { subject, source } => {
                 write!(f, "could not publish to {subject}: {source}")
@@ -222,6 +227,7 @@ impl Connection {
             return Err(ConnectionError::Connect {
                 urls: String::from("(none)"),
                 source: io::Error::new(io::ErrorKind::InvalidInput, "no broker URLs configured"),
+                hint: "",
             });
         }
 
@@ -266,9 +272,19 @@ impl Connection {
         let urls = settings.urls.join(",");
         let nats = options
             .connect(servers)
-            .map_err(|source| ConnectionError::Connect {
-                urls: urls.clone(),
-                source,
+            .map_err(|source| {
+                let text = source.to_string();
+                let tls_trouble = settings.tls.is_some()
+                    && (text.contains("TLS") || text.contains("certificate"));
+                ConnectionError::Connect {
+                    urls: urls.clone(),
+                    source,
+                    hint: if tls_trouble {
+                        " (check plugin.security.file.certificate, .key and .ca in the Choria client configuration, and the broker's CA)"
+                    } else {
+                        ""
+                    },
+                }
             })?;
         connected.store(true, Ordering::SeqCst);
 
