@@ -16,7 +16,6 @@ use choria_provisioner::choria::client_config::ConnectSettings;
 use choria_provisioner::choria::connection::{ConnectOptions, Connection};
 use choria_provisioner::choria::protocol;
 use choria_provisioner::choria::rpc::{NodeRpc, RpcClient, RpcOutcome};
-use choria_provisioner::choria::security::Signer;
 use choria_provisioner::gate::Gate;
 use choria_provisioner::metrics::Metrics;
 use choria_provisioner::testing::NatsServer;
@@ -25,17 +24,7 @@ const NODE: &str = "bench-node.example.net";
 const RESPONDER_THREADS: usize = 2;
 
 fn settings(url: &str, identity: &str) -> ConnectSettings {
-    ConnectSettings {
-        urls: vec![url.to_string()],
-        user: None,
-        password: None,
-        tls: None,
-        signer: Signer::Insecure,
-        identity: identity.to_string(),
-        caller_id: format!("choria={identity}"),
-        discovery_timeout: Duration::from_secs(2),
-        ttl: 60,
-    }
+    ConnectSettings::insecure(url, identity, Duration::from_secs(2))
 }
 
 fn now() -> i64 {

@@ -26,7 +26,6 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use choria_provisioner::choria::client_config::ConnectSettings;
 use choria_provisioner::choria::connection::{Connection, Subscription};
-use choria_provisioner::choria::security::Signer;
 use choria_provisioner::sim::node::NodeState;
 use choria_provisioner::sim::report::Report;
 use choria_provisioner::testing::{free_port, NatsServer};
@@ -403,17 +402,7 @@ fn logs_in(dir: &Path) -> String {
 // ---- the observer: a plain connection that captures what the provisioner sends ------------
 
 fn observer(broker: &NatsServer) -> Connection {
-    let settings = ConnectSettings {
-        urls: vec![broker.url()],
-        user: None,
-        password: None,
-        tls: None,
-        signer: Signer::Insecure,
-        identity: "tls-observer".into(),
-        caller_id: "choria=tls-observer".into(),
-        discovery_timeout: Duration::from_secs(1),
-        ttl: 60,
-    };
+    let settings = ConnectSettings::insecure(&broker.url(), "tls-observer", Duration::from_secs(1));
     Connection::connect(&settings, "tls-observer")
         .expect("a plain-TCP client connects to the TLS-optional broker")
 }

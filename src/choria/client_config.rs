@@ -73,6 +73,24 @@ pub struct ConnectSettings {
     pub ttl: u64,
 }
 
+impl ConnectSettings {
+    /// Plain TCP to one broker, no credentials, unsigned requests (`choria_insecure`), for
+    /// tests, benchmarks and observers; `ttl` is Go's default.
+    pub fn insecure(url: &str, identity: &str, discovery_timeout: Duration) -> ConnectSettings {
+        ConnectSettings {
+            urls: vec![url.to_string()],
+            user: None,
+            password: None,
+            tls: None,
+            signer: Signer::Insecure,
+            identity: identity.to_string(),
+            caller_id: format!("choria={identity}"),
+            discovery_timeout,
+            ttl: DEFAULT_TTL,
+        }
+    }
+}
+
 /// What was wrong with the client configuration, and where.
 #[derive(Debug)]
 pub enum ClientConfigError {

@@ -678,21 +678,10 @@ mod tests {
     use super::*;
 
     use crate::choria::client_config::{ConnectSettings, TlsFiles};
-    use crate::choria::security::Signer;
     use crate::testing::NatsServer;
 
     fn settings(url: &str) -> ConnectSettings {
-        ConnectSettings {
-            urls: vec![url.to_string()],
-            user: None,
-            password: None,
-            tls: None,
-            signer: Signer::Insecure,
-            identity: "provisioner.test".into(),
-            caller_id: "choria=provisioner.test".into(),
-            discovery_timeout: Duration::from_secs(2),
-            ttl: 60,
-        }
+        ConnectSettings::insecure(url, "provisioner.test", Duration::from_secs(2))
     }
 
     fn wait_for(limit: Duration, what: &str, cond: impl Fn() -> bool) {

@@ -22,7 +22,6 @@ use choria_provisioner::choria::client_config::ConnectSettings;
 use choria_provisioner::choria::connection::Connection;
 use choria_provisioner::choria::lifecycle;
 use choria_provisioner::choria::protocol::{self, IncomingRequest};
-use choria_provisioner::choria::security::Signer;
 use choria_provisioner::sim::node::ActionRecord;
 use choria_provisioner::sim::report::{NodeReport, Report};
 use choria_provisioner::testing::{free_port, vector_path, NatsServer};
@@ -93,17 +92,7 @@ pub fn insecure_settings(
     identity: &str,
     discovery_timeout: Duration,
 ) -> ConnectSettings {
-    ConnectSettings {
-        urls: vec![url.to_string()],
-        user: None,
-        password: None,
-        tls: None,
-        signer: Signer::Insecure,
-        identity: identity.to_string(),
-        caller_id: format!("choria={identity}"),
-        discovery_timeout,
-        ttl: 60,
-    }
+    ConnectSettings::insecure(url, identity, discovery_timeout)
 }
 
 /// The identity the simulator gives node `index` (0-based, as `faults::assign` counts).
