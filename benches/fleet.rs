@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use choria_broker::gate::Gate;
 use choria_provisioner::fleet::{Admission, Fleet, FleetSettings, Source, SystemClock};
-use choria_provisioner::gate::Gate;
-use choria_provisioner::metrics::Metrics;
+use choria_provisioner::Metrics;
 
 fn rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -8,16 +8,17 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, Sender};
 
-use crate::choria::client_config::{connect_settings, ClientConfig};
-use crate::choria::connection::Connection;
-use crate::choria::discovery::Discovery;
-use crate::choria::election::{Election, ElectionEvent, ElectionSettings};
-use crate::choria::listener::{publish_own_startup, EventListener};
-use crate::choria::rpc::RpcClient;
+use choria_broker::connection::Connection;
+use choria_broker::discovery::Discovery;
+use choria_broker::election::{Election, ElectionEvent, ElectionSettings};
+use choria_broker::gate::Gate;
+use choria_broker::listener::{publish_own_startup, EventListener};
+use choria_broker::rpc::RpcClient;
+
 use crate::cli::RunArgs;
+use crate::client_config::{self, connect_settings};
 use crate::config::Config;
 use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source, SystemClock};
-use crate::gate::Gate;
 use crate::metrics::{Metrics, MetricsServer};
 use crate::provision::Cycle;
 
@@ -118,7 +119,7 @@ pub fn run(args: RunArgs) -> i32 {
 
 fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
     let _pid = args.pid.as_deref().map(PidFile::create).transpose()?;
-    let client = ClientConfig::load(&args.choria_config).map_err(|err| err.to_string())?;
+    let client = client_config::load(&args.choria_config).map_err(|err| err.to_string())?;
     let settings = connect_settings(
         &client,
         config.choria_insecure,
@@ -213,7 +214,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
         let (events_tx, events_rx) = bounded::<ElectionEvent>(4);
         let mut election_settings = ElectionSettings::new(&settings.identity);
         election_settings.api_prefix = config.leader_election_api_prefix.clone();
-        let election = Election::start(conn.nats(), election_settings, events_tx, metrics.clone());
+        let election = Election::start(conn.clone(), election_settings, events_tx, metrics.clone());
         let fleet = fleet.clone();
         let trigger = threads.trigger();
         let handler = std::thread::Builder::new()

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, select, Receiver, RecvTimeoutError, Sender, TrySendError};
 use parking_lot::Mutex;
 
-use crate::gate::Gate;
 use crate::metrics::Metrics;
+use choria_broker::gate::Gate;
 
 /// How one provisioning cycle ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,10 +42,16 @@ pub trait ProvisionCycle: Send + Sync {
     fn provision(&self, identity: &str, gate: &Gate) -> ProvisionOutcome;
 }
 
-/// Broadcast discovery (the `choria::discovery` module implements it).
+/// Broadcast discovery (`choria_broker::discovery::Discovery` implements it).
 pub trait Discover: Send + Sync {
     /// The identities that answered one discovery round.
     fn discover(&self, gate: &Gate) -> Result<Vec<String>, String>;
+}
+
+impl Discover for choria_broker::discovery::Discovery {
+    fn discover(&self, gate: &Gate) -> Result<Vec<String>, String> {
+        choria_broker::discovery::Discovery::discover(self, gate)
+    }
 }
 
 /// The time source, injectable so tests drive time without sleeping.

@@ -1,17 +1,22 @@
 //! choria-provisioner: finds Choria Servers waiting in provisioning mode on a NATS broker,
 //! asks an operator's helper program how each should be configured, enrolls it into the
 //! network's security and restarts it into service. A drop-in replacement for the Go
-//! `choria-io/provisioner`; see `ARCHITECTURE.md` for the map of modules and threads.
+//! `choria-io/provisioner`; see `ARCHITECTURE.md` for the map of crates, modules and threads.
+//!
+//! This crate is the daemon: the command line, the configuration and its every rule, the
+//! fleet (admission, queue, workers), one node's provisioning cycle with its helper, the
+//! metrics, and the wiring. It talks to the broker only through `choria-broker`, and never
+//! contains the simulator or test kits. Its modules are private except what the benches use.
 
-pub mod choria;
-pub mod cli;
-pub mod config;
-pub mod crypto;
-pub mod daemon;
-pub mod duration;
+mod cli;
+mod client_config;
+mod config;
+mod daemon;
+mod duration;
 pub mod fleet;
-pub mod gate;
-pub mod metrics;
-pub mod provision;
-pub mod sim;
-pub mod testing;
+mod metrics;
+mod provision;
+
+pub use cli::{parse as parse_command_line, Command, RunArgs, USAGE};
+pub use daemon::run;
+pub use metrics::Metrics;

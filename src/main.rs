@@ -2,16 +2,16 @@
 
 use std::path::Path;
 
-use choria_provisioner::cli::{self, Command};
+use choria_provisioner::{parse_command_line, run, Command, USAGE};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
     let exists = |p: &Path| p.is_file();
-    match cli::parse(&args, home.as_deref(), &exists) {
-        Ok(Command::Help) => print!("{}", cli::USAGE),
+    match parse_command_line(&args, home.as_deref(), &exists) {
+        Ok(Command::Help) => print!("{USAGE}"),
         Ok(Command::Version) => println!("{}", env!("CARGO_PKG_VERSION")),
-        Ok(Command::Run(run)) => std::process::exit(choria_provisioner::daemon::run(run)),
+        Ok(Command::Run(args)) => std::process::exit(run(args)),
         Err(err) => {
             eprintln!("choria-provisioner: error: {err}");
             std::process::exit(2);

@@ -156,6 +156,56 @@ pub struct Metrics {
     pub election_interval_seconds: GaugeVec,
 }
 
+/// The broker layer's reports, counted under Go's metric names.
+impl choria_broker::observe::Observer for Metrics {
+    fn rpc_time(&self, action: &str, seconds: f64) {
+        self.rpc_time.observe(&[action], seconds);
+    }
+    fn rpc_error(&self, action: &str) {
+        self.rpc_errors.with_label_values(&[action]).inc();
+    }
+    fn malformed(&self, kind: &str) {
+        self.malformed_messages.with_label_values(&[kind]).inc();
+    }
+    fn discover_cycle(&self) {
+        self.discover_cycles.inc();
+    }
+    fn discovery_error(&self) {
+        self.discovery_errors.inc();
+    }
+    fn event_discovered(&self) {
+        self.event_discovered.inc();
+    }
+    fn election_started(&self, key: &str, identity: &str, interval_seconds: f64) {
+        // Present at zero before the first campaign, as go-choria's are once registered.
+        for state in ["candidate", "leader"] {
+            self.election_campaigns
+                .with_label_values(&[key, identity, state]);
+        }
+        self.election_leader
+            .with_label_values(&[key, identity])
+            .set(0.0);
+        self.election_interval_seconds
+            .with_label_values(&[key, identity])
+            .set(interval_seconds);
+    }
+    fn election_campaign(&self, key: &str, identity: &str, state: &str) {
+        self.election_campaigns
+            .with_label_values(&[key, identity, state])
+            .inc();
+    }
+    fn election_leader(&self, key: &str, identity: &str, leader: bool) {
+        self.election_leader
+            .with_label_values(&[key, identity])
+            .set(if leader { 1.0 } else { 0.0 });
+    }
+    fn election_interval(&self, key: &str, identity: &str, seconds: f64) {
+        self.election_interval_seconds
+            .with_label_values(&[key, identity])
+            .set(seconds);
+    }
+}
+
 fn opts(name: &str, help: &str, site: &str) -> Opts {
     Opts::new(name, help).const_label("site", site)
 }
@@ -324,6 +374,7 @@ impl Metrics {
 pub struct MetricsServer {
     stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    #[cfg_attr(not(test), allow(dead_code))] // read by the HTTP tests
     pub local_addr: std::net::SocketAddr,
 }
 
@@ -411,6 +462,9 @@ fn serve_one(stream: TcpStream, metrics: &Metrics) {
     let _ = stream.write_all(response.as_bytes());
     let _ = stream.flush();
 }
+
+#[cfg(test)]
+mod http_tests;
 
 #[cfg(test)]
 mod tests {

@@ -17,7 +17,7 @@ fn provisioner(args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn usage_errors_are_one_line_and_exit_2() {
-    let dir = choria_provisioner::testing::temp_dir("cli").unwrap();
+    let dir = choria_testkit::temp_dir("cli").unwrap();
     let config = dir.join("p.yaml");
     std::fs::write(&config, "helper: /bin/true\n").unwrap();
     let config = config.to_str().unwrap();
@@ -70,7 +70,7 @@ fn version_and_help() {
 
 #[test]
 fn a_bad_configuration_names_file_key_and_value_and_exits_1() {
-    let dir = choria_provisioner::testing::temp_dir("cli-bad").unwrap();
+    let dir = choria_testkit::temp_dir("cli-bad").unwrap();
     let config = dir.join("p.yaml");
     std::fs::write(&config, "helper: /bin/true\ninterval: 10s\n").unwrap();
     let choria = dir.join("c.cfg");

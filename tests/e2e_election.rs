@@ -17,15 +17,15 @@
 //! killed one held, and picks them up at its next discovery (one `interval`, 1 minute, the
 //! slowest test here).
 
-mod support;
+use choria_testkit::harness as support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use choria_provisioner::choria::election::{BucketAdmin, DEFAULT_BUCKET, DEFAULT_KEY};
-use choria_provisioner::sim::report::Report;
-use choria_provisioner::testing::PROVISIONING_ACCOUNTS_CONF;
+use choria_broker::election::{BucketAdmin, DEFAULT_BUCKET, DEFAULT_KEY};
+use choria_fleet_sim::report::Report;
+use choria_testkit::PROVISIONING_ACCOUNTS_CONF;
 use support::{
     actions_in_time_order, caller_periods, scrape, unix_now, wait_for, Metrics, NodeAction,
     Provisioner, ProvisionerSetup, Sim, World,
@@ -623,10 +623,8 @@ fn a_killed_leaders_locked_nodes_are_picked_up_after_the_lock_expires() {
     // users refuses even with no_auth_user (protocol.md §8.5).
     let stage = ElectionWorld::start(Account::Plain);
     stage.create_bucket();
-    let verifier =
-        choria_provisioner::testing::vector_path("provisioner/host/testdata/jwt-signer-public.pem");
-    let signer =
-        choria_provisioner::testing::vector_path("provisioner/host/testdata/jwt-signer.pem");
+    let verifier = choria_testkit::vector_path("provisioner/host/testdata/jwt-signer-public.pem");
+    let signer = choria_testkit::vector_path("provisioner/host/testdata/jwt-signer.pem");
     // jwt first, so the lock is held well before configure; discovery waits for the slow
     // nodes' replies.
     let yaml = format!(

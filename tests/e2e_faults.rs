@@ -5,14 +5,14 @@
 //! foreign-lock nodes are skipped as owned elsewhere without counting an error. Healthy
 //! nodes end provisioned exactly once; the daemon answers /metrics throughout and exits 0.
 
-mod support;
+use choria_testkit::harness as support;
 
 use std::collections::BTreeMap;
 
-use choria_provisioner::sim::faults::{assign, Fault};
-use choria_provisioner::sim::node::NodeState;
-use choria_provisioner::sim::options::FaultFractions;
-use choria_provisioner::sim::report::{NodeReport, Report};
+use choria_fleet_sim::faults::{assign, Fault};
+use choria_fleet_sim::node::NodeState;
+use choria_fleet_sim::options::FaultFractions;
+use choria_fleet_sim::report::{NodeReport, Report};
 use support::*;
 
 const TOKEN: &str = "e2e-faults";

@@ -1,7 +1,7 @@
 //! End to end: the real provisioner provisions a 200-node simulated fleet completely over a
 //! real nats-server, insecure transport with RS256 provisioning JWTs (`features.jwt`).
 
-mod support;
+use choria_testkit::harness as support;
 
 use support::*;
 

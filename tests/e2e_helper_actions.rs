@@ -3,9 +3,9 @@
 //! `helper_shutdown_requests` counts it), and `upgrade` up and down (`release_update`, the
 //! node restarts on the new version, is provisioned again and ends in service there).
 
-mod support;
+use choria_testkit::harness as support;
 
-use choria_provisioner::sim::node::NodeState;
+use choria_fleet_sim::node::NodeState;
 use serde_json::json;
 use support::*;
 

@@ -3,9 +3,9 @@
 //! with `features.jwt` where the helper also hands the node a private key it made, which the
 //! provisioner transports encrypted (X25519 + legacy PEM) and the node decrypts.
 
-mod support;
+use choria_testkit::harness as support;
 
-use choria_provisioner::sim::report::Report;
+use choria_fleet_sim::report::Report;
 use support::*;
 
 const TOKEN: &str = "e2e-modes";
@@ -66,7 +66,7 @@ fn run_fleet(
     (report, metrics)
 }
 
-fn calls(node: &choria_provisioner::sim::report::NodeReport) -> Vec<&str> {
+fn calls(node: &choria_fleet_sim::report::NodeReport) -> Vec<&str> {
     node.record
         .actions
         .iter()

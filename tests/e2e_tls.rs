@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use choria_provisioner::choria::client_config::ConnectSettings;
-use choria_provisioner::choria::connection::{Connection, Subscription};
-use choria_provisioner::sim::node::NodeState;
-use choria_provisioner::sim::report::Report;
-use choria_provisioner::testing::{free_port, NatsServer};
+use choria_broker::connection::ConnectSettings;
+use choria_broker::connection::{Connection, Subscription};
+use choria_fleet_sim::node::NodeState;
+use choria_fleet_sim::report::Report;
+use choria_testkit::{free_port, NatsServer};
 use rsa::pkcs8::DecodePublicKey;
 use rsa::{Pkcs1v15Sign, RsaPublicKey};
 use serde_json::Value;
@@ -540,7 +540,7 @@ fn provisions_a_fleet_over_mutual_tls_with_signed_requests() {
     let report_path = provisioner.dir.path().join("sim-report.json");
     let sim_out = provisioner.dir.path().join("sim.out");
     let mut sim = Process {
-        child: Command::new(env!("CARGO_BIN_EXE_choria-fleet-sim"))
+        child: Command::new(choria_testkit::binary("choria-fleet-sim"))
             .arg("--broker")
             .arg(broker.url())
             .args(["--nodes", &NODES.to_string(), "--token", TOKEN])
@@ -686,7 +686,7 @@ fn an_untrusted_certificate_is_refused_cleanly_and_retried() {
         let lines = provisioner.wait_log_lines("could not connect to the broker", 2);
         for line in &lines {
             let want = format!(
-                "WARN  choria_provisioner::choria::connection: could not connect to the broker at {url}: {}{TLS_HINT}; retrying",
+                "WARN  choria_broker::connection: could not connect to the broker at {url}: {}{TLS_HINT}; retrying",
                 refusal.client_says
             );
             assert!(line.ends_with(&want), "{case}: {line:?}\nwanted {want:?}");

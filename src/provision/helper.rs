@@ -224,7 +224,7 @@ fn map_field(name: &str, value: &Value) -> Result<BTreeMap<String, String>, Stri
 
 /// Go's JSON escaping (one implementation, in `choria::protocol`).
 pub fn go_escape(json: &str) -> String {
-    crate::choria::protocol::go_escape(json.to_string())
+    choria_wire::json::go_escape(json.to_string())
 }
 
 /// Why running the helper for a node failed. Each names the helper and the node.
@@ -705,6 +705,11 @@ impl<'a> StderrLines<'a> {
         self.line.clear();
     }
 }
+
+#[cfg(test)]
+mod process_tests;
+#[cfg(test)]
+mod sample_tests;
 
 #[cfg(test)]
 mod tests {

@@ -30,16 +30,16 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
 
-use crate::choria::rpc::{max_tries, NodeRpc, RpcOutcome};
 use crate::config::Config;
-use crate::crypto::csr::{validate_csr, CsrError, DenyList};
-use crate::crypto::ed25519::verify_nonce_signature;
-use crate::crypto::jwt::{verify_provisioning_jwt, JwtError, VerifyKey};
-use crate::crypto::key_transport::{ecdh_keypair, ecdh_shared, encrypt_private_key, random_iv};
-use crate::crypto::server_jwt::{ServerJwtError, ServerJwtIssuer, ServerJwtRequest};
 use crate::fleet::{ProvisionCycle, ProvisionOutcome};
-use crate::gate::Gate;
 use crate::metrics::Metrics;
+use choria_broker::gate::Gate;
+use choria_broker::rpc::{max_tries, NodeRpc, RpcOutcome};
+use choria_crypto::csr::{validate_csr, CsrError, DenyList};
+use choria_crypto::ed25519::verify_nonce_signature;
+use choria_crypto::jwt::{verify_provisioning_jwt, JwtError, VerifyKey};
+use choria_crypto::key_transport::{ecdh_keypair, ecdh_shared, encrypt_private_key, random_iv};
+use choria_crypto::server_jwt::{ServerJwtError, ServerJwtIssuer, ServerJwtRequest};
 
 use helper::{go_escape, run_helper, split_command, CsrReply, Ed25519Reply, HelperError};
 use helper::{HelperInput, HelperOutput};
@@ -122,7 +122,7 @@ fn now_unix() -> u64 {
 /// A 32-lowercase-hex nonce shaped like Go's `choria.NewRequestID()` (a UUIDv4 without dashes).
 pub fn new_nonce() -> String {
     // Go uses choria.NewRequestID(): the same 32-hex UUIDv4 shape as request ids.
-    crate::choria::protocol::new_request_id()
+    choria_wire::v1::new_request_id()
 }
 
 fn failed(identity: &str, what: impl fmt::Display) -> ProvisionOutcome {
@@ -160,9 +160,11 @@ impl Cycle {
                     feature: "features.jwt",
                 });
             }
-            VerifyKey::load(&config.jwt_verify_cert).map_err(|source| CycleError::VerifyKey {
-                path: path.clone(),
-                source,
+            VerifyKey::load(&config.jwt_verify_cert, &read_file).map_err(|source| {
+                CycleError::VerifyKey {
+                    path: path.clone(),
+                    source,
+                }
             })?;
         }
         if config.features.ed25519 {
@@ -313,7 +315,7 @@ impl Cycle {
             return Err(failed(&identity, "could not validate JWT: no JWT received"));
         }
         // Read per node, as Go does, so a replaced key file takes effect without a restart.
-        let key = VerifyKey::load(&self.config.jwt_verify_cert).map_err(|e| {
+        let key = VerifyKey::load(&self.config.jwt_verify_cert, &read_file).map_err(|e| {
             failed(
                 &identity,
                 format!("could not validate JWT: jwt_verify_cert: {e}"),
@@ -637,7 +639,7 @@ fn load_issuer(config: &Config, now: u64) -> Result<ServerJwtIssuer, ServerJwtEr
     } else {
         Some(Path::new(&config.jwt_signing_token))
     };
-    ServerJwtIssuer::load(Path::new(&config.jwt_signing_key), token, now)
+    ServerJwtIssuer::load(Path::new(&config.jwt_signing_key), token, now, &read_file)
 }
 
 /// Every field Go's `configure` request carries; unset ones are empty strings or `{}`.
@@ -684,6 +686,14 @@ impl ProvisionCycle for Cycle {
         outcome
     }
 }
+
+/// The daemon's file reader for keys and tokens the configuration names.
+fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    std::fs::read(path)
+}
+
+#[cfg(test)]
+mod cycle_tests;
 
 #[cfg(test)]
 mod tests {

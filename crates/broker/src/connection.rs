@@ -1,0 +1,1132 @@
+//! The one long-lived broker connection of the daemon (spec/protocol.md §1, §5.1).
+//!
+//! Go's RPC client opens a publisher and a receiver connection per request; we keep one
+//! connection for the whole process, reconnecting without limit, and ONE wildcard reply
+//! subscription `provisioning.reply.<md5(callerid)>.>`. A dispatcher thread routes every reply
+//! by its request id (the last subject token, §1.1) to the bounded channel of the caller that
+//! registered that id; replies for ids nobody waits for (late answers after a timeout) are
+//! counted and dropped.
+//!
+//! Two traps of the blocking `nats` 0.26 crate are handled here (DESIGN.md, "Known traps"):
+//! - its flusher thread writes at most once per 5 ms, so a serial request/reply costs ~5 ms.
+//!   A "prompt flush" thread of ours pushes buffered publishes out at once with the crate's
+//!   PING/PONG `flush`; publishes made while one flush waits for its PONG share the next one,
+//!   so many requests in flight share each flush;
+//! - `nats::connect` sleeps 0–1 s of jitter before the first attempt; our reconnect delay
+//!   callback makes the first attempt immediate and keeps a backoff for later ones.
+//!
+//! Besides routed replies the connection offers plain subscriptions, a multi-subscription
+//! [`Inbox`] (the simulator's many per-node subjects), and [`Connection::request`]: a request
+//! with headers whose answer comes back on a lazily made `_INBOX.<random>.*` subscription,
+//! routed by id the same way (the election's JetStream writes use it).
+//!
+//! The `nats` crate marks every item deprecated in 0.26; that lint is allowed in this crate
+//! only, the one place that wraps it. No public signature mentions a `nats` type.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
+use parking_lot::Mutex;
+
+use choria_wire::choria_cfg::DEFAULT_TTL;
+use choria_wire::signing::Signer;
+use choria_wire::v1::{self, client, COLLECTIVE};
+
+/// How often background threads look at the closing flag.
+const POLL_SLICE: Duration = Duration::from_millis(100);
+
+/// How long `close` waits for the crate to flush and shut down before giving up on it.
+const CLOSE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Bound on one prompt flush (a PING/PONG round trip on a healthy link).
+const PROMPT_FLUSH_LIMIT: Duration = Duration::from_secs(2);
+
+/// TLS client files for the broker connection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TlsFiles {
+    pub certificate: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// What a connection connects and signs with. The daemon builds it from `choria.cfg` and its
+/// own settings; tests, benches and the simulator build it directly.
+#[derive(Clone)]
+pub struct ConnectSettings {
+    pub urls: Vec<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// Sent as the CONNECT `auth_token` (a provisioning-mode server presents its JWT so).
+    pub token: Option<String>,
+    pub tls: Option<TlsFiles>,
+    pub signer: Signer,
+    pub identity: String,
+    pub caller_id: String,
+    pub discovery_timeout: Duration,
+    pub ttl: u64,
+}
+
+impl fmt::Debug for ConnectSettings {
+    // The password and the token are secrets: only whether they are set is shown.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let set = |v: &Option<String>| if v.is_some() { "set" } else { "unset" };
+        f.debug_struct("ConnectSettings")
+            .field("urls", &self.urls)
+            .field("user", &self.user)
+            .field("password", &set(&self.password))
+            .field("token", &set(&self.token))
+            .field("tls", &self.tls)
+            .field("signer", &self.signer)
+            .field("identity", &self.identity)
+            .field("caller_id", &self.caller_id)
+            .field("discovery_timeout", &self.discovery_timeout)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+impl ConnectSettings {
+    /// Plain TCP to one broker, no credentials, unsigned requests (`choria_insecure`), for
+    /// tests, benchmarks and observers; `ttl` is Go's default.
+    pub fn insecure(url: &str, identity: &str, discovery_timeout: Duration) -> ConnectSettings {
+        ConnectSettings {
+            urls: vec![url.to_string()],
+            user: None,
+            password: None,
+            token: None,
+            tls: None,
+            signer: Signer::Insecure,
+            identity: identity.to_string(),
+            caller_id: format!("choria={identity}"),
+            discovery_timeout,
+            ttl: DEFAULT_TTL,
+        }
+    }
+}
+
+/// What went wrong talking to the broker.
+#[derive(Debug)]
+pub enum ConnectionError {
+    /// A URL in `plugin.choria.middleware_hosts` the client could not parse.
+    BadUrl {
+        url: String,
+        source: io::Error,
+    },
+    /// A TLS file named in the client configuration is missing or unreadable.
+    TlsFile {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// No broker in the list accepted the connection.
+    Connect {
+        urls: String,
+        source: io::Error,
+        /// What to check, when we can tell (e.g. the TLS files for a TLS failure).
+        hint: &'static str,
+    },
+    Publish {
+        subject: String,
+        source: io::Error,
+    },
+    Subscribe {
+        subject: String,
+        source: io::Error,
+    },
+    /// The round trip to the broker failed or timed out.
+    Flush {
+        source: io::Error,
+    },
+    /// A subject we were asked to build is not valid (e.g. a wildcard in a component).
+    BadSubject {
+        subject: String,
+        reason: &'static str,
+    },
+    /// A background thread could not be started.
+    Thread {
+        name: String,
+        source: io::Error,
+    },
+    /// The connection was closed by `close`.
+    Closed,
+}
+
+impl fmt::Display for ConnectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectionError::BadUrl { url, source } => {
+                write!(f, "invalid broker URL {url:?}: {source}")
+            }
+            ConnectionError::TlsFile { what, path, source } => {
+                write!(f, "TLS {what} file {}: {source}", path.display())
+            }
+            ConnectionError::Connect { urls, source, hint } => {
+                write!(
+                    f,
+                    "could not connect to the broker at {urls}: {source}{hint}"
+                )
+            }
+            ConnectionError::Publish { subject, source } => {
+                write!(f, "could not publish to {subject}: {source}")
+            }
+            ConnectionError::Subscribe { subject, source } => {
+                write!(f, "could not subscribe to {subject}: {source}")
+            }
+            ConnectionError::Flush { source } => {
+                write!(f, "round trip to the broker failed: {source}")
+            }
+            ConnectionError::BadSubject { subject, reason } => {
+                write!(f, "invalid subject part {subject:?}: {reason}")
+            }
+            ConnectionError::Thread { name, source } => {
+                write!(f, "could not start thread {name}: {source}")
+            }
+            ConnectionError::Closed => f.write_str("the broker connection is closed"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectionError {}
+
+/// Tuning knobs for [`Connection::connect_with`]; the defaults are what the daemon uses.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Flush publishes at once instead of waiting for the crate's 5 ms flusher (see module
+    /// docs). Off only to measure the difference in `benches/rpc.rs`.
+    pub prompt_flush: bool,
+    /// Subscribe to our reply subjects and route replies to [`Connection::expect_replies`]
+    /// callers. Off for a connection that never sends requests (the simulator's nodes).
+    pub reply_routing: bool,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            prompt_flush: true,
+            reply_routing: true,
+        }
+    }
+}
+
+/// `provisioning.reply.<md5hex(caller_id)>.` — the prefix of every reply subject of ours
+/// (§1.1; Go builds the same, so a Choria Broker's subscribe permissions accept it).
+pub fn reply_prefix(caller_id: &str) -> String {
+    v1::reply_subject(COLLECTIVE, caller_id, "")
+}
+
+/// The broker connection. Cheap to clone; all clones share one link and its threads.
+#[derive(Clone)]
+pub struct Connection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nats: nats::Connection,
+    settings: ConnectSettings,
+    reply_prefix: String,
+    /// `_INBOX.<random>.` once the first [`Connection::request`] subscribed it.
+    inbox_prefix: Mutex<Option<String>>,
+    /// request id → the waiting caller's channel (ids are unique across both prefixes).
+    waiters: Mutex<HashMap<String, Sender<Delivery>>>,
+    connected: Arc<AtomicBool>,
+    closing: Arc<AtomicBool>,
+    flush_kick: Option<Sender<()>>,
+    threads: Mutex<Vec<(JoinHandle<()>, Receiver<()>)>>,
+    unknown_replies: AtomicU64,
+    overflowed_replies: AtomicU64,
+}
+
+impl Connection {
+    /// Connects to the first broker in `settings.urls` that answers (one pass over the list,
+    /// no jitter), then keeps the link up forever: reconnects have no limit.
+    pub fn connect(settings: &ConnectSettings, name: &str) -> Result<Connection, ConnectionError> {
+        Connection::connect_with(settings, name, ConnectOptions::default())
+    }
+
+    /// As [`Connection::connect`], but retries the first connection with the FiveSec backoff
+    /// until it succeeds or `give_up()` says to stop (checked between tries, in small
+    /// slices), for a daemon that starts before its broker.
+    pub fn connect_patiently(
+        settings: &ConnectSettings,
+        name: &str,
+        give_up: &dyn Fn() -> bool,
+    ) -> Result<Connection, ConnectionError> {
+        let mut attempt = 0usize;
+        loop {
+            match Connection::connect(settings, name) {
+                Ok(conn) => return Ok(conn),
+                Err(err @ ConnectionError::Connect { .. }) => {
+                    log::warn!("{err}; retrying");
+                    let pause = crate::rpc::five_sec_backoff(attempt);
+                    attempt += 1;
+                    let end = Instant::now() + pause;
+                    while Instant::now() < end {
+                        if give_up() {
+                            return Err(err);
+                        }
+                        std::thread::sleep(POLL_SLICE.min(end - Instant::now()));
+                    }
+                    if give_up() {
+                        return Err(err);
+                    }
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    /// Connects with explicit [`ConnectOptions`].
+    pub fn connect_with(
+        settings: &ConnectSettings,
+        name: &str,
+        tuning: ConnectOptions,
+    ) -> Result<Connection, ConnectionError> {
+        let mut servers = Vec::with_capacity(settings.urls.len());
+        for url in &settings.urls {
+            let parsed: nats::ServerAddress =
+                url.parse().map_err(|source| ConnectionError::BadUrl {
+                    url: url.clone(),
+                    source,
+                })?;
+            servers.push(parsed);
+        }
+        if servers.is_empty() {
+            return Err(ConnectionError::Connect {
+                urls: String::from("(none)"),
+                source: io::Error::new(io::ErrorKind::InvalidInput, "no broker URLs configured"),
+                hint: "",
+            });
+        }
+
+        let mut options = match (&settings.user, &settings.password, &settings.token) {
+            (Some(user), password, _) => {
+                nats::Options::with_user_pass(user, password.as_deref().unwrap_or(""))
+            }
+            (None, _, Some(token)) => nats::Options::with_token(token.trim()),
+            _ => nats::Options::new(),
+        };
+        if let Some(tls) = &settings.tls {
+            check_readable("certificate", &tls.certificate)?;
+            check_readable("key", &tls.key)?;
+            check_readable("CA", &tls.ca)?;
+            options = options
+                .tls_required(true)
+                .client_cert(&tls.certificate, &tls.key)
+                .add_root_certificate(&tls.ca);
+        }
+
+        let connected = Arc::new(AtomicBool::new(false));
+        let on_disconnect = connected.clone();
+        let on_reconnect = connected.clone();
+        let conn_name = name.to_string();
+        let closing = Arc::new(AtomicBool::new(false));
+        let closing_seen = closing.clone();
+        options = options
+            .with_name(name)
+            .max_reconnects(None)
+            .reconnect_delay_callback(reconnect_delay)
+            .disconnect_callback(move || {
+                on_disconnect.store(false, Ordering::SeqCst);
+                // Our own close disconnects too; that is not news.
+                if !closing_seen.load(Ordering::SeqCst) {
+                    log::warn!("broker connection {conn_name} lost; reconnecting");
+                }
+            })
+            .reconnect_callback(move || {
+                on_reconnect.store(true, Ordering::SeqCst);
+                log::info!("broker connection reconnected");
+            })
+            .error_callback(|err| log::warn!("broker reported: {err}"));
+
+        let urls = settings.urls.join(",");
+        let nats = options
+            .connect(servers)
+            .map_err(|source| {
+                let text = source.to_string();
+                let tls_trouble = settings.tls.is_some()
+                    && (text.contains("TLS") || text.contains("certificate"));
+                ConnectionError::Connect {
+                    urls: urls.clone(),
+                    source,
+                    hint: if tls_trouble {
+                        " (check plugin.security.file.certificate, .key and .ca in the Choria client configuration, and the broker's CA)"
+                    } else {
+                        ""
+                    },
+                }
+            })?;
+        connected.store(true, Ordering::SeqCst);
+
+        let prefix = reply_prefix(&settings.caller_id);
+        let reply_sub = if tuning.reply_routing {
+            let wildcard = format!("{prefix}>");
+            let sub = nats
+                .subscribe(&wildcard)
+                .map_err(|source| ConnectionError::Subscribe {
+                    subject: wildcard.clone(),
+                    source,
+                })?;
+            Some(sub)
+        } else {
+            None
+        };
+
+        let (flush_kick, flush_wanted) = if tuning.prompt_flush {
+            let (tx, rx) = bounded::<()>(1);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+
+        let inner = Arc::new(Inner {
+            nats,
+            settings: settings.clone(),
+            reply_prefix: prefix,
+            inbox_prefix: Mutex::new(None),
+            waiters: Mutex::new(HashMap::new()),
+            connected,
+            closing,
+            flush_kick,
+            threads: Mutex::new(Vec::new()),
+            unknown_replies: AtomicU64::new(0),
+            overflowed_replies: AtomicU64::new(0),
+        });
+        let conn = Connection { inner };
+
+        // The threads share `Inner` and run until `close`: the daemon closes the connection
+        // once at shutdown; dropping the handles alone does not stop them.
+        if let Some(reply_sub) = reply_sub {
+            let dispatcher = conn.inner.clone();
+            let prefix = dispatcher.reply_prefix.clone();
+            conn.spawn("broker-replies", move || {
+                dispatch_replies(&dispatcher, reply_sub, &prefix)
+            })?;
+        }
+        if let Some(wanted) = flush_wanted {
+            let flusher = conn.inner.clone();
+            conn.spawn("broker-flush", move || prompt_flush(&flusher, wanted))?;
+        }
+        Ok(conn)
+    }
+
+    fn spawn(
+        &self,
+        name: &str,
+        body: impl FnOnce() + Send + 'static,
+    ) -> Result<(), ConnectionError> {
+        let (done_tx, done_rx) = bounded::<()>(1);
+        let handle = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                body();
+                let _ = done_tx.send(());
+            })
+            .map_err(|source| {
+                self.close();
+                ConnectionError::Thread {
+                    name: name.to_string(),
+                    source,
+                }
+            })?;
+        self.inner.threads.lock().push((handle, done_rx));
+        Ok(())
+    }
+
+    /// The settings this connection was made with (identity, caller id, signer, timeouts).
+    pub fn settings(&self) -> &ConnectSettings {
+        &self.inner.settings
+    }
+
+    /// Publishes one message. While the link is down the crate buffers up to 8 MiB and sends
+    /// it after the reconnect.
+    pub fn publish(&self, subject: &str, payload: &[u8]) -> Result<(), ConnectionError> {
+        if self.inner.closing.load(Ordering::SeqCst) {
+            return Err(ConnectionError::Closed);
+        }
+        self.inner
+            .nats
+            .publish(subject, payload)
+            .map_err(|source| ConnectionError::Publish {
+                subject: subject.to_string(),
+                source,
+            })?;
+        if let Some(kick) = &self.inner.flush_kick {
+            // Full means a flush is already due; it will carry this message too.
+            let _ = kick.try_send(());
+        }
+        Ok(())
+    }
+
+    /// A plain subscription (no queue group).
+    pub fn subscribe(&self, subject: &str) -> Result<Subscription, ConnectionError> {
+        if self.inner.closing.load(Ordering::SeqCst) {
+            return Err(ConnectionError::Closed);
+        }
+        let sub =
+            self.inner
+                .nats
+                .subscribe(subject)
+                .map_err(|source| ConnectionError::Subscribe {
+                    subject: subject.to_string(),
+                    source,
+                })?;
+        Ok(Subscription {
+            sub,
+            subject: subject.to_string(),
+        })
+    }
+
+    /// The broker URL to record as our `seen-by` hop (§2.1): known only when one broker is
+    /// configured, since the crate does not say which of several it picked.
+    pub fn seen_by_url(&self) -> Option<&str> {
+        match self.inner.settings.urls.as_slice() {
+            [only] => Some(only.as_str()),
+            _ => None,
+        }
+    }
+
+    /// Encodes a request the way Go's connector publishes it, with our `seen-by` hop when
+    /// the broker URL is known.
+    pub fn encode_request(
+        &self,
+        spec: &client::RequestSpec,
+        reply_to: &str,
+    ) -> Result<Vec<u8>, v1::ProtocolError> {
+        let signer = &self.inner.settings.signer;
+        match self.seen_by_url() {
+            Some(url) => client::encode_request_via(spec, reply_to, signer, url),
+            None => client::encode_request(spec, reply_to, signer),
+        }
+    }
+
+    /// A round trip to the broker: when it returns `Ok`, everything sent before (publishes,
+    /// subscriptions) has been processed by the broker. Refused while disconnected, where
+    /// the crate would wait for the reconnect without bound.
+    pub fn flush(&self, timeout: Duration) -> Result<(), ConnectionError> {
+        if self.inner.closing.load(Ordering::SeqCst) {
+            return Err(ConnectionError::Closed);
+        }
+        let not_connected = || ConnectionError::Flush {
+            source: io::Error::new(io::ErrorKind::NotConnected, "not connected to the broker"),
+        };
+        if !self.inner.connected.load(Ordering::SeqCst) {
+            return Err(not_connected());
+        }
+        self.inner
+            .nats
+            .flush_timeout(timeout)
+            .map_err(|source| ConnectionError::Flush { source })
+    }
+
+    /// Where replies to `request_id` must be sent: `provisioning.reply.<md5(caller)>.<id>`.
+    pub fn reply_subject(&self, request_id: &str) -> String {
+        format!("{}{request_id}", self.inner.reply_prefix)
+    }
+
+    /// Registers interest in the replies to `request_id` BEFORE the request is published, so
+    /// no fast reply is lost. `capacity` bounds the replies held for the caller; more are
+    /// counted and dropped. Dropping the waiter unregisters it.
+    pub fn expect_replies(&self, request_id: &str, capacity: usize) -> ReplyWaiter {
+        let (tx, rx) = bounded(capacity.max(1));
+        self.inner.waiters.lock().insert(request_id.to_string(), tx);
+        ReplyWaiter {
+            inner: self.inner.clone(),
+            request_id: request_id.to_string(),
+            replies: rx,
+        }
+    }
+
+    /// Replies that arrived for a request id nobody waits for (late or stray), since start.
+    pub fn unknown_replies(&self) -> u64 {
+        self.inner.unknown_replies.load(Ordering::Relaxed)
+    }
+
+    /// Replies dropped because their caller's channel was full, since start.
+    pub fn overflowed_replies(&self) -> u64 {
+        self.inner.overflowed_replies.load(Ordering::Relaxed)
+    }
+
+    /// Whether the link is up right now (it may drop the next moment).
+    pub fn is_connected(&self) -> bool {
+        self.inner.connected.load(Ordering::SeqCst)
+    }
+
+    /// Publishes `body` to `subject` with `headers` and a fresh reply subject of ours, and
+    /// waits up to `timeout` for the one answer. Used for JetStream API calls (the election),
+    /// whose answers go to `_INBOX.<random>.<id>` as nats.go's requests do.
+    pub fn request(
+        &self,
+        subject: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, RequestError> {
+        if self.inner.closing.load(Ordering::SeqCst) {
+            return Err(RequestError::Transport(ConnectionError::Closed.to_string()));
+        }
+        let prefix = self
+            .inbox_prefix()
+            .map_err(|e| RequestError::Transport(e.to_string()))?;
+        let id = v1::new_request_id();
+        let reply_to = format!("{prefix}{id}");
+        let (tx, rx) = bounded(1);
+        self.inner.waiters.lock().insert(id.clone(), tx);
+        let waiter = ReplyWaiter {
+            inner: self.inner.clone(),
+            request_id: id,
+            replies: rx,
+        };
+        let header_map = if headers.is_empty() {
+            None
+        } else {
+            let mut map = nats::HeaderMap::new();
+            for (name, value) in headers {
+                map.insert(*name, value.to_string());
+            }
+            Some(map)
+        };
+        self.inner
+            .nats
+            .publish_with_reply_or_headers(subject, Some(&reply_to), header_map.as_ref(), body)
+            .map_err(|e| RequestError::Transport(e.to_string()))?;
+        if let Some(kick) = &self.inner.flush_kick {
+            let _ = kick.try_send(());
+        }
+        match waiter.replies.recv_timeout(timeout) {
+            Ok(delivery) if delivery.no_responders => Err(RequestError::NoResponders),
+            Ok(delivery) => Ok(delivery.data),
+            Err(_) => Err(RequestError::Timeout),
+        }
+    }
+
+    /// Our `_INBOX.<random>.` prefix, subscribed (with its dispatcher thread) on first use.
+    fn inbox_prefix(&self) -> Result<String, ConnectionError> {
+        let mut slot = self.inner.inbox_prefix.lock();
+        if let Some(prefix) = slot.as_ref() {
+            return Ok(prefix.clone());
+        }
+        let prefix = format!("{}.", self.inner.nats.new_inbox());
+        let wildcard = format!("{prefix}*");
+        let sub =
+            self.inner
+                .nats
+                .subscribe(&wildcard)
+                .map_err(|source| ConnectionError::Subscribe {
+                    subject: wildcard.clone(),
+                    source,
+                })?;
+        let dispatcher = self.inner.clone();
+        let routed = prefix.clone();
+        self.spawn("broker-inbox", move || {
+            dispatch_replies(&dispatcher, sub, &routed)
+        })?;
+        *slot = Some(prefix.clone());
+        Ok(prefix)
+    }
+
+    /// Closes the link abruptly, as a crash would leave it: no release, no further writes.
+    #[cfg(feature = "test-support")]
+    pub fn sever(&self) {
+        self.inner.nats.clone().close();
+    }
+
+    /// Stops our threads, flushes and closes the link. Idempotent. Bounded: if the broker is
+    /// unreachable the crate's close would wait for a reconnect forever, so it is skipped
+    /// (nothing buffered could be delivered anyway) and the crate's threads end with the
+    /// process.
+    pub fn close(&self) {
+        if self.inner.closing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.inner.waiters.lock().clear();
+        if self.inner.connected.load(Ordering::SeqCst) {
+            let nats = self.inner.nats.clone();
+            let (done_tx, done_rx) = bounded::<()>(1);
+            match std::thread::Builder::new()
+                .name("broker-close".into())
+                .spawn(move || {
+                    nats.close();
+                    let _ = done_tx.send(());
+                }) {
+                Ok(handle) => join_bounded("broker-close", handle, &done_rx, CLOSE_LIMIT),
+                Err(err) => log::warn!("could not start broker-close thread: {err}"),
+            }
+        } else {
+            log::warn!("closing while disconnected from the broker; buffered messages are lost");
+        }
+        let threads: Vec<_> = self.inner.threads.lock().drain(..).collect();
+        for (handle, done) in threads {
+            let name = handle.thread().name().unwrap_or("broker").to_string();
+            join_bounded(&name, handle, &done, CLOSE_LIMIT);
+        }
+    }
+}
+
+/// Joins `handle` if it signals `done` within `limit`; otherwise leaves it (logged). Only a
+/// thread stuck inside the crate on a dead link can miss the bound.
+fn join_bounded(name: &str, handle: JoinHandle<()>, done: &Receiver<()>, limit: Duration) {
+    match done.recv_timeout(limit) {
+        Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+            if handle.join().is_err() {
+                log::error!("thread {name} panicked");
+            }
+        }
+        Err(RecvTimeoutError::Timeout) => {
+            log::warn!("thread {name} did not end within {limit:?}; leaving it to process exit")
+        }
+    }
+}
+
+fn check_readable(what: &'static str, path: &Path) -> Result<(), ConnectionError> {
+    std::fs::File::open(path)
+        .map(|_| ())
+        .map_err(|source| ConnectionError::TlsFile {
+            what,
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// First attempt at once (the crate's default sleeps 0–1 s even then); later attempts back
+/// off 100 ms, 200 ms, … up to 4 s, plus up to 25 % jitter so a fleet of provisioners does not
+/// reconnect in lock step.
+fn reconnect_delay(attempt: usize) -> Duration {
+    if attempt == 0 {
+        return Duration::ZERO;
+    }
+    let exp = (attempt - 1).min(6) as u32;
+    let base_ms = (100u64 << exp).min(4_000);
+    let jitter_ms = rand::random::<u64>() % (base_ms / 4 + 1);
+    Duration::from_millis(base_ms + jitter_ms)
+}
+
+/// One routed message: its payload, and whether it is the broker's "no responders" status.
+struct Delivery {
+    data: Vec<u8>,
+    no_responders: bool,
+}
+
+/// A reply dispatcher: one thread reading one wildcard subscription whose last subject token
+/// after `prefix` is the request id.
+fn dispatch_replies(inner: &Inner, sub: nats::Subscription, prefix: &str) {
+    while !inner.closing.load(Ordering::SeqCst) {
+        let msg = match sub.next_timeout(POLL_SLICE) {
+            Ok(msg) => msg,
+            Err(err)
+                if err.kind() == io::ErrorKind::TimedOut
+                    || err.kind() == io::ErrorKind::Interrupted =>
+            {
+                continue
+            }
+            Err(err) => {
+                if !inner.closing.load(Ordering::SeqCst) {
+                    log::error!("reply subscription ended: {err}");
+                }
+                break;
+            }
+        };
+        let request_id = match msg.subject.strip_prefix(prefix) {
+            Some(rest) => rest,
+            None => {
+                inner.unknown_replies.fetch_add(1, Ordering::Relaxed);
+                log::debug!("dropping reply on unexpected subject {}", msg.subject);
+                continue;
+            }
+        };
+        let waiter = inner.waiters.lock().get(request_id).cloned();
+        match waiter {
+            Some(tx) => match tx.try_send(Delivery {
+                no_responders: msg.is_no_responders(),
+                data: msg.data,
+            }) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => {
+                    inner.overflowed_replies.fetch_add(1, Ordering::Relaxed);
+                    log::warn!("dropping a reply to request {request_id}: its queue is full");
+                }
+                Err(TrySendError::Disconnected(_)) => {
+                    inner.unknown_replies.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+            None => {
+                inner.unknown_replies.fetch_add(1, Ordering::Relaxed);
+                log::debug!("dropping a reply to request {request_id}: nobody is waiting for it");
+            }
+        }
+    }
+}
+
+/// The prompt flusher: flushes as soon as something was published, one flush at a time.
+fn prompt_flush(inner: &Inner, wanted: Receiver<()>) {
+    while !inner.closing.load(Ordering::SeqCst) {
+        match wanted.recv_timeout(POLL_SLICE) {
+            Ok(()) => {
+                // While disconnected the crate's flush would wait for the reconnect; the
+                // crate sends its reconnect buffer by itself then.
+                if inner.connected.load(Ordering::SeqCst) && !inner.closing.load(Ordering::SeqCst) {
+                    if let Err(err) = inner.nats.flush_timeout(PROMPT_FLUSH_LIMIT) {
+                        log::debug!("prompt flush failed: {err}");
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+}
+
+/// Why a [`Connection::request`] got no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestError {
+    /// The broker said nobody subscribes to the subject.
+    NoResponders,
+    /// No answer within the timeout.
+    Timeout,
+    /// The request could not be sent (closed, or an I/O failure).
+    Transport(String),
+}
+
+impl fmt::Display for RequestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestError::NoResponders => f.write_str("no responders"),
+            RequestError::Timeout => f.write_str("no reply in time"),
+            RequestError::Transport(reason) => f.write_str(reason),
+        }
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+/// Many subscriptions read as one stream, each message tagged with the `T` its subscription
+/// was made with: how the simulator's receive thread serves the per-node subjects of all the
+/// nodes sharing one connection.
+pub struct Inbox<T> {
+    subs: Vec<(T, nats::Subscription)>,
+}
+
+/// One message from an [`Inbox`].
+pub struct Inbound<T> {
+    pub tag: T,
+    pub subject: String,
+    pub data: Vec<u8>,
+}
+
+impl<T: Copy> Default for Inbox<T> {
+    fn default() -> Self {
+        Inbox { subs: Vec::new() }
+    }
+}
+
+impl<T: Copy> Inbox<T> {
+    /// Adds a plain subscription to `subject` on `conn`, tagged `tag`.
+    pub fn subscribe(
+        &mut self,
+        conn: &Connection,
+        subject: &str,
+        tag: T,
+    ) -> Result<(), ConnectionError> {
+        if conn.inner.closing.load(Ordering::SeqCst) {
+            return Err(ConnectionError::Closed);
+        }
+        let sub =
+            conn.inner
+                .nats
+                .subscribe(subject)
+                .map_err(|source| ConnectionError::Subscribe {
+                    subject: subject.to_string(),
+                    source,
+                })?;
+        self.subs.push((tag, sub));
+        Ok(())
+    }
+
+    /// The next message on any subscription, waiting at most `limit`.
+    pub fn next(&self, limit: Duration) -> Option<Inbound<T>> {
+        if self.subs.is_empty() {
+            std::thread::sleep(limit);
+            return None;
+        }
+        let mut select = crossbeam_channel::Select::new();
+        for (_, sub) in &self.subs {
+            select.recv(sub.receiver());
+        }
+        let operation = select.select_timeout(limit).ok()?;
+        let index = operation.index();
+        let (tag, sub) = &self.subs[index];
+        let message = operation.recv(sub.receiver()).ok()?;
+        Some(Inbound {
+            tag: *tag,
+            subject: message.subject,
+            data: message.data,
+        })
+    }
+}
+
+/// Replies to one request id, as registered by [`Connection::expect_replies`].
+pub struct ReplyWaiter {
+    inner: Arc<Inner>,
+    request_id: String,
+    replies: Receiver<Delivery>,
+}
+
+impl ReplyWaiter {
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// Replies queued right now.
+    pub fn queued(&self) -> usize {
+        self.replies.len()
+    }
+
+    /// The next reply's transport bytes, or `None` once `deadline` passes (or on close).
+    pub fn next_until(&self, deadline: Instant) -> Option<Vec<u8>> {
+        let now = Instant::now();
+        let delivery = if now >= deadline {
+            self.replies.try_recv().ok()
+        } else {
+            self.replies.recv_deadline(deadline).ok()
+        };
+        delivery.map(|d| d.data)
+    }
+}
+
+impl Drop for ReplyWaiter {
+    fn drop(&mut self) {
+        self.inner.waiters.lock().remove(&self.request_id);
+    }
+}
+
+/// A plain subscription on the shared connection.
+#[derive(Clone)]
+pub struct Subscription {
+    sub: nats::Subscription,
+    subject: String,
+}
+
+impl Subscription {
+    /// The next message's payload, or `None` after `timeout` (or once the connection closed).
+    /// An interrupted wait (EINTR while signals arrive) is retried within the same bound.
+    pub fn next_timeout(&self, timeout: Duration) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.sub.next_timeout(left) {
+                Ok(msg) => return Some(msg.data),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use choria_testkit::NatsServer;
+
+    fn settings(url: &str) -> ConnectSettings {
+        ConnectSettings::insecure(url, "provisioner.test", Duration::from_secs(2))
+    }
+
+    fn wait_for(limit: Duration, what: &str, cond: impl Fn() -> bool) {
+        let end = Instant::now() + limit;
+        while !cond() {
+            assert!(Instant::now() < end, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn replies_reach_the_caller_that_registered_their_id_and_strays_are_counted() {
+        let server = NatsServer::start().expect("nats-server");
+        let conn = Connection::connect(&settings(&server.url()), "test").expect("connect");
+        let first = conn.expect_replies("aaaa", 4);
+        let second = conn.expect_replies("bbbb", 4);
+        conn.publish(&conn.reply_subject("bbbb"), b"to-b").unwrap();
+        conn.publish(&conn.reply_subject("aaaa"), b"to-a").unwrap();
+        conn.publish(&conn.reply_subject("nobody"), b"stray")
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert_eq!(first.next_until(deadline), Some(b"to-a".to_vec()));
+        assert_eq!(second.next_until(deadline), Some(b"to-b".to_vec()));
+        wait_for(Duration::from_secs(10), "the stray reply", || {
+            conn.unknown_replies() == 1
+        });
+        // A dropped waiter unregisters: its late replies count as unknown.
+        drop(first);
+        conn.publish(&conn.reply_subject("aaaa"), b"late").unwrap();
+        wait_for(Duration::from_secs(10), "the late reply", || {
+            conn.unknown_replies() == 2
+        });
+        assert_eq!(second.next_until(Instant::now()), None);
+        conn.close();
+        conn.close();
+        assert!(matches!(
+            conn.publish("x", b"y"),
+            Err(ConnectionError::Closed)
+        ));
+    }
+
+    #[test]
+    fn a_full_reply_queue_drops_and_counts_the_excess() {
+        let server = NatsServer::start().expect("nats-server");
+        let conn = Connection::connect(&settings(&server.url()), "test").expect("connect");
+        let waiter = conn.expect_replies("cccc", 2);
+        for _ in 0..3 {
+            conn.publish(&conn.reply_subject("cccc"), b"r").unwrap();
+        }
+        wait_for(Duration::from_secs(10), "the overflow", || {
+            conn.overflowed_replies() == 1
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert!(waiter.next_until(deadline).is_some());
+        assert!(waiter.next_until(deadline).is_some());
+        assert_eq!(waiter.next_until(Instant::now()), None);
+        conn.close();
+    }
+
+    #[test]
+    fn survives_a_broker_restart() {
+        let mut server = NatsServer::start().expect("nats-server");
+        let conn = Connection::connect(&settings(&server.url()), "test").expect("connect");
+        let sub = conn.subscribe("test.subject").unwrap();
+        conn.publish("test.subject", b"before").unwrap();
+        assert_eq!(
+            sub.next_timeout(Duration::from_secs(10)),
+            Some(b"before".to_vec())
+        );
+        server.restart().expect("restart");
+        wait_for(Duration::from_secs(30), "the reconnect", || {
+            conn.is_connected()
+        });
+        // Subscriptions are restored by the crate after a reconnect.
+        let waiter = conn.expect_replies("dddd", 1);
+        let mut got = None;
+        for _ in 0..50 {
+            conn.publish("test.subject", b"after").unwrap();
+            conn.publish(&conn.reply_subject("dddd"), b"reply").unwrap();
+            got = sub.next_timeout(Duration::from_millis(200));
+            if got.is_some() {
+                break;
+            }
+        }
+        assert_eq!(got, Some(b"after".to_vec()));
+        assert!(waiter
+            .next_until(Instant::now() + Duration::from_secs(10))
+            .is_some());
+        conn.close();
+    }
+
+    #[test]
+    fn user_and_password_are_sent_when_configured() {
+        let server = NatsServer::start_with(
+            "authorization { users: [ { user: provisioner, password: s3cret } ] }",
+        )
+        .expect("nats-server");
+        for (user, password, accepted) in [
+            (Some("provisioner"), Some("s3cret"), true),
+            (Some("provisioner"), Some("wrong"), false),
+            (None, None, false),
+        ] {
+            let mut with_auth = settings(&server.url());
+            with_auth.user = user.map(String::from);
+            with_auth.password = password.map(String::from);
+            match Connection::connect(&with_auth, "auth-test") {
+                Ok(conn) => {
+                    assert!(accepted, "{user:?}/{password:?} should be refused");
+                    conn.flush(Duration::from_secs(10)).expect("round trip");
+                    conn.close();
+                }
+                Err(err) => assert!(!accepted, "{user:?}/{password:?}: {err}"),
+            }
+        }
+    }
+
+    #[test]
+    fn patient_connect_gives_up_when_told() {
+        let port = choria_testkit::free_port().unwrap();
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let give_up = || calls.fetch_add(1, Ordering::SeqCst) >= 2;
+        let result = Connection::connect_patiently(
+            &settings(&format!("nats://127.0.0.1:{port}")),
+            "t",
+            &give_up,
+        );
+        assert!(matches!(result, Err(ConnectionError::Connect { .. })));
+        assert!(calls.load(Ordering::SeqCst) >= 3);
+    }
+
+    #[test]
+    fn connect_errors_name_what_was_wrong() {
+        let port = choria_testkit::free_port().unwrap();
+        let err = Connection::connect(&settings(&format!("nats://127.0.0.1:{port}")), "t")
+            .err()
+            .expect("nothing listens there");
+        assert!(
+            err.to_string().contains(&format!("127.0.0.1:{port}")),
+            "{err}"
+        );
+
+        let mut with_tls = settings(&format!("nats://127.0.0.1:{port}"));
+        with_tls.tls = Some(TlsFiles {
+            certificate: "/nonexistent/cert.pem".into(),
+            key: "/nonexistent/key.pem".into(),
+            ca: "/nonexistent/ca.pem".into(),
+        });
+        let err = Connection::connect(&with_tls, "t")
+            .err()
+            .expect("missing files");
+        assert!(err.to_string().contains("/nonexistent/cert.pem"), "{err}");
+
+        let err = Connection::connect(&settings("nats://[::1"), "t")
+            .err()
+            .expect("bad url");
+        assert!(err.to_string().contains("nats://[::1"), "{err}");
+    }
+
+    #[test]
+    fn reply_prefix_is_md5_of_the_caller_id() {
+        // §1.1: md5("choria=provisioner.example.net").
+        assert_eq!(
+            reply_prefix("choria=provisioner.example.net"),
+            "provisioning.reply.6079c8d10a2ceceb5904de01a22e9b41."
+        );
+        let caller = "choria=provisioner.example.net";
+        assert_eq!(
+            format!("{}0123", reply_prefix(caller)),
+            v1::reply_subject(COLLECTIVE, caller, "0123")
+        );
+    }
+
+    #[test]
+    fn first_reconnect_is_immediate_and_later_ones_back_off_bounded() {
+        assert_eq!(reconnect_delay(0), Duration::ZERO);
+        for (attempt, low, high) in [
+            (1, 100, 125),
+            (2, 200, 250),
+            (5, 1_600, 2_000),
+            (7, 4_000, 5_000),
+            (1_000, 4_000, 5_000),
+        ] {
+            let ms = reconnect_delay(attempt).as_millis() as u64;
+            assert!(
+                (low..=high).contains(&ms),
+                "attempt {attempt}: {ms} ms not in {low}..={high}"
+            );
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Broadcast discovery (spec/protocol.md §4.3): one `ping` to the `discovery` agent of every
+//! server that has `choria_provision` loaded, and the distinct senders of the replies.
+//!
+//! The window slides: it ends 300 ms after the last reply, and never later than
+//! `discovery_timeout` after the ping. Like Go, only the transport header `mc_sender` of a
+//! reply is read (no hash or envelope check); the fleet de-duplicates by identity anyway, and
+//! we de-duplicate here too.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use choria_wire::v1::client::{self, RequestSpec};
+use choria_wire::v1::{self, Filter};
+
+use crate::connection::Connection;
+use crate::gate::Gate;
+use crate::observe::Observer;
+use crate::rpc::unix_now;
+
+/// The subject every provisioning-mode server's discovery agent listens on (§1, §4.2).
+pub const DISCOVERY_SUBJECT: &str = "provisioning.broadcast.agent.discovery";
+
+/// How long after the last reply the window stays open (Go's `SlidingWindow`).
+pub const SLIDING_WINDOW: Duration = Duration::from_millis(300);
+
+/// Replies held before the collector reads them. Servers answer within milliseconds of each
+/// other, so this is sized for a large fleet answering at once.
+const REPLY_QUEUE: usize = 100_000;
+
+/// How often the collector looks at the gate while waiting.
+const GATE_SLICE: Duration = Duration::from_millis(100);
+
+/// `malformed_messages{kind}` for a discovery reply without a readable sender.
+pub const MALFORMED_DISCOVERY_REPLY: &str = "discovery_reply";
+
+/// Broadcast discovery over the shared connection.
+pub struct Discovery {
+    conn: Connection,
+    observer: Arc<dyn Observer>,
+}
+
+impl Discovery {
+    pub fn new(conn: Connection, observer: Arc<dyn Observer>) -> Discovery {
+        Discovery { conn, observer }
+    }
+
+    fn ping(&self, request_id: &str) -> Result<(), String> {
+        let settings = self.conn.settings();
+        let filter = Filter::agent("choria_provision");
+        let spec = RequestSpec {
+            agent: "discovery",
+            message: v1::DISCOVERY_PING,
+            filter: &filter,
+            ttl: settings.ttl,
+            time: unix_now(),
+            request_id,
+            sender_id: &settings.identity,
+            caller_id: &settings.caller_id,
+            collective: v1::COLLECTIVE,
+        };
+        let reply_to = self.conn.reply_subject(request_id);
+        let transport = self
+            .conn
+            .encode_request(&spec, &reply_to)
+            .map_err(|err| format!("could not encode the discovery request: {err}"))?;
+        self.conn
+            .publish(DISCOVERY_SUBJECT, &transport)
+            .map_err(|err| err.to_string())
+    }
+}
+
+impl Discovery {
+    /// One broadcast discovery: the distinct senders that answered within the window. Sends
+    /// nothing while the gate is closed, and gives up (with the reason) if it closes while
+    /// waiting.
+    pub fn discover(&self, gate: &Gate) -> Result<Vec<String>, String> {
+        // Nothing goes out while paused or stopping.
+        gate.check().map_err(|halt| halt.to_string())?;
+        self.observer.discover_cycle();
+        let request_id = v1::new_request_id();
+        let waiter = self.conn.expect_replies(&request_id, REPLY_QUEUE);
+        if let Err(err) = self.ping(&request_id) {
+            self.observer.discovery_error();
+            log::error!("discovery failed: {err}");
+            return Err(err);
+        }
+
+        let hard_end = Instant::now() + self.conn.settings().discovery_timeout;
+        let mut window_end = hard_end;
+        let mut senders = BTreeSet::new();
+        loop {
+            let now = Instant::now();
+            if now >= window_end {
+                // Replies already queued arrived in time; take exactly those.
+                for _ in 0..waiter.queued() {
+                    if let Some(bytes) = waiter.next_until(now) {
+                        self.collect(&bytes, &mut senders);
+                    }
+                }
+                break;
+            }
+            let Some(bytes) = waiter.next_until(window_end.min(now + GATE_SLICE)) else {
+                // The ping is out; a closed gate just means nobody will use the answers.
+                gate.check().map_err(|halt| halt.to_string())?;
+                continue;
+            };
+            if self.collect(&bytes, &mut senders) {
+                window_end = hard_end.min(Instant::now() + SLIDING_WINDOW);
+            }
+        }
+        log::info!("discovery found {} nodes", senders.len());
+        Ok(senders.into_iter().collect())
+    }
+}
+
+impl Discovery {
+    /// Adds the reply's sender; false (and counted) when the reply names none.
+    fn collect(&self, transport: &[u8], senders: &mut BTreeSet<String>) -> bool {
+        match client::transport_sender(transport) {
+            Ok(sender) if !sender.is_empty() => {
+                senders.insert(sender);
+                true
+            }
+            Ok(_) => {
+                self.malformed("the transport names no mc_sender");
+                false
+            }
+            Err(err) => {
+                self.malformed(&err.to_string());
+                false
+            }
+        }
+    }
+
+    fn malformed(&self, reason: &str) {
+        self.observer.malformed(MALFORMED_DISCOVERY_REPLY);
+        log::warn!("ignoring a discovery reply: {reason}");
+    }
+}

@@ -1,0 +1,1360 @@
+//! The Choria Streams leader election (spec/election.md §1), so several provisioners can share
+//! one broker with one of them working, and even stand in one cluster with Go instances.
+//!
+//! The election is one KV key (`CHORIA_LEADER_ELECTION` / `provisioner`) whose value is the
+//! leader's identity. Every write is conditional on the key's last revision (§1.5): a candidate
+//! *creates* the key expecting no previous value, a leader *keeps* it by updating it expecting
+//! its own last revision. The key expires the bucket's max age (the TTL) after the last write,
+//! so a leader that stops writing loses it to the next candidate. Like Go we act as leader
+//! ([`ElectionEvent::Won`]) only after the first successful keep-alive following the win.
+//!
+//! Two things differ from Go on purpose (issue 6):
+//! - cadence: a standby campaigns about once a second instead of backing off to 10–30 s
+//!   (§1.6), which makes a takeover within TTL + 2 s possible;
+//! - every write is a hand-rolled request on our own reply subscription with an explicit
+//!   timeout of at most min(2 s, TTL/4): the blocking crate's KV `create`/`update` wait forever
+//!   (§3.4), and a leader blocked in a write while another takes over is split brain. A
+//!   timed-out or failed keep-alive is a loss.
+//!
+//! Setup failures (missing bucket, no JetStream, bad TTL) are never silent, unlike Go's
+//! discarded error (seed "Failure handling in the election path"): the thread logs the reason,
+//! exposes it through [`Election::setup_problem`] and retries with backoff.
+//!
+//! Every request goes through the daemon's one [`Connection`], with its explicit timeout.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use parking_lot::Mutex;
+use rand::Rng;
+
+use crate::connection::{Connection, RequestError};
+use crate::observe::Observer;
+
+/// The bucket the Choria Broker creates for elections (§1.2).
+pub const DEFAULT_BUCKET: &str = "CHORIA_LEADER_ELECTION";
+/// The key (election name) the provisioner campaigns on (§1.1).
+pub const DEFAULT_KEY: &str = "provisioner";
+/// The API prefix of the broker's provisioning-account imports, which Go always uses (§1.3).
+pub const PROVISIONING_API_PREFIX: &str = "choria.streams";
+/// The JetStream API prefix of a plain account.
+pub const PLAIN_API_PREFIX: &str = "$JS.API";
+
+/// Go's TTL limits (§1.4 validation); a Go member would refuse any other bucket.
+const MIN_TTL: Duration = Duration::from_secs(4);
+const MAX_TTL: Duration = Duration::from_secs(3600);
+/// Go sleeps this long after the first keep-alive before calling OnWon (§1.5).
+const WON_COOL_DOWN: Duration = Duration::from_millis(200);
+/// How long handing an event to the daemon may block the election thread.
+const EVENT_SEND_BOUND: Duration = Duration::from_secs(1);
+/// A repeated complaint is logged again at most this often.
+const COMPLAINT_REPEAT: Duration = Duration::from_secs(60);
+
+const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
+const KV_OPERATION: &str = "KV-Operation";
+/// JetStream error code for a failed expected-last-subject-sequence check.
+const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
+const ERR_STREAM_NOT_FOUND: u64 = 10059;
+const ERR_NO_MESSAGE_FOUND: u64 = 10037;
+
+/// What the election needs to know; see [`ElectionSettings::new`] for the defaults.
+#[derive(Clone, Debug)]
+pub struct ElectionSettings {
+    /// KV bucket name, `CHORIA_LEADER_ELECTION`.
+    pub bucket: String,
+    /// The key, i.e. the election name, `provisioner`.
+    pub key: String,
+    /// Our identity: the value we write, and the `identity` metric label.
+    pub identity: String,
+    /// JetStream API prefix: `choria.streams` (provisioning account) or `$JS.API`.
+    pub api_prefix: String,
+    /// Mean time between a standby's campaigns (jittered to 0.75–1.0 × this).
+    pub campaign_interval: Duration,
+    /// Upper bound of every KV write's timeout; the effective one is min(this, TTL/4).
+    pub write_timeout_cap: Duration,
+}
+
+impl ElectionSettings {
+    /// The provisioner's election for `identity`: default bucket and key, the provisioning
+    /// account's prefix, a campaign about once a second and writes bounded by 2 s.
+    pub fn new(identity: &str) -> ElectionSettings {
+        ElectionSettings {
+            bucket: DEFAULT_BUCKET.to_string(),
+            key: DEFAULT_KEY.to_string(),
+            identity: identity.to_string(),
+            api_prefix: PROVISIONING_API_PREFIX.to_string(),
+            campaign_interval: Duration::from_secs(1),
+            write_timeout_cap: Duration::from_secs(2),
+        }
+    }
+
+    fn prefix(&self) -> &str {
+        self.api_prefix.trim_end_matches('.')
+    }
+
+    /// `<prefix>.STREAM.INFO.KV_<bucket>`.
+    pub fn stream_info_subject(&self) -> String {
+        format!("{}.STREAM.INFO.KV_{}", self.prefix(), self.bucket)
+    }
+
+    /// `<prefix>.STREAM.MSG.GET.KV_<bucket>`, only reachable outside the provisioning account.
+    fn msg_get_subject(&self) -> String {
+        format!("{}.STREAM.MSG.GET.KV_{}", self.prefix(), self.bucket)
+    }
+
+    /// The key's subject as stored in the stream.
+    fn stored_key_subject(&self) -> String {
+        format!("$KV.{}.{}", self.bucket, self.key)
+    }
+
+    /// The subject we write to. Like nats.go, a non-default prefix is put in front of the KV
+    /// subject (§1.3); the broker imports both forms into the provisioning account.
+    pub fn write_subject(&self) -> String {
+        if self.prefix() == PLAIN_API_PREFIX {
+            self.stored_key_subject()
+        } else {
+            format!("{}.{}", self.prefix(), self.stored_key_subject())
+        }
+    }
+}
+
+/// What the daemon is told; each `Won` is followed by exactly one `Lost` unless the process ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElectionEvent {
+    Won,
+    Lost,
+}
+
+/// Why an election request failed. Display names the subject and, where one helps, the fix.
+#[derive(Debug)]
+pub enum ElectionError {
+    /// The stream behind the bucket does not exist (JetStream error 10059).
+    BucketMissing { bucket: String, subject: String },
+    /// Nobody answers on a subject: no stream, no JetStream, or no import of it.
+    NoResponders { subject: String },
+    /// No reply within the bound.
+    Timeout { subject: String, after: Duration },
+    /// Someone else holds the key, or it changed since our last write (10071).
+    WrongLastSequence {
+        subject: String,
+        expected: u64,
+        description: String,
+    },
+    /// Any other JetStream API error.
+    Api {
+        subject: String,
+        code: u64,
+        err_code: u64,
+        description: String,
+    },
+    /// A reply we cannot read.
+    Malformed { subject: String, reason: String },
+    /// Our last successful keep-alive is so old the key may have expired (a frozen process).
+    KeepAliveOverdue { since: Duration, budget: Duration },
+    /// The bucket's max age cannot serve as an election TTL.
+    BadTtl { bucket: String, max_age: Duration },
+    /// The value (our identity) does not fit the bucket's message size limit.
+    ValueTooLarge {
+        bucket: String,
+        size: usize,
+        limit: i64,
+    },
+    /// The connection refused to send or subscribe (closed, or an I/O failure).
+    Transport { subject: String, reason: String },
+}
+
+impl fmt::Display for ElectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ElectionError::BucketMissing { bucket, subject } => write!(
+                f,
+                "election bucket {bucket} does not exist ({subject} answered \"stream not found\"): \
+                 the Choria Broker creates it when Choria Streams is enabled \
+                 (plugin.choria.network.stream.store) and \
+                 plugin.choria.network.stream.manage_streams is on (the default); its TTL is \
+                 plugin.choria.network.stream.leader_election_ttl"
+            ),
+            ElectionError::NoResponders { subject } => write!(
+                f,
+                "no responders on {subject}: the election stream or JetStream is not there, or the \
+                 account does not import it (check leader_election_api_prefix: \"choria.streams\" \
+                 for the broker's provisioning account, \"$JS.API\" for a plain account)"
+            ),
+            ElectionError::Timeout { subject, after } => {
+                write!(f, "no reply on {subject} within {after:?}")
+            }
+            ElectionError::WrongLastSequence {
+                subject,
+                expected,
+                description,
+            } => write!(
+                f,
+                "conditional write to {subject} expecting revision {expected} refused: {description}"
+            ),
+            ElectionError::Api {
+                subject,
+                code,
+                err_code,
+                description,
+            } => write!(
+                f,
+                "JetStream error on {subject}: {description} (status {code}, error code {err_code})"
+            ),
+            ElectionError::Malformed { subject, reason } => {
+                write!(f, "unreadable reply on {subject}: {reason}")
+            }
+            ElectionError::KeepAliveOverdue { since, budget } => write!(
+                f,
+                "last successful keep-alive was {since:?} ago, beyond the {budget:?} the TTL \
+                 allows; another member may already lead"
+            ),
+            ElectionError::BadTtl { bucket, max_age } => write!(
+                f,
+                "election bucket {bucket} has max age {max_age:?}, which cannot serve as the \
+                 election TTL: it must be between {MIN_TTL:?} and {MAX_TTL:?} (Go's limits); set \
+                 plugin.choria.network.stream.leader_election_ttl on the broker"
+            ),
+            ElectionError::ValueTooLarge {
+                bucket,
+                size,
+                limit,
+            } => write!(
+                f,
+                "our identity is {size} bytes but election bucket {bucket} accepts values up to \
+                 {limit} bytes"
+            ),
+            ElectionError::Transport { subject, reason } => {
+                write!(f, "could not use the broker connection for {subject}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ElectionError {}
+
+impl ElectionError {
+    /// Errors that mean the bucket is gone or unreachable: set up again from stream info.
+    fn needs_setup(&self) -> bool {
+        matches!(
+            self,
+            ElectionError::NoResponders { .. } | ElectionError::BucketMissing { .. }
+        )
+    }
+}
+
+/// The effective per-write timeout: at most min(cap, TTL/4) (issue 6).
+pub fn write_timeout(ttl: Duration, cap: Duration) -> Duration {
+    cap.min(ttl / 4)
+}
+
+/// The delay before a leader's next keep-alive: Go's `Duration(0)` of its backoff policies,
+/// 500 ms jittered to [250, 750) ms (§1.6).
+pub fn leader_interval(rng: &mut impl Rng) -> Duration {
+    Duration::from_millis(rng.gen_range(250..750))
+}
+
+/// The delay before a standby's next campaign: 0.75–1.0 × `campaign_interval`, never longer,
+/// so a standby notices an expired key within one interval (the TTL + 2 s takeover budget).
+pub fn standby_interval(campaign_interval: Duration, rng: &mut impl Rng) -> Duration {
+    campaign_interval.mul_f64(rng.gen_range(0.75..=1.0))
+}
+
+/// Back-off between setup attempts: Go's FiveSec steps (§1.6), jittered to [0.5, 1.5).
+pub fn setup_backoff(failures: u32, rng: &mut impl Rng) -> Duration {
+    const STEPS_MS: [u64; 11] = [
+        500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
+    ];
+    let step = STEPS_MS[(failures as usize).min(STEPS_MS.len() - 1)];
+    Duration::from_millis(step / 2 + rng.gen_range(0..step))
+}
+
+/// The TTL (stream max age) if Go would accept it.
+pub fn validate_ttl(bucket: &str, max_age: Duration) -> Result<Duration, ElectionError> {
+    if (MIN_TTL..=MAX_TTL).contains(&max_age) {
+        Ok(max_age)
+    } else {
+        Err(ElectionError::BadTtl {
+            bucket: bucket.to_string(),
+            max_age,
+        })
+    }
+}
+
+/// What stream info tells us about the bucket.
+#[derive(Debug, PartialEq)]
+pub struct BucketConfig {
+    pub max_age: Duration,
+    pub max_msgs_per_subject: i64,
+    pub max_msg_size: i64,
+}
+
+fn api_error(reply: &serde_json::Value) -> Option<(u64, u64, String)> {
+    let error = reply.get("error")?;
+    let code = error.get("code").and_then(|c| c.as_u64()).unwrap_or(0);
+    let err_code = error.get("err_code").and_then(|c| c.as_u64()).unwrap_or(0);
+    let description = error
+        .get("description")
+        .and_then(|d| d.as_str())
+        .unwrap_or("no description")
+        .to_string();
+    Some((code, err_code, description))
+}
+
+fn parse_json(subject: &str, body: &[u8]) -> Result<serde_json::Value, ElectionError> {
+    serde_json::from_slice(body).map_err(|err| ElectionError::Malformed {
+        subject: subject.to_string(),
+        reason: format!("not JSON ({err}): {:?}", String::from_utf8_lossy(body)),
+    })
+}
+
+/// Reads a STREAM.INFO reply.
+pub fn parse_stream_info(
+    bucket: &str,
+    subject: &str,
+    body: &[u8],
+) -> Result<BucketConfig, ElectionError> {
+    let reply = parse_json(subject, body)?;
+    if let Some((code, err_code, description)) = api_error(&reply) {
+        if err_code == ERR_STREAM_NOT_FOUND {
+            return Err(ElectionError::BucketMissing {
+                bucket: bucket.to_string(),
+                subject: subject.to_string(),
+            });
+        }
+        return Err(ElectionError::Api {
+            subject: subject.to_string(),
+            code,
+            err_code,
+            description,
+        });
+    }
+    let config = reply
+        .get("config")
+        .ok_or_else(|| ElectionError::Malformed {
+            subject: subject.to_string(),
+            reason: "stream info without \"config\"".to_string(),
+        })?;
+    let max_age_ns = config
+        .get("max_age")
+        .and_then(|v| v.as_u64())
+        .ok_or_else(|| ElectionError::Malformed {
+            subject: subject.to_string(),
+            reason: format!(
+                "stream config \"max_age\" is not a nanosecond count: {:?}",
+                config.get("max_age")
+            ),
+        })?;
+    let int_or =
+        |name: &str, default: i64| config.get(name).and_then(|v| v.as_i64()).unwrap_or(default);
+    Ok(BucketConfig {
+        max_age: Duration::from_nanos(max_age_ns),
+        max_msgs_per_subject: int_or("max_msgs_per_subject", -1),
+        max_msg_size: int_or("max_msg_size", -1),
+    })
+}
+
+/// Reads a publish acknowledgement: the new revision of the key, or why the write was refused.
+pub fn parse_pub_ack(subject: &str, expected: u64, body: &[u8]) -> Result<u64, ElectionError> {
+    let reply = parse_json(subject, body)?;
+    if let Some((code, err_code, description)) = api_error(&reply) {
+        if err_code == ERR_WRONG_LAST_SEQUENCE {
+            return Err(ElectionError::WrongLastSequence {
+                subject: subject.to_string(),
+                expected,
+                description,
+            });
+        }
+        return Err(ElectionError::Api {
+            subject: subject.to_string(),
+            code,
+            err_code,
+            description,
+        });
+    }
+    reply
+        .get("seq")
+        .and_then(|s| s.as_u64())
+        .filter(|seq| *seq > 0)
+        .ok_or_else(|| ElectionError::Malformed {
+            subject: subject.to_string(),
+            reason: format!(
+                "publish acknowledgement without a sequence: {:?}",
+                String::from_utf8_lossy(body)
+            ),
+        })
+}
+
+/// The last message on the key, from a STREAM.MSG.GET reply.
+#[derive(Debug, PartialEq)]
+pub enum LastEntry {
+    /// Nothing stored for the key.
+    Absent,
+    /// A value (a leader's identity) at this revision.
+    Value { revision: u64 },
+    /// A delete or purge marker at this revision, which a create may overwrite (§1.8).
+    Marker { revision: u64 },
+}
+
+/// Reads a STREAM.MSG.GET reply for the key's last message.
+pub fn parse_last_entry(subject: &str, body: &[u8]) -> Result<LastEntry, ElectionError> {
+    let reply = parse_json(subject, body)?;
+    if let Some((code, err_code, description)) = api_error(&reply) {
+        if err_code == ERR_NO_MESSAGE_FOUND {
+            return Ok(LastEntry::Absent);
+        }
+        return Err(ElectionError::Api {
+            subject: subject.to_string(),
+            code,
+            err_code,
+            description,
+        });
+    }
+    let malformed = |reason: String| ElectionError::Malformed {
+        subject: subject.to_string(),
+        reason,
+    };
+    let message = reply
+        .get("message")
+        .ok_or_else(|| malformed("message get reply without \"message\"".to_string()))?;
+    let revision = message
+        .get("seq")
+        .and_then(|s| s.as_u64())
+        .ok_or_else(|| malformed("stored message without \"seq\"".to_string()))?;
+    let headers = match message.get("hdrs").and_then(|h| h.as_str()) {
+        None => String::new(),
+        Some(encoded) => {
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .map_err(|err| malformed(format!("\"hdrs\" is not base64: {err}")))?;
+            String::from_utf8_lossy(&raw).into_owned()
+        }
+    };
+    let is_marker = headers.lines().any(|line| {
+        let mut parts = line.splitn(2, ':');
+        let name = parts.next().unwrap_or("").trim();
+        let value = parts.next().unwrap_or("").trim();
+        name.eq_ignore_ascii_case(KV_OPERATION) && (value == "DEL" || value == "PURGE")
+    });
+    Ok(if is_marker {
+        LastEntry::Marker { revision }
+    } else {
+        LastEntry::Value { revision }
+    })
+}
+
+/// Where we stand in the election (§1.5).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Standing {
+    Candidate,
+    /// Our create succeeded; we act as leader after the next successful keep-alive.
+    Elected {
+        revision: u64,
+        written: Instant,
+    },
+    /// Announced (`Won` sent).
+    Leader {
+        revision: u64,
+        written: Instant,
+    },
+}
+
+impl Standing {
+    fn label(&self) -> &'static str {
+        match self {
+            Standing::Candidate => "candidate",
+            Standing::Elected { .. } | Standing::Leader { .. } => "leader",
+        }
+    }
+}
+
+/// State shared between the handle and the thread.
+struct Shared {
+    leader: AtomicBool,
+    stopping: AtomicBool,
+    setup_problem: Mutex<Option<String>>,
+}
+
+/// A running election member; see the module docs.
+pub struct Election {
+    shared: Arc<Shared>,
+    stop_signal: Option<Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    join_bound: Duration,
+}
+
+impl Election {
+    /// Starts campaigning on its own named thread. Never fails: setup problems are logged,
+    /// shown by [`Election::setup_problem`] and retried with backoff inside the thread.
+    /// `conn` may be shared with the rest of the daemon; the election never closes it.
+    pub fn start(
+        conn: Connection,
+        settings: ElectionSettings,
+        events: Sender<ElectionEvent>,
+        observer: Arc<dyn Observer>,
+    ) -> Election {
+        let shared = Arc::new(Shared {
+            leader: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            setup_problem: Mutex::new(None),
+        });
+        let (stop_signal, stop_wait) = crossbeam_channel::bounded::<()>(1);
+        // The longest the thread can take to notice stop: one bounded request, a release
+        // write and two event hand-overs, with slack.
+        let join_bound =
+            settings.write_timeout_cap * 2 + EVENT_SEND_BOUND * 2 + Duration::from_secs(1);
+        observer.election_started(
+            &settings.key,
+            &settings.identity,
+            settings.campaign_interval.as_secs_f64(),
+        );
+        let member = Member {
+            conn,
+            settings,
+            events,
+            observer,
+            shared: shared.clone(),
+            stop_wait,
+            complaint: Complaint::default(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("election".into())
+            .spawn(move || member.run());
+        let thread = match thread {
+            Ok(handle) => Some(handle),
+            Err(err) => {
+                // Only happens when the OS refuses a thread; the daemon stays paused, loudly.
+                log::error!("could not start the leader election thread: {err}");
+                *shared.setup_problem.lock() = Some(format!("election thread not started: {err}"));
+                None
+            }
+        };
+        Election {
+            shared,
+            stop_signal: Some(stop_signal),
+            thread,
+            join_bound,
+        }
+    }
+
+    /// True between our `Won` and our `Lost`.
+    pub fn is_leader(&self) -> bool {
+        self.shared.leader.load(Ordering::SeqCst)
+    }
+
+    /// Why the election cannot campaign right now (missing bucket, no JetStream, ...), as
+    /// logged; `None` once set up.
+    pub fn setup_problem(&self) -> Option<String> {
+        self.shared.setup_problem.lock().clone()
+    }
+
+    /// Stops campaigning. A leader stands down (`Lost`) and, where the account lets anyone
+    /// create over a delete marker, releases the key so a standby takes over at once (§4.11).
+    /// Joins the thread within a bound.
+    pub fn stop(mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Dropping the sender wakes every wait in the thread at once.
+        self.stop_signal.take();
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let deadline = Instant::now() + self.join_bound;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if thread.is_finished() {
+            if thread.join().is_err() {
+                log::error!("the leader election thread panicked");
+            }
+        } else {
+            log::error!(
+                "the leader election thread did not end within {:?}; leaving it behind",
+                self.join_bound
+            );
+        }
+    }
+}
+
+impl Drop for Election {
+    fn drop(&mut self) {
+        // Without stop() the thread still ends (it sees the closed stop channel); nobody waits.
+        self.shared.stopping.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Logs a recurring problem once, then again only when it changes or a minute has passed.
+#[derive(Default)]
+struct Complaint {
+    last: Option<(String, Instant)>,
+}
+
+impl Complaint {
+    fn report(&mut self, level: log::Level, text: String) {
+        let repeat = match &self.last {
+            Some((previous, at)) => previous == &text && at.elapsed() < COMPLAINT_REPEAT,
+            None => false,
+        };
+        if !repeat {
+            log::log!(level, "{text}");
+            self.last = Some((text, Instant::now()));
+        }
+    }
+
+    fn resolved(&mut self, what: &str) {
+        if self.last.take().is_some() {
+            log::info!("{what}");
+        }
+    }
+}
+
+/// The bucket as set up: TTL and what the account lets us do.
+struct Bucket {
+    ttl: Duration,
+    write_timeout: Duration,
+    /// Whether STREAM.MSG.GET is reachable (not in the provisioning account, §1.3).
+    can_read_markers: bool,
+}
+
+enum Exit {
+    Stop,
+    Setup,
+}
+
+/// The election thread's state.
+struct Member {
+    conn: Connection,
+    settings: ElectionSettings,
+    events: Sender<ElectionEvent>,
+    observer: Arc<dyn Observer>,
+    shared: Arc<Shared>,
+    stop_wait: Receiver<()>,
+    complaint: Complaint,
+}
+
+impl Member {
+    fn run(mut self) {
+        log::info!(
+            "campaigning for leadership of {} as {} on bucket {} via {}",
+            self.settings.key,
+            self.settings.identity,
+            self.settings.bucket,
+            self.settings.prefix()
+        );
+        let mut failures = 0u32;
+        while !self.stopping() {
+            match self.setup() {
+                Ok(mut bucket) => {
+                    failures = 0;
+                    *self.shared.setup_problem.lock() = None;
+                    self.complaint.resolved("leader election set up");
+                    match self.campaign(&mut bucket) {
+                        Exit::Stop => break,
+                        Exit::Setup => continue,
+                    }
+                }
+                Err(err) => {
+                    let delay = setup_backoff(failures, &mut rand::thread_rng());
+                    failures = failures.saturating_add(1);
+                    let text =
+                        format!("leader election cannot start, staying paused and retrying: {err}");
+                    *self.shared.setup_problem.lock() = Some(text.clone());
+                    self.complaint.report(log::Level::Error, text);
+                    self.set_interval(delay);
+                    if self.wait(delay) {
+                        break;
+                    }
+                }
+            }
+        }
+        log::info!("leader election of {} stopped", self.settings.key);
+    }
+
+    fn stopping(&self) -> bool {
+        self.shared.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps up to `delay`; true when asked to stop.
+    fn wait(&self, delay: Duration) -> bool {
+        match self.stop_wait.recv_timeout(delay) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => true,
+            Err(RecvTimeoutError::Timeout) => self.stopping(),
+        }
+    }
+
+    fn set_interval(&self, delay: Duration) {
+        self.observer.election_interval(
+            &self.settings.key,
+            &self.settings.identity,
+            delay.as_secs_f64(),
+        );
+    }
+
+    /// Subscribes for replies, reads the TTL and probes what the account allows.
+    fn setup(&mut self) -> Result<Bucket, ElectionError> {
+        let cap = self.settings.write_timeout_cap;
+        let info_subject = self.settings.stream_info_subject();
+        let info = self.request(&info_subject, &[], b"", cap)?;
+        let config = parse_stream_info(&self.settings.bucket, &info_subject, &info)?;
+        let ttl = validate_ttl(&self.settings.bucket, config.max_age)?;
+        let value_size = self.settings.identity.len();
+        if config.max_msg_size > 0 && value_size as i64 >= config.max_msg_size {
+            return Err(ElectionError::ValueTooLarge {
+                bucket: self.settings.bucket.clone(),
+                size: value_size,
+                limit: config.max_msg_size,
+            });
+        }
+        if config.max_msgs_per_subject != 1 {
+            // Works, but `choria election info` calls it "not a valid election bucket" (§1.2).
+            log::warn!(
+                "election bucket {} keeps {} revisions per key; the broker's keeps 1",
+                self.settings.bucket,
+                config.max_msgs_per_subject
+            );
+        }
+        let can_read_markers = match self.last_entry() {
+            Ok(_) => true,
+            Err(err) => {
+                let reason = match err {
+                    ElectionError::NoResponders { subject } => {
+                        format!("nothing answers on {subject}")
+                    }
+                    other => other.to_string(),
+                };
+                log::info!(
+                    "cannot read the election key's last entry ({reason}), as in the broker's \
+                     provisioning account: a delete marker (eviction, release) blocks every \
+                     campaign until it expires after one TTL (spec/election.md §1.8)"
+                );
+                false
+            }
+        };
+        let write_timeout = write_timeout(ttl, cap);
+        log::info!(
+            "election bucket {} found: TTL {ttl:?}, write timeout {write_timeout:?}, delete \
+             markers {}",
+            self.settings.bucket,
+            if can_read_markers {
+                "readable"
+            } else {
+                "not readable"
+            }
+        );
+        Ok(Bucket {
+            ttl,
+            write_timeout,
+            can_read_markers,
+        })
+    }
+
+    fn last_entry(&self) -> Result<LastEntry, ElectionError> {
+        let subject = self.settings.msg_get_subject();
+        let body = serde_json::json!({ "last_by_subj": self.settings.stored_key_subject() });
+        let reply = self.request(
+            &subject,
+            &[],
+            body.to_string().as_bytes(),
+            self.settings.write_timeout_cap,
+        )?;
+        parse_last_entry(&subject, &reply)
+    }
+
+    /// One conditional write of our identity (or a delete marker) expecting `expected`.
+    fn write(
+        &self,
+        bucket: &mut Bucket,
+        expected: u64,
+        delete: bool,
+    ) -> Result<u64, ElectionError> {
+        let subject = self.settings.write_subject();
+        let expected_text = expected.to_string();
+        let mut headers = vec![(EXPECTED_LAST_SUBJECT_SEQUENCE, expected_text.as_str())];
+        let value: &[u8] = if delete {
+            headers.push((KV_OPERATION, "DEL"));
+            b""
+        } else {
+            self.settings.identity.as_bytes()
+        };
+        let reply = self.request(&subject, &headers, value, bucket.write_timeout)?;
+        parse_pub_ack(&subject, expected, &reply)
+    }
+
+    /// Create: expecting no previous value, or over a delete marker where we can see one.
+    fn create(&self, bucket: &mut Bucket) -> Result<u64, ElectionError> {
+        match self.write(bucket, 0, false) {
+            Err(ElectionError::WrongLastSequence { .. }) if bucket.can_read_markers => {
+                match self.last_entry()? {
+                    LastEntry::Marker { revision } => self.write(bucket, revision, false),
+                    LastEntry::Absent => self.write(bucket, 0, false),
+                    LastEntry::Value { revision } => Err(ElectionError::WrongLastSequence {
+                        subject: self.settings.write_subject(),
+                        expected: 0,
+                        description: format!("held at revision {revision}"),
+                    }),
+                }
+            }
+            other => other,
+        }
+    }
+
+    fn campaign(&mut self, bucket: &mut Bucket) -> Exit {
+        let mut rng = rand::thread_rng();
+        let mut standing = Standing::Candidate;
+        // A random splay so members started together do not campaign in lockstep (§1.4).
+        let splay = self
+            .settings
+            .campaign_interval
+            .mul_f64(rng.gen_range(0.0..1.0));
+        if self.wait(splay) {
+            return Exit::Stop;
+        }
+        loop {
+            self.observer.election_campaign(
+                &self.settings.key,
+                &self.settings.identity,
+                standing.label(),
+            );
+            let mut exit = None;
+            standing = match standing {
+                Standing::Candidate => {
+                    let sent = Instant::now();
+                    match self.create(bucket) {
+                        Ok(revision) => {
+                            log::info!(
+                                "won the {} election at revision {revision}; acting as leader \
+                                 after the next keep-alive",
+                                self.settings.key
+                            );
+                            self.set_leader_gauge(true);
+                            self.complaint.resolved("campaigning works again");
+                            Standing::Elected {
+                                revision,
+                                written: sent,
+                            }
+                        }
+                        Err(ElectionError::WrongLastSequence { .. }) => {
+                            // The normal standby outcome: someone else leads.
+                            self.complaint.resolved("campaigning works again");
+                            Standing::Candidate
+                        }
+                        Err(err) => {
+                            if err.needs_setup() {
+                                exit = Some(Exit::Setup);
+                            }
+                            self.complaint.report(
+                                log::Level::Warn,
+                                format!("campaign for {} failed: {err}", self.settings.key),
+                            );
+                            Standing::Candidate
+                        }
+                    }
+                }
+                Standing::Elected { revision, written }
+                | Standing::Leader { revision, written } => {
+                    let announced = matches!(standing, Standing::Leader { .. });
+                    match self.keep_alive(bucket, revision, written) {
+                        Ok((revision, written)) => {
+                            if !announced {
+                                // Go's cool-down before OnWon (§1.5).
+                                if self.wait(WON_COOL_DOWN) {
+                                    self.release(bucket, revision);
+                                    return Exit::Stop;
+                                }
+                                self.shared.leader.store(true, Ordering::SeqCst);
+                                log::info!("now leader of {}", self.settings.key);
+                                self.send(ElectionEvent::Won);
+                            }
+                            Standing::Leader { revision, written }
+                        }
+                        Err(err) => {
+                            self.set_leader_gauge(false);
+                            if announced {
+                                self.shared.leader.store(false, Ordering::SeqCst);
+                                log::warn!(
+                                    "lost leadership of {}, standing down: {err}",
+                                    self.settings.key
+                                );
+                                self.send(ElectionEvent::Lost);
+                            } else {
+                                log::info!(
+                                    "keep-alive after winning {} failed, not acting as leader: \
+                                     {err}",
+                                    self.settings.key
+                                );
+                            }
+                            if err.needs_setup() {
+                                exit = Some(Exit::Setup);
+                            }
+                            Standing::Candidate
+                        }
+                    }
+                }
+            };
+            if let Some(exit) = exit {
+                return exit;
+            }
+            let delay = match standing {
+                Standing::Candidate => standby_interval(self.settings.campaign_interval, &mut rng),
+                _ => leader_interval(&mut rng),
+            };
+            self.set_interval(delay);
+            if self.wait(delay) {
+                if let Standing::Elected { revision, .. } | Standing::Leader { revision, .. } =
+                    standing
+                {
+                    self.release(bucket, revision);
+                }
+                return Exit::Stop;
+            }
+        }
+    }
+
+    /// Update expecting our last revision; refuses without writing when the last successful
+    /// write is so old the key may have expired (self-fencing, §4.5).
+    fn keep_alive(
+        &self,
+        bucket: &mut Bucket,
+        revision: u64,
+        written: Instant,
+    ) -> Result<(u64, Instant), ElectionError> {
+        let budget = bucket.ttl.saturating_sub(bucket.write_timeout);
+        let since = written.elapsed();
+        if since >= budget {
+            return Err(ElectionError::KeepAliveOverdue { since, budget });
+        }
+        let sent = Instant::now();
+        let revision = self.write(bucket, revision, false)?;
+        Ok((revision, sent))
+    }
+
+    /// Stands down on stop and, where a standby can create over the marker, deletes the key
+    /// expecting our revision, so only our own value is ever removed.
+    fn release(&mut self, bucket: &mut Bucket, revision: u64) {
+        self.set_leader_gauge(false);
+        if self.shared.leader.swap(false, Ordering::SeqCst) {
+            self.send(ElectionEvent::Lost);
+        }
+        if !bucket.can_read_markers {
+            // In the provisioning account a marker blocks every create for a TTL (§1.8, §4.11):
+            // deleting gains nothing, so leave the key to expire.
+            log::info!(
+                "stopped leading {}; the key expires by itself",
+                self.settings.key
+            );
+            return;
+        }
+        match self.write(bucket, revision, true) {
+            Ok(_) => log::info!("released leadership of {}", self.settings.key),
+            Err(err) => log::warn!(
+                "could not release leadership of {}, it expires by itself: {err}",
+                self.settings.key
+            ),
+        }
+    }
+
+    fn request(
+        &self,
+        subject: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, ElectionError> {
+        request(&self.conn, subject, headers, body, timeout)
+    }
+
+    fn set_leader_gauge(&self, leader: bool) {
+        self.observer
+            .election_leader(&self.settings.key, &self.settings.identity, leader);
+    }
+
+    fn send(&self, event: ElectionEvent) {
+        match self.events.send_timeout(event, EVENT_SEND_BOUND) {
+            Ok(()) => {}
+            Err(crossbeam_channel::SendTimeoutError::Timeout(_)) => log::error!(
+                "election event {event:?} not taken by the daemon within {EVENT_SEND_BOUND:?}"
+            ),
+            Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => {
+                log::debug!("election event {event:?} dropped: nobody listens any more")
+            }
+        }
+    }
+}
+
+/// One bounded request, its failures in the election's terms.
+fn request(
+    conn: &Connection,
+    subject: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> Result<Vec<u8>, ElectionError> {
+    conn.request(subject, headers, body, timeout)
+        .map_err(|err| match err {
+            RequestError::NoResponders => ElectionError::NoResponders {
+                subject: subject.to_string(),
+            },
+            RequestError::Timeout => ElectionError::Timeout {
+                subject: subject.to_string(),
+                after: timeout,
+            },
+            RequestError::Transport(reason) => ElectionError::Transport {
+                subject: subject.to_string(),
+                reason,
+            },
+        })
+}
+
+/// A dedicated connection for one election member (tests, the failover bench): it
+/// reconnects forever. The daemon passes its own connection instead.
+#[cfg(feature = "test-support")]
+pub fn connect_member(
+    url: &str,
+    credentials: Option<(&str, &str)>,
+    name: &str,
+) -> Result<Connection, ElectionError> {
+    let mut settings =
+        crate::connection::ConnectSettings::insecure(url, name, Duration::from_secs(2));
+    if let Some((user, password)) = credentials {
+        settings.user = Some(user.to_string());
+        settings.password = Some(password.to_string());
+    }
+    Connection::connect(&settings, name).map_err(|err| ElectionError::Transport {
+        subject: url.to_string(),
+        reason: err.to_string(),
+    })
+}
+
+/// Operator actions on the election bucket, as `choria election` and the broker do them;
+/// used by the tests and the failover bench, never by the daemon.
+#[cfg(feature = "test-support")]
+pub struct BucketAdmin {
+    conn: Connection,
+    api_prefix: String,
+    timeout: Duration,
+}
+
+#[cfg(feature = "test-support")]
+impl BucketAdmin {
+    /// `api_prefix` as in [`ElectionSettings::api_prefix`].
+    pub fn connect(
+        url: &str,
+        credentials: Option<(&str, &str)>,
+        api_prefix: &str,
+    ) -> Result<BucketAdmin, ElectionError> {
+        Ok(BucketAdmin {
+            conn: connect_member(url, credentials, "election-admin")?,
+            api_prefix: api_prefix.trim_end_matches('.').to_string(),
+            timeout: Duration::from_secs(5),
+        })
+    }
+
+    fn request(
+        &self,
+        subject: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Vec<u8>, ElectionError> {
+        request(&self.conn, subject, headers, body, self.timeout)
+    }
+
+    /// Creates the bucket exactly as the Choria Broker does (§1.2, §5.2) with the given TTL.
+    pub fn create_bucket(&self, bucket: &str, ttl: Duration) -> Result<(), ElectionError> {
+        let stream = format!("KV_{bucket}");
+        let subject = format!("{}.STREAM.CREATE.{stream}", self.api_prefix);
+        let config = serde_json::json!({
+            "name": stream,
+            "description": "Choria Leader Election Bucket",
+            "subjects": [format!("$KV.{bucket}.>")],
+            "retention": "limits",
+            "max_consumers": -1,
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_age": ttl.as_nanos() as u64,
+            "max_msgs_per_subject": 1,
+            "max_msg_size": 1024,
+            "discard": "new",
+            "storage": "file",
+            "num_replicas": 1,
+            "deny_delete": true,
+            "allow_rollup_hdrs": true,
+            "allow_direct": true,
+        });
+        let body = self.request(&subject, &[], config.to_string().as_bytes())?;
+        let reply = parse_json(&subject, &body)?;
+        if let Some((code, err_code, description)) = api_error(&reply) {
+            return Err(ElectionError::Api {
+                subject,
+                code,
+                err_code,
+                description,
+            });
+        }
+        Ok(())
+    }
+
+    /// Puts a delete marker on the key, as `choria election evict` does (§1.8).
+    pub fn evict(&self, bucket: &str, key: &str) -> Result<u64, ElectionError> {
+        let subject = format!("$KV.{bucket}.{key}");
+        let body = self.request(&subject, &[(KV_OPERATION, "DEL")], b"")?;
+        parse_pub_ack(&subject, 0, &body)
+    }
+
+    /// Writes `value` unconditionally: a stranger's overwrite (§1.8, "corruption").
+    pub fn overwrite(&self, bucket: &str, key: &str, value: &str) -> Result<u64, ElectionError> {
+        let subject = format!("$KV.{bucket}.{key}");
+        let body = self.request(&subject, &[], value.as_bytes())?;
+        parse_pub_ack(&subject, 0, &body)
+    }
+
+    /// The key's current value, if it holds one (not a marker, not expired).
+    pub fn holder(&self, bucket: &str, key: &str) -> Result<Option<String>, ElectionError> {
+        let subject = format!("{}.STREAM.MSG.GET.KV_{bucket}", self.api_prefix);
+        let request = serde_json::json!({ "last_by_subj": format!("$KV.{bucket}.{key}") });
+        let body = self.request(&subject, &[], request.to_string().as_bytes())?;
+        match parse_last_entry(&subject, &body)? {
+            LastEntry::Value { .. } => {
+                let reply = parse_json(&subject, &body)?;
+                let data = reply
+                    .pointer("/message/data")
+                    .and_then(|d| d.as_str())
+                    .unwrap_or("");
+                let raw = base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .map_err(|err| ElectionError::Malformed {
+                        subject: subject.clone(),
+                        reason: format!("\"data\" is not base64: {err}"),
+                    })?;
+                Ok(Some(String::from_utf8_lossy(&raw).into_owned()))
+            }
+            LastEntry::Absent | LastEntry::Marker { .. } => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn settings(prefix: &str) -> ElectionSettings {
+        ElectionSettings {
+            api_prefix: prefix.to_string(),
+            ..ElectionSettings::new("p1.example.net")
+        }
+    }
+
+    #[test]
+    fn subjects_follow_the_api_prefix_like_nats_go() {
+        let cases = [
+            // prefix, stream info subject, write subject
+            (
+                "choria.streams",
+                "choria.streams.STREAM.INFO.KV_CHORIA_LEADER_ELECTION",
+                "choria.streams.$KV.CHORIA_LEADER_ELECTION.provisioner",
+            ),
+            (
+                "choria.streams.",
+                "choria.streams.STREAM.INFO.KV_CHORIA_LEADER_ELECTION",
+                "choria.streams.$KV.CHORIA_LEADER_ELECTION.provisioner",
+            ),
+            (
+                "$JS.API",
+                "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION",
+                "$KV.CHORIA_LEADER_ELECTION.provisioner",
+            ),
+            (
+                "$JS.API.",
+                "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION",
+                "$KV.CHORIA_LEADER_ELECTION.provisioner",
+            ),
+        ];
+        for (prefix, info, write) in cases {
+            let s = settings(prefix);
+            assert_eq!(s.stream_info_subject(), info, "prefix {prefix}");
+            assert_eq!(s.write_subject(), write, "prefix {prefix}");
+        }
+    }
+
+    #[test]
+    fn write_timeout_is_at_most_a_quarter_ttl_and_the_cap() {
+        let cases = [
+            // ttl s, cap ms, expected ms
+            (60, 2000, 2000),
+            (5, 2000, 1250),
+            (4, 2000, 1000),
+            (60, 500, 500),
+        ];
+        for (ttl, cap, expected) in cases {
+            assert_eq!(
+                write_timeout(Duration::from_secs(ttl), Duration::from_millis(cap)),
+                Duration::from_millis(expected),
+                "ttl {ttl}s cap {cap}ms"
+            );
+        }
+    }
+
+    #[test]
+    fn intervals_stay_in_their_bounds() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..2000 {
+            let leader = leader_interval(&mut rng);
+            assert!(leader >= Duration::from_millis(250) && leader < Duration::from_millis(750));
+            let standby = standby_interval(Duration::from_secs(1), &mut rng);
+            assert!(standby >= Duration::from_millis(750) && standby <= Duration::from_secs(1));
+        }
+        let cases = [
+            // failures, min ms, max ms (FiveSec step jittered to [0.5, 1.5))
+            (0, 250, 750),
+            (2, 500, 1500),
+            (10, 2500, 7500),
+            (500, 2500, 7500),
+        ];
+        for (failures, min, max) in cases {
+            for _ in 0..200 {
+                let d = setup_backoff(failures, &mut rng);
+                assert!(
+                    d >= Duration::from_millis(min) && d < Duration::from_millis(max),
+                    "failures {failures}: {d:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn ttl_limits_are_gos() {
+        let cases = [
+            // max age ms, accepted
+            (0, false),
+            (3999, false),
+            (4000, true),
+            (5000, true),
+            (60_000, true),
+            (3_600_000, true),
+            (3_600_001, false),
+        ];
+        for (ms, ok) in cases {
+            let result = validate_ttl("B", Duration::from_millis(ms));
+            assert_eq!(result.is_ok(), ok, "max age {ms} ms: {result:?}");
+            if let Err(err) = result {
+                assert!(err.to_string().contains("leader_election_ttl"), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn stream_info_replies() {
+        let s = "choria.streams.STREAM.INFO.KV_B";
+        let ok = br#"{"type":"io.nats.jetstream.api.v1.stream_info_response","config":{"name":"KV_B","max_age":5000000000,"max_msgs_per_subject":1,"max_msg_size":1024},"state":{}}"#;
+        assert_eq!(
+            parse_stream_info("B", s, ok).unwrap(),
+            BucketConfig {
+                max_age: Duration::from_secs(5),
+                max_msgs_per_subject: 1,
+                max_msg_size: 1024
+            }
+        );
+        let cases: [(&[u8], &str); 4] = [
+            (br#"{"error":{"code":404,"err_code":10059,"description":"stream not found"}}"#, "plugin.choria.network.stream.store"),
+            (br#"{"error":{"code":503,"err_code":10039,"description":"jetstream not enabled for account"}}"#, "jetstream not enabled for account"),
+            (br#"{"config":{"max_age":"5s"}}"#, "max_age"),
+            (b"not json", "not JSON"),
+        ];
+        for (body, needle) in cases {
+            let err = parse_stream_info("B", s, body).unwrap_err();
+            assert!(err.to_string().contains(needle), "{err}");
+            assert!(err.to_string().contains(s), "subject named in {err}");
+        }
+    }
+
+    #[test]
+    fn pub_ack_replies() {
+        let s = "$KV.B.provisioner";
+        assert_eq!(
+            parse_pub_ack(s, 0, br#"{"stream":"KV_B","seq":42}"#).unwrap(),
+            42
+        );
+        let wrong = parse_pub_ack(
+            s,
+            7,
+            br#"{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 9"}}"#,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(wrong, ElectionError::WrongLastSequence { expected: 7, .. }),
+            "{wrong:?}"
+        );
+        assert!(wrong.to_string().contains("wrong last sequence: 9"));
+        let cases: [&[u8]; 4] = [
+            br#"{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}"#,
+            br#"{"stream":"KV_B"}"#,
+            br#"{"stream":"KV_B","seq":0}"#,
+            b"",
+        ];
+        for body in cases {
+            let err = parse_pub_ack(s, 0, body).unwrap_err();
+            assert!(
+                !matches!(err, ElectionError::WrongLastSequence { .. }),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains(s));
+        }
+    }
+
+    #[test]
+    fn last_entry_replies_tell_markers_from_values() {
+        let b64 = |t: &str| base64::engine::general_purpose::STANDARD.encode(t);
+        let msg = |hdrs: Option<&str>| {
+            let hdrs = hdrs
+                .map(|h| format!(r#","hdrs":"{}""#, b64(h)))
+                .unwrap_or_default();
+            format!(r#"{{"message":{{"subject":"$KV.B.k","seq":12{hdrs},"data":"","time":"x"}}}}"#)
+        };
+        let cases = [
+            (msg(None), LastEntry::Value { revision: 12 }),
+            (
+                msg(Some("NATS/1.0\r\nKV-Operation: DEL\r\n\r\n")),
+                LastEntry::Marker { revision: 12 },
+            ),
+            (
+                msg(Some(
+                    "NATS/1.0\r\nKV-Operation: PURGE\r\nNats-Rollup: sub\r\n\r\n",
+                )),
+                LastEntry::Marker { revision: 12 },
+            ),
+            (
+                msg(Some("NATS/1.0\r\nSomething: DEL\r\n\r\n")),
+                LastEntry::Value { revision: 12 },
+            ),
+            (
+                r#"{"error":{"code":404,"err_code":10037,"description":"no message found"}}"#
+                    .to_string(),
+                LastEntry::Absent,
+            ),
+        ];
+        for (body, expected) in cases {
+            assert_eq!(
+                parse_last_entry("s", body.as_bytes()).unwrap(),
+                expected,
+                "{body}"
+            );
+        }
+        assert!(parse_last_entry("s", br#"{"message":{"hdrs":"!!"}}"#).is_err());
+    }
+
+    #[test]
+    fn complaints_are_not_repeated_until_they_change() {
+        let mut complaint = Complaint::default();
+        complaint.report(log::Level::Warn, "a".into());
+        let first = complaint.last.as_ref().map(|(_, at)| *at);
+        complaint.report(log::Level::Warn, "a".into());
+        assert_eq!(complaint.last.as_ref().map(|(_, at)| *at), first);
+        complaint.report(log::Level::Warn, "b".into());
+        assert_eq!(complaint.last.as_ref().map(|(t, _)| t.as_str()), Some("b"));
+        complaint.resolved("ok");
+        assert!(complaint.last.is_none());
+    }
+}

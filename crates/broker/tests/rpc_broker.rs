@@ -1,0 +1,644 @@
+//! Directed RPC over a real `nats-server` (spec/protocol.md §2, §5, §6.1), answered by the
+//! fleet simulator (`choria-fleet-sim`): healthy, dead, slow, malformed, bad-hash and
+//! foreign-lock nodes as go-choria servers in provisioning mode, whose report says what each
+//! node received and answered.
+//!
+//! What the simulator cannot produce keeps a small hand-written node of its own, marked as
+//! such below: a node silent on the first try only, replies with a broken transport, a wrong
+//! request id or a wrong sender, and the exact fields of each request we send.
+
+use choria_testkit::harness as support;
+use choria_wire::v1::client;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use choria_broker::connection::{reply_prefix, Connection};
+use choria_broker::gate::{Gate, Halt};
+use choria_broker::observe::Counts;
+use choria_broker::rpc::{malformed, NodeRpc, RpcClient, RpcOutcome};
+use choria_crypto::{ed25519, jwt};
+use choria_fleet_sim::faults::{self, Fault};
+use choria_fleet_sim::options::FaultFractions;
+use choria_fleet_sim::Report;
+use choria_testkit::NatsServer;
+use choria_wire::v1::server::{self, IncomingRequest};
+use support::{insecure_settings, sim_identity, unix_now, Answer, Responder, Sim, World};
+
+const PROVISIONER: &str = "provisioner.test";
+/// The simulated fleet's provisioning token.
+const TOKEN: &str = "s3cret";
+/// Bound on every wait for the simulator (boots, exit, late replies).
+const WAIT: Duration = Duration::from_secs(60);
+/// Part of every try's timeout (§5.2); short, as the DDL part is what the cases vary.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_millis(300);
+
+fn connect(server: &NatsServer, identity: &str) -> Connection {
+    Connection::connect(
+        &insecure_settings(&server.url(), identity, DISCOVERY_TIMEOUT),
+        identity,
+    )
+    .expect("connects")
+}
+
+/// Starts `nodes` simulated servers and returns once each has announced its boot, so the
+/// broker routes requests to it; also the public half of the ed25519 key that signs the
+/// nodes' provisioning JWT.
+fn start_sim(world: &World, nodes: usize, extra: &[&str]) -> (Sim, String) {
+    let seed: [u8; 32] = rand::random();
+    let seed_file = world.write("jwt-signer.seed", &hex::encode(seed));
+    let mut args = vec![
+        "--token",
+        TOKEN,
+        "--jwt-key",
+        &seed_file,
+        // No RSA keys: no case here gets as far as generating a CSR.
+        "--keygen-threads",
+        "0",
+        // A safety net should this test die without stopping it.
+        "--deadline",
+        "300s",
+    ];
+    args.extend_from_slice(extra);
+    let sim = Sim::start_booted(world, nodes, &args);
+    (sim, ed25519::public_key_hex_from_seed(&seed))
+}
+
+/// The requests from `sender` that the simulated `node` recorded: (action, request id,
+/// caller, status it answered or None when it did not).
+fn recorded(
+    report: &Report,
+    node: &str,
+    sender: &str,
+) -> Vec<(String, String, String, Option<u8>)> {
+    let node = report
+        .nodes
+        .iter()
+        .find(|n| n.identity == node)
+        .unwrap_or_else(|| panic!("{node} is in the report"));
+    node.record
+        .actions
+        .iter()
+        .filter(|a| a.sender == sender)
+        .map(|a| {
+            (
+                a.action.clone(),
+                a.request_id.clone(),
+                a.caller.clone(),
+                a.statuscode,
+            )
+        })
+        .collect()
+}
+
+/// How long one try waits: `DISCOVERY_TIMEOUT` plus this DDL part (§5.2).
+#[derive(Clone, Copy, Debug)]
+enum TryWait {
+    /// 300 ms: well under the slow nodes' reply delay.
+    Short,
+    /// 3 s: ample time for a broken reply to arrive and be refused, before timing out.
+    Medium,
+    /// 20.3 s: only a reply ends it.
+    Long,
+}
+
+impl TryWait {
+    fn ddl(self) -> Duration {
+        match self {
+            TryWait::Short => Duration::ZERO,
+            TryWait::Medium => Duration::from_millis(2700),
+            TryWait::Long => Duration::from_secs(20),
+        }
+    }
+}
+
+/// The slow nodes' reply delay: past a short try, well inside a long one.
+const SLOW_DELAY: &str = "1500ms";
+const SEED: u64 = 7;
+const NODES: usize = 16;
+
+fn fractions() -> FaultFractions {
+    FaultFractions {
+        dead: 0.125,
+        slow: 0.125,
+        malformed: 0.0625,
+        bad_hash: 0.0625,
+        foreign_lock: 0.0625,
+        ..Default::default()
+    }
+}
+
+/// name, node kind (None: healthy), another provisioner that took the node's lock first,
+/// try wait, agent, action, data, outcome (None: Ok), requests the node recorded from us, the
+/// status it answered each with (None: it did not answer), rpc_errors, malformed replies
+/// counted (kind, count).
+type Case = (
+    &'static str,
+    Option<Fault>,
+    Option<&'static str>,
+    TryWait,
+    &'static str,
+    &'static str,
+    Value,
+    Option<RpcOutcome>,
+    usize,
+    Option<u8>,
+    u64,
+    Option<(&'static str, u64)>,
+);
+
+/// Checks the data of an Ok reply: the simulator's real answers.
+fn check_ok_data(name: &str, action: &str, data: &Value, jwt_signer_public: &str) {
+    match action {
+        "jwt" => {
+            let key = jwt::VerifyKey::load(jwt_signer_public, &|p| std::fs::read(p))
+                .expect("the signer's key");
+            let token = data["jwt"].as_str().unwrap_or_default();
+            let claims = jwt::verify_provisioning_jwt(token, &key, unix_now() as u64)
+                .unwrap_or_else(|err| panic!("{name}: the node's JWT: {err}"));
+            assert_eq!(claims["cht"], TOKEN, "{name}");
+            let ecdh = data["ecdh_public"].as_str().unwrap_or_default();
+            assert_eq!(hex::decode(ecdh).map(|k| k.len()).ok(), Some(32), "{name}");
+        }
+        "inventory" => {
+            assert_eq!(data["collectives"], json!(["provisioning"]), "{name}");
+            assert_eq!(data["main_collective"], "provisioning", "{name}");
+        }
+        other => panic!("{name}: no check for the data of {other}"),
+    }
+}
+
+#[test]
+fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
+    let world = World::new();
+    let server = &world.broker;
+    let fraction = |f: f64| f.to_string();
+    let (dead, slow, malformed_f, bad_hash, foreign_lock) = (
+        fraction(fractions().dead),
+        fraction(fractions().slow),
+        fraction(fractions().malformed),
+        fraction(fractions().bad_hash),
+        fraction(fractions().foreign_lock),
+    );
+    let seed = SEED.to_string();
+    #[rustfmt::skip]
+    let (sim, jwt_signer_public) = start_sim(&world, NODES, &[
+        "--seed", &seed, "--slow-delay", SLOW_DELAY, "--dead", &dead, "--slow", &slow,
+        "--malformed", &malformed_f, "--bad-hash", &bad_hash, "--foreign-lock", &foreign_lock,
+    ]);
+    // The simulator picks faulty nodes with this very function: each case takes the next
+    // unused node of its kind.
+    let mut nodes_of: BTreeMap<Option<Fault>, Vec<String>> = BTreeMap::new();
+    for (index, fault) in faults::assign(NODES, &fractions(), SEED)
+        .into_iter()
+        .enumerate()
+        .rev()
+    {
+        nodes_of.entry(fault).or_default().push(sim_identity(index));
+    }
+
+    let bad_token = "Incorrect provision token supplied";
+    let unparsable = "Could not parse request data for choria_provision#gencsr: invalid type: integer `5`, expected a string";
+    let cp = "choria_provision";
+    let token = json!({"token": TOKEN});
+    let wrong = json!({"token": "wrong"});
+    let status = |code: u8, message: &str| {
+        Some(RpcOutcome::Status {
+            code,
+            message: message.into(),
+        })
+    };
+    let (timeout, refused) = (Some(RpcOutcome::Timeout), Some(RpcOutcome::LockRefused));
+    let (bad_reply, bad_rpc) = (Some((malformed::REPLY, 1)), Some((malformed::RPC_REPLY, 1)));
+    #[rustfmt::skip]
+    let cases: Vec<Case> = vec![
+        // name,             node,                     lock owner,    wait,            agent,     action,      data,               outcome,            tries, status,  errors, malformed
+        ("ok jwt",           None,                     None,          TryWait::Long,   cp,        "jwt",       token.clone(),      None,               1,     Some(0), 0,      None),
+        ("ok inventory",     None,                     None,          TryWait::Long,   "rpcutil", "inventory", json!({}),          None,               1,     Some(0), 0,      None),
+        ("wrong token",      None,                     None,          TryWait::Long,   cp,        "restart",   wrong.clone(),      status(1, bad_token), 3,   Some(1), 3,      None),
+        ("bad data",         None,                     None,          TryWait::Long,   cp,        "gencsr",    json!({"token": 5}), status(4, unparsable), 1, Some(4), 1,      None),
+        ("owned elsewhere",  None,                     Some("other"), TryWait::Long,   cp,        "configure", token.clone(),      refused.clone(),    1,     Some(1), 0,      None),
+        ("foreign lock",     Some(Fault::ForeignLock), None,          TryWait::Long,   cp,        "jwt",       token.clone(),      refused.clone(),    1,     Some(1), 0,      None),
+        ("dead, one try",    Some(Fault::Dead),        None,          TryWait::Short,  cp,        "gencsr",    token.clone(),      timeout.clone(),    1,     None,    1,      None),
+        ("dead, three tries", Some(Fault::Dead),       None,          TryWait::Short,  cp,        "jwt",       token.clone(),      timeout.clone(),    3,     None,    3,      None),
+        ("slow, in time",    Some(Fault::Slow),        None,          TryWait::Long,   cp,        "jwt",       token.clone(),      None,               1,     Some(0), 0,      None),
+        ("slow, too late",   Some(Fault::Slow),        None,          TryWait::Short,  cp,        "jwt",       token.clone(),      timeout.clone(),    3,     Some(0), 3,      None),
+        ("malformed",        Some(Fault::Malformed),   None,          TryWait::Medium, cp,        "gencsr",    wrong.clone(),      timeout.clone(),    1,     Some(1), 1,      bad_rpc),
+        ("bad hash",         Some(Fault::BadHash),     None,          TryWait::Medium, cp,        "gencsr",    wrong.clone(),      timeout.clone(),    1,     Some(1), 1,      bad_reply),
+    ];
+    let targets: Vec<String> = cases
+        .iter()
+        .map(|case| {
+            nodes_of
+                .get_mut(&case.1)
+                .and_then(Vec::pop)
+                .unwrap_or_else(|| panic!("{}: no unused node of kind {:?}", case.0, case.1))
+        })
+        .collect();
+
+    // Every case at once, each with its own metrics, on the one shared connection; the
+    // other provisioner has a connection (and so a lock key) of its own.
+    let conn = connect(server, PROVISIONER);
+    let other = connect(server, "other.test");
+    let results: Vec<(RpcOutcome, Arc<Counts>, Option<RpcOutcome>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cases
+            .iter()
+            .zip(&targets)
+            .map(|(case, target)| {
+                let (conn, other) = (conn.clone(), other.clone());
+                std::thread::Builder::new()
+                    .name(format!("case-{}", case.0))
+                    .spawn_scoped(scope, move || {
+                        let gate = Gate::new(false);
+                        let owner = case.2.map(|_| {
+                            let rpc = RpcClient::new(other, Arc::new(Counts::default()));
+                            rpc.call(
+                                target,
+                                "choria_provision",
+                                "jwt",
+                                json!({"token": TOKEN}),
+                                &gate,
+                            )
+                        });
+                        let metrics = Arc::new(Counts::default());
+                        let rpc =
+                            RpcClient::new(conn, metrics.clone()).with_ddl_timeout(case.3.ddl());
+                        let outcome = rpc.call(target, case.4, case.5, case.6.clone(), &gate);
+                        (outcome, metrics, owner)
+                    })
+                    .expect("case thread")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("case thread ended cleanly"))
+            .collect()
+    });
+
+    // The only late replies are the slow node's to the short tries; they reach no waiter.
+    let deadline = Instant::now() + WAIT;
+    while conn.unknown_replies() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(conn.unknown_replies(), 3, "late replies of the slow node");
+
+    // The connection survived every broken reply: a fresh call still succeeds.
+    let survivor = nodes_of
+        .get_mut(&None)
+        .and_then(Vec::pop)
+        .expect("a spare healthy node");
+    let rpc = RpcClient::new(conn.clone(), Arc::new(Counts::default()));
+    let outcome = rpc.call(
+        &survivor,
+        "rpcutil",
+        "inventory",
+        json!({}),
+        &Gate::new(false),
+    );
+    assert!(
+        matches!(outcome, RpcOutcome::Ok(_)),
+        "after the broken replies: {outcome:?}"
+    );
+    assert!(conn.is_connected());
+    conn.close();
+    other.close();
+    let report = sim.stop();
+
+    for ((case, target), (outcome, metrics, owner)) in cases.iter().zip(&targets).zip(results) {
+        let (name, _, owner_name, _, agent, action, _, expected, tries, sim_status, errors, bad) =
+            case;
+        let label = format!("{agent}#{action}");
+        match expected {
+            None => {
+                let RpcOutcome::Ok(data) = &outcome else {
+                    panic!("{name}: expected Ok, got {outcome:?}");
+                };
+                check_ok_data(name, action, data, &jwt_signer_public);
+            }
+            Some(expected) => assert_eq!(&outcome, expected, "{name}"),
+        }
+        assert_eq!(
+            metrics.get(&format!("rpc_error:{label}")),
+            *errors,
+            "{name}: rpc_errors{{{label}}}"
+        );
+        let observed_tries = metrics.get(&format!("rpc_time:{label}"));
+        assert_eq!(observed_tries, *tries as u64, "{name}: rpc_time count");
+        for kind in [
+            malformed::REPLY,
+            malformed::REPLY_MISMATCH,
+            malformed::RPC_REPLY,
+        ] {
+            let want = bad.filter(|(k, _)| *k == kind).map_or(0, |(_, n)| n);
+            assert_eq!(
+                metrics.get(&format!("malformed:{kind}")),
+                want,
+                "{name}: malformed_messages{{kind={kind}}}"
+            );
+        }
+
+        // What the node saw: one fresh request per try, answered (or not) as its kind does.
+        let seen = recorded(&report, target, PROVISIONER);
+        assert_eq!(
+            seen.len(),
+            *tries,
+            "{name}: requests {target} recorded: {seen:?}"
+        );
+        let ids: BTreeSet<&String> = seen.iter().map(|(_, id, _, _)| id).collect();
+        assert_eq!(
+            ids.len(),
+            seen.len(),
+            "{name}: request ids are fresh per try"
+        );
+        for (recorded_action, _, caller, answered) in &seen {
+            assert_eq!(recorded_action, &label, "{name}");
+            assert_eq!(caller, &format!("choria={PROVISIONER}"), "{name}");
+            assert_eq!(answered, sim_status, "{name}: status the node answered");
+        }
+        if owner_name.is_some() {
+            assert!(
+                matches!(owner, Some(RpcOutcome::Ok(_))),
+                "{name}: {owner:?}"
+            );
+            let holder = report.nodes.iter().find(|n| &n.identity == target);
+            assert_eq!(
+                holder.and_then(|n| n.lock_holder.as_deref()),
+                Some("other.test.choria=other.test"),
+                "{name}: the other provisioner keeps the lock"
+            );
+        }
+    }
+    // Every request we sent passed a go-choria server's checks (schemas, window, filter).
+    assert_eq!(report.totals.violations, 0, "{:#?}", report.nodes);
+}
+
+#[test]
+fn a_closed_gate_stops_tries_before_sending_and_while_waiting() {
+    let world = World::new();
+    let server = &world.broker;
+    let seed = SEED.to_string();
+    // Two nodes, one of them dead.
+    let (sim, _) = start_sim(&world, 2, &["--seed", &seed, "--dead", "0.5"]);
+    let assigned = faults::assign(
+        2,
+        &FaultFractions {
+            dead: 0.5,
+            ..Default::default()
+        },
+        SEED,
+    );
+    let node_of = |fault: Option<Fault>| {
+        sim_identity(assigned.iter().position(|f| *f == fault).expect("assigned"))
+    };
+    let (healthy, dead) = (node_of(None), node_of(Some(Fault::Dead)));
+    let conn = connect(server, PROVISIONER);
+    // A long DDL timeout: only the gate can end the wait on the dead node early.
+    let rpc = RpcClient::new(conn.clone(), Arc::new(Counts::default()))
+        .with_ddl_timeout(Duration::from_secs(600));
+    let token = json!({"token": TOKEN});
+
+    let stopping = Gate::new(false);
+    stopping.stop();
+    for (gate, halt) in [(Gate::new(true), Halt::Paused), (stopping, Halt::Stopping)] {
+        let outcome = rpc.call(&healthy, "choria_provision", "jwt", token.clone(), &gate);
+        assert_eq!(outcome, RpcOutcome::Halted(halt));
+    }
+    let open = Gate::new(false);
+    let outcome = rpc.call(&healthy, "choria_provision", "jwt", token.clone(), &open);
+    assert!(matches!(outcome, RpcOutcome::Ok(_)), "{outcome:?}");
+
+    let gate = Arc::new(Gate::new(false));
+    let pauser = gate.clone();
+    let thread = std::thread::Builder::new()
+        .name("test-pauser".into())
+        .spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            pauser.set_paused(true);
+        })
+        .expect("thread");
+    let outcome = rpc.call(&dead, "choria_provision", "jwt", token, &gate);
+    thread.join().expect("pauser");
+    assert_eq!(outcome, RpcOutcome::Halted(Halt::Paused));
+    conn.close();
+
+    // The halted calls sent nothing; the paused wait sent its one try.
+    let report = sim.stop();
+    for (node, status) in [(&healthy, Some(0)), (&dead, None)] {
+        let seen = recorded(&report, node, PROVISIONER);
+        let statuses: Vec<Option<u8>> = seen.iter().map(|(_, _, _, s)| *s).collect();
+        assert_eq!(statuses, vec![status], "{node}: {seen:?}");
+    }
+}
+
+#[test]
+fn try_timeout_is_discovery_timeout_plus_the_ddl_timeout() {
+    let server = NatsServer::start().expect("nats-server");
+    let metrics = Arc::new(Counts::default());
+    let conn = Connection::connect(
+        &insecure_settings(&server.url(), PROVISIONER, Duration::from_secs(2)),
+        "provisioner",
+    )
+    .expect("connect");
+    let go_defaults = RpcClient::new(conn.clone(), metrics.clone());
+    let overridden = RpcClient::new(conn.clone(), metrics).with_ddl_timeout(Duration::from_secs(1));
+    for (client, agent, expected_secs) in [
+        (&go_defaults, "choria_provision", 22),
+        (&go_defaults, "rpcutil", 4),
+        (&overridden, "choria_provision", 3),
+        (&overridden, "rpcutil", 3),
+    ] {
+        assert_eq!(
+            client.try_timeout(agent),
+            Duration::from_secs(expected_secs),
+            "{agent}"
+        );
+    }
+    conn.close();
+}
+
+// ---------------------------------------------------------------------------------------
+// Hand-written pretend nodes, for what the simulator cannot do: stay silent on the first try
+// only (its slow nodes delay every reply alike), send a broken transport or a reply with
+// another request id or sender, and show us the exact request it received.
+// ---------------------------------------------------------------------------------------
+
+/// A hand-written pretend node listening on `provisioning.node.<identity>`.
+fn start_node(url: &str, identity: &str, answer: Answer) -> Responder {
+    Responder::start(
+        url,
+        identity,
+        &format!("provisioning.node.{identity}"),
+        answer,
+    )
+}
+
+fn action_of(request: &IncomingRequest) -> String {
+    serde_json::from_slice::<Value>(&request.payload)
+        .ok()
+        .and_then(|body| body.get("action").and_then(Value::as_str).map(String::from))
+        .unwrap_or_default()
+}
+
+/// A node's OK reply, as `identity`.
+fn ok_reply(request: &IncomingRequest, identity: &str, data: &Value) -> Vec<u8> {
+    let body = server::encode_rpc_reply(&action_of(request), 0, "OK", data);
+    server::encode_reply(
+        &request.request_id,
+        identity,
+        &request.agent,
+        &body,
+        unix_now(),
+    )
+}
+
+/// Stays silent for the first `silent_tries` requests, then replies OK with the try number.
+fn silent_for(identity: &str, silent_tries: usize) -> Answer {
+    let identity = identity.to_string();
+    Box::new(move |request, index| {
+        if index < silent_tries {
+            return vec![];
+        }
+        vec![ok_reply(
+            request,
+            &identity,
+            &json!({"answered": identity, "try": index}),
+        )]
+    })
+}
+
+#[test]
+fn a_missed_try_is_retried_and_every_request_is_well_formed() {
+    let server = NatsServer::start().expect("nats-server");
+    let metrics = Arc::new(Counts::default());
+    let conn = connect(&server, PROVISIONER);
+    let rpc = RpcClient::new(conn.clone(), metrics.clone()).with_ddl_timeout(Duration::ZERO);
+    let data = json!({"token": TOKEN});
+
+    #[rustfmt::skip]
+    let cases = [
+        // node,     agent,              action,      silent tries, requests seen, rpc_errors
+        ("retry",    "choria_provision", "jwt",       1,            2,             1),
+        ("inventory", "rpcutil",         "inventory", 0,            1,             0),
+    ];
+    for (node_name, agent, action, silent, requests, errors) in cases {
+        let identity = format!("{node_name}.example.net");
+        let node = start_node(&server.url(), &identity, silent_for(&identity, silent));
+        let label = format!("{agent}#{action}");
+
+        let outcome = rpc.call(&identity, agent, action, data.clone(), &Gate::new(false));
+
+        let seen = node.seen();
+        node.stop();
+        assert_eq!(
+            outcome,
+            RpcOutcome::Ok(json!({"answered": identity, "try": requests - 1})),
+            "{node_name}"
+        );
+        assert_eq!(seen.len(), requests, "{node_name}: requests the node saw");
+        assert_eq!(
+            metrics.get(&format!("rpc_error:{label}")),
+            errors,
+            "{node_name}: rpc_errors{{{label}}}"
+        );
+        assert_eq!(
+            metrics.get(&format!("rpc_time:{label}")),
+            requests as u64,
+            "{node_name}: rpc_time count"
+        );
+
+        // Every try is a fresh, well-formed directed request (§2.3, §5.1).
+        let ids: BTreeSet<&str> = seen.iter().map(|r| r.request_id.as_str()).collect();
+        assert_eq!(ids.len(), seen.len(), "{node_name}: fresh request ids");
+        for request in &seen {
+            assert_eq!(request.agent, agent);
+            assert_eq!(request.collective, "provisioning");
+            assert_eq!(request.sender_id, PROVISIONER);
+            assert_eq!(request.mc_sender, PROVISIONER);
+            assert_eq!(request.caller_id, format!("choria={PROVISIONER}"));
+            assert_eq!(request.ttl, 60);
+            assert_eq!(request.request_id.len(), 32);
+            assert_eq!(request.filter["agent"], json!([agent]));
+            assert_eq!(
+                request.reply_to,
+                format!(
+                    "{}{}",
+                    reply_prefix(&format!("choria={PROVISIONER}")),
+                    request.request_id
+                )
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&request.payload),
+                client::rpc_request_body(agent, action, &data)
+            );
+        }
+    }
+    conn.close();
+}
+
+#[test]
+fn broken_and_foreign_replies_are_counted_and_a_good_reply_after_them_is_accepted() {
+    // The simulator's malformed and bad-hash nodes are covered above; these breakages are
+    // ones it never sends.
+    let server = NatsServer::start().expect("nats-server");
+    let metrics = Arc::new(Counts::default());
+    let conn = connect(&server, PROVISIONER);
+    let rpc = RpcClient::new(conn.clone(), metrics.clone());
+    let identity = "liar.example.net";
+    let node = start_node(
+        &server.url(),
+        identity,
+        Box::new(move |request, _| {
+            let body = server::encode_rpc_reply("jwt", 0, "OK", &json!({"good": false}));
+            vec![
+                b"{this is not json".to_vec(),
+                br#"{"protocol":"choria:transport:1","data":"%%% not base64","headers":{}}"#
+                    .to_vec(),
+                server::encode_reply(
+                    "ffffffffffffffffffffffffffffffff",
+                    identity,
+                    &request.agent,
+                    &body,
+                    unix_now(),
+                ),
+                server::encode_reply(
+                    &request.request_id,
+                    "impostor.example.net",
+                    &request.agent,
+                    &body,
+                    unix_now(),
+                ),
+                ok_reply(request, identity, &json!({"good": true})),
+            ]
+        }),
+    );
+
+    let outcome = rpc.call(
+        identity,
+        "choria_provision",
+        "jwt",
+        json!({}),
+        &Gate::new(false),
+    );
+
+    assert_eq!(outcome, RpcOutcome::Ok(json!({"good": true})));
+    assert_eq!(node.seen().len(), 1, "no retry was needed");
+    node.stop();
+    #[rustfmt::skip]
+    let expected_counts = [
+        (malformed::REPLY, 2),          // bad JSON, bad base64
+        (malformed::REPLY_MISMATCH, 2), // wrong request id, wrong sender
+        (malformed::RPC_REPLY, 0),
+    ];
+    for (kind, count) in expected_counts {
+        assert_eq!(
+            metrics.get(&format!("malformed:{kind}")),
+            count,
+            "malformed_messages{{kind={kind}}}"
+        );
+    }
+    assert_eq!(metrics.get("rpc_error:choria_provision#jwt"), 0);
+    conn.close();
+}

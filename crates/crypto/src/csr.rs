@@ -1,0 +1,443 @@
+//! CSR checks for `features.pki` (spec/crypto.md §4): the node's `gencsr` reply must carry a
+//! parsable PKCS#10 request whose last common name is the node's identity, and neither that
+//! name nor any DNS SAN may match the configured deny list.
+//!
+//! Go compatibility: the CSR's self-signature is not checked (Go does not); an entry written
+//! `/re/` loses all its leading and trailing slashes; patterns are unanchored searches; an
+//! invalid pattern never matches. Unlike Go, a reply without a PEM block is an error, not a
+//! panic.
+
+use std::fmt;
+
+use x509_parser::certification_request::X509CertificationRequest;
+use x509_parser::der_parser::asn1_rs::Tag;
+use x509_parser::extensions::{GeneralName, ParsedExtension};
+use x509_parser::prelude::FromDer;
+
+/// The deny list used when `cert_deny_list` is empty (Go `config/config.go`; the second `.`
+/// in the first two is unescaped there too).
+pub const DEFAULT_DENY_PATTERNS: [&str; 4] = [
+    r"\.privileged.mcollective$",
+    r"\.privileged.choria$",
+    r"\.mcollective$",
+    r"\.choria$",
+];
+
+/// What was wrong with a CSR or the deny list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CsrError {
+    /// The reply had no CSR text at all.
+    Empty,
+    /// No `-----BEGIN ...-----` block could be found (Go panics here).
+    NoPemBlock { reason: String },
+    /// The PEM body is not a PKCS#10 request.
+    Parse { reason: String },
+    /// The last common name differs from the identity (an empty CN lands here too).
+    CommonNameMismatch {
+        common_name: String,
+        identity: String,
+    },
+    /// A CN or DNS SAN matched a deny-list pattern.
+    Denied { name: String, pattern: String },
+}
+
+impl fmt::Display for CsrError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CsrError::Empty => write!(f, "no CSR received"),
+            CsrError::NoPemBlock { reason } => {
+                write!(f, "could not parse CSR: no PEM block found: {reason}")
+            }
+            CsrError::Parse { reason } => write!(f, "could not parse CSR: {reason}"),
+            CsrError::CommonNameMismatch {
+                common_name,
+                identity,
+            } => write!(
+                f,
+                "common name {common_name} does not match identity {identity}"
+            ),
+            CsrError::Denied { name, pattern } => {
+                write!(f, "{name} matches denied certificate pattern {pattern:?}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CsrError {}
+
+/// One deny-list entry: the text as configured, and its compiled regex when it compiles.
+#[derive(Debug, Clone)]
+struct DenyPattern {
+    configured: String,
+    regex: Option<regex::Regex>,
+}
+
+/// The compiled `cert_deny_list`, with Go's defaults when the configured list is empty.
+#[derive(Debug, Clone)]
+pub struct DenyList {
+    patterns: Vec<DenyPattern>,
+}
+
+impl DenyList {
+    /// Compiles `patterns`; an empty slice selects [`DEFAULT_DENY_PATTERNS`].
+    ///
+    /// Never fails today: like Go, a pattern that does not compile is kept but never matches
+    /// (the `Result` leaves room for a stricter mode).
+    pub fn new(patterns: &[String]) -> Result<DenyList, CsrError> {
+        let configured: Vec<String> = if patterns.is_empty() {
+            DEFAULT_DENY_PATTERNS
+                .iter()
+                .map(|p| p.to_string())
+                .collect()
+        } else {
+            patterns.to_vec()
+        };
+        let patterns = configured
+            .into_iter()
+            .map(|entry| {
+                let source = strip_slashes(&entry);
+                let regex = regex::Regex::new(source).ok();
+                if regex.is_none() {
+                    log::warn!("cert_deny_list entry {entry:?} is not a valid regex; it never matches (as in Go)");
+                }
+                DenyPattern {
+                    configured: entry,
+                    regex,
+                }
+            })
+            .collect();
+        Ok(DenyList { patterns })
+    }
+
+    /// The configured entry that `name` matches, if any.
+    pub fn matching_pattern(&self, name: &str) -> Option<&str> {
+        self.patterns
+            .iter()
+            .find(|p| p.regex.as_ref().is_some_and(|re| re.is_match(name)))
+            .map(|p| p.configured.as_str())
+    }
+}
+
+/// Go: an entry matching `^/.+/$` has all leading and all trailing `/` trimmed (§4 step 5).
+fn strip_slashes(entry: &str) -> &str {
+    if entry.len() >= 3 && entry.starts_with('/') && entry.ends_with('/') {
+        entry.trim_start_matches('/').trim_end_matches('/')
+    } else {
+        entry
+    }
+}
+
+/// The names a CSR asks for: Go's `Subject.CommonName` (the last CN holding a string) and the
+/// DNS SANs of its extension request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsrNames {
+    pub common_name: String,
+    pub dns_names: Vec<String>,
+}
+
+/// Parses the first PEM block of `csr_pem` as a PKCS#10 request and returns its names.
+pub fn csr_names(csr_pem: &str) -> Result<CsrNames, CsrError> {
+    if csr_pem.is_empty() {
+        return Err(CsrError::Empty);
+    }
+    // Go's pem.Decode ignores the block type; so do we.
+    let block = pem::parse(csr_pem).map_err(|e| CsrError::NoPemBlock {
+        reason: e.to_string(),
+    })?;
+    let (_, request) =
+        X509CertificationRequest::from_der(block.contents()).map_err(|e| CsrError::Parse {
+            reason: e.to_string(),
+        })?;
+
+    let mut common_name = String::new();
+    for attribute in request
+        .certification_request_info
+        .subject
+        .iter_common_name()
+    {
+        // Each later string-valued CN overwrites the earlier one in Go's FillFromRDNSequence.
+        if let Some(value) = attribute_string(attribute.attr_value()) {
+            common_name = value;
+        }
+    }
+
+    let mut dns_names = Vec::new();
+    if let Some(extensions) = request.requested_extensions() {
+        for extension in extensions {
+            if let ParsedExtension::SubjectAlternativeName(san) = extension {
+                for general_name in &san.general_names {
+                    if let GeneralName::DNSName(dns) = general_name {
+                        dns_names.push(dns.to_string());
+                    }
+                }
+            }
+        }
+    }
+    Ok(CsrNames {
+        common_name,
+        dns_names,
+    })
+}
+
+/// The string value of an attribute as Go's asn1 decodes it, or None for non-string types.
+fn attribute_string(value: &x509_parser::der_parser::asn1_rs::Any) -> Option<String> {
+    let data = value.data;
+    match value.tag() {
+        Tag::PrintableString | Tag::Utf8String | Tag::Ia5String | Tag::NumericString => {
+            std::str::from_utf8(data).ok().map(str::to_string)
+        }
+        // Go keeps T61 bytes as they are (Latin-1 in practice).
+        Tag::T61String => Some(data.iter().map(|&b| b as char).collect()),
+        Tag::BmpString => {
+            if !data.len().is_multiple_of(2) {
+                return None;
+            }
+            let units: Vec<u16> = data
+                .chunks_exact(2)
+                .map(|pair| u16::from_be_bytes([pair[0], pair[1]]))
+                .collect();
+            String::from_utf16(&units).ok()
+        }
+        _ => None,
+    }
+}
+
+/// Go `validateCSR`: the last CN must equal `identity`; the CN and every DNS SAN must not
+/// match the deny list.
+pub fn validate_csr(csr_pem: &str, identity: &str, deny: &DenyList) -> Result<(), CsrError> {
+    let names = csr_names(csr_pem)?;
+    if names.common_name != identity {
+        return Err(CsrError::CommonNameMismatch {
+            common_name: names.common_name,
+            identity: identity.to_string(),
+        });
+    }
+    for name in std::iter::once(&names.common_name).chain(names.dns_names.iter()) {
+        if let Some(pattern) = deny.matching_pattern(name) {
+            return Err(CsrError::Denied {
+                name: name.clone(),
+                pattern: pattern.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use choria_testkit::vector_path;
+    use rsa::pkcs1::DecodeRsaPrivateKey;
+    use std::str::FromStr;
+    use x509_cert::builder::{Builder, RequestBuilder};
+    use x509_cert::ext::pkix::name::GeneralName as CertGeneralName;
+    use x509_cert::ext::pkix::SubjectAltName;
+    use x509_cert::name::Name;
+
+    fn read_vector(relative: &str) -> String {
+        std::fs::read_to_string(vector_path(relative))
+            .unwrap_or_else(|e| panic!("reading vector {relative}: {e}"))
+    }
+
+    /// A CSR signed with a test RSA key, with `subject` in RFC 4514 order (the leftmost RDN is
+    /// the last one in the DER, so `CN=b,CN=a` has last CN `b`) and the given DNS SANs.
+    fn make_csr(subject: &str, dns: &[&str]) -> String {
+        let key_pem = read_vector("tokens/testdata/rsa/signer-key.pem");
+        let key = rsa::RsaPrivateKey::from_pkcs1_pem(&key_pem).expect("test key");
+        let signer = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key);
+        let name = Name::from_str(subject).expect("subject");
+        let mut builder = RequestBuilder::new(name, &signer).expect("builder");
+        if !dns.is_empty() {
+            let names = dns
+                .iter()
+                .map(|d| {
+                    CertGeneralName::DnsName(
+                        x509_cert::der::asn1::Ia5String::new(*d).expect("ia5 name"),
+                    )
+                })
+                .collect();
+            builder
+                .add_extension(&SubjectAltName(names))
+                .expect("san extension");
+        }
+        let request = builder
+            .build::<rsa::pkcs1v15::Signature>()
+            .expect("build csr");
+        use x509_cert::der::EncodePem;
+        request
+            .to_pem(x509_cert::der::pem::LineEnding::LF)
+            .expect("csr to pem")
+    }
+
+    fn default_deny() -> DenyList {
+        DenyList::new(&[]).expect("default deny list")
+    }
+
+    #[test]
+    fn vector_csrs_come_out_as_the_spec_says() {
+        // (file, identity, expected: Ok(()) or the error's Display prefix)
+        let cases: &[(&str, &str, Result<(), &str>)] = &[
+            ("go-choria/broker/network/testdata/ssl/certificate_requests/rip.mcollective.pem", "rip.mcollective", Err("rip.mcollective matches denied certificate pattern \"\\\\.mcollective$\"")),
+            ("go-choria/providers/security/testdata/good/certificate_requests/rip.mcollective.pem", "rip.mcollective", Err("rip.mcollective matches denied certificate pattern")),
+            ("go-choria/broker/network/testdata/ssl/certificate_requests/rip.mcollective.pem", "other.example.net", Err("common name rip.mcollective does not match identity other.example.net")),
+            ("go-choria/integration/ca/one/rip.mcollective.csr", "rip.mcollective", Err("common name  does not match identity rip.mcollective")),
+            ("go-choria/integration/ca/one/localhost.csr", "localhost", Err("common name  does not match identity localhost")),
+            ("go-choria/integration/ca/two/rip.mcollective.csr", "rip.mcollective", Err("common name  does not match identity rip.mcollective")),
+            ("go-choria/integration/ca/two/localhost.csr", "localhost", Err("common name  does not match identity localhost")),
+            ("go-choria/providers/security/testdata/intermediate/rip.mcollective.csr", "rip.mcollective", Err("common name  does not match identity")),
+            ("go-choria/providers/security/testdata/intermediate/email.rip.mcollective.csr", "rip.mcollective", Err("common name  does not match identity")),
+        ];
+        let deny = default_deny();
+        for (file, identity, expected) in cases {
+            let got = validate_csr(&read_vector(file), identity, &deny);
+            match (expected, &got) {
+                (Ok(()), Ok(())) => {}
+                (Err(prefix), Err(e)) => assert!(
+                    e.to_string().starts_with(prefix),
+                    "{file}: got error {e:?} ({e}), want prefix {prefix:?}"
+                ),
+                _ => panic!("{file} as {identity}: got {got:?}, want {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn vector_csr_names_are_read() {
+        // (file, last CN, DNS SANs)
+        let cases: &[(&str, &str, &[&str])] = &[
+            (
+                "go-choria/broker/network/testdata/ssl/certificate_requests/rip.mcollective.pem",
+                "rip.mcollective",
+                &[],
+            ),
+            (
+                "go-choria/integration/ca/one/rip.mcollective.csr",
+                "",
+                &["rip.mcollective"],
+            ),
+            (
+                "go-choria/integration/ca/one/localhost.csr",
+                "",
+                &["localhost"],
+            ),
+        ];
+        for (file, cn, dns) in cases {
+            let names = csr_names(&read_vector(file)).expect(file);
+            assert_eq!(names.common_name, *cn, "{file}");
+            assert_eq!(names.dns_names, *dns, "{file}");
+        }
+    }
+
+    #[test]
+    fn vector_csr_passes_with_a_deny_list_that_does_not_match() {
+        let deny = DenyList::new(&["/^evil\\./".to_string()]).expect("deny");
+        let csr = read_vector(
+            "go-choria/broker/network/testdata/ssl/certificate_requests/rip.mcollective.pem",
+        );
+        assert_eq!(validate_csr(&csr, "rip.mcollective", &deny), Ok(()));
+    }
+
+    #[test]
+    fn generated_csrs_against_the_default_deny_list() {
+        // (subject in RFC 4514 order, DNS SANs, identity, expected error Display prefix or None)
+        let cases: &[(&str, &[&str], &str, Option<&str>)] = &[
+            ("CN=node1.example.net", &[], "node1.example.net", None),
+            ("CN=node1.example.net,OU=ops,O=Acme", &["node1.example.net", "alias.example.net"], "node1.example.net", None),
+            ("CN=node1.example.net", &["evil.choria"], "node1.example.net", Some("evil.choria matches denied certificate pattern")),
+            ("CN=node1.mcollective", &[], "node1.mcollective", Some("node1.mcollective matches denied certificate pattern")),
+            ("CN=x.privileged.choria", &[], "x.privileged.choria", Some("x.privileged.choria matches denied certificate pattern \"\\\\.privileged.choria$\"")),
+            // the unescaped `.` in `\.privileged.choria$` matches any character
+            ("CN=x.privilegedXchoria", &[], "x.privilegedXchoria", Some("x.privilegedXchoria matches denied certificate pattern \"\\\\.privileged.choria$\"")),
+            ("CN=choria.example.net", &[], "choria.example.net", None),
+            // the last CN wins: `CN=last,CN=first` puts `last` at the end of the DER sequence
+            ("CN=node1.example.net,CN=first.example.net", &[], "node1.example.net", None),
+            ("CN=first.example.net,CN=node1.example.net", &[], "node1.example.net", Some("common name first.example.net does not match identity node1.example.net")),
+            ("OU=ops", &["node1.example.net"], "node1.example.net", Some("common name  does not match identity node1.example.net")),
+            ("CN=Node1.example.net", &[], "node1.example.net", Some("common name Node1.example.net does not match identity")),
+        ];
+        let deny = default_deny();
+        for (subject, dns, identity, expected) in cases {
+            let csr = make_csr(subject, dns);
+            let got = validate_csr(&csr, identity, &deny);
+            match (expected, &got) {
+                (None, Ok(())) => {}
+                (Some(prefix), Err(e)) => assert!(
+                    e.to_string().starts_with(prefix),
+                    "{subject} {dns:?}: got {e}, want prefix {prefix:?}"
+                ),
+                _ => panic!("{subject} {dns:?} as {identity}: got {got:?}, want {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn deny_list_rules_as_go() {
+        // (configured entries, name, expected matching entry)
+        let cases: &[(&[&str], &str, Option<&str>)] = &[
+            (&[], "a.choria", Some(r"\.choria$")),
+            (&[], "a.choria.example", None),
+            (&[], "a.mcollective", Some(r"\.mcollective$")),
+            // `/re/` form: all leading and trailing slashes go
+            (&["/bad/"], "is-bad-host", Some("/bad/")),
+            (&["//bad//"], "is-bad-host", Some("//bad//")),
+            // unanchored search
+            (&["bad"], "xbadx", Some("bad")),
+            (&["^bad$"], "xbadx", None),
+            // `//` is not the /re/ form (needs one char inside): the regex is `//` itself
+            (&["//"], "a//b", Some("//")),
+            (&["//"], "ab", None),
+            // an invalid regex never matches
+            (&["/(unclosed/"], "(unclosed", None),
+            (&["(unclosed", "host"], "my-host", Some("host")),
+            // a configured list replaces the defaults
+            (&["^nothing$"], "a.choria", None),
+        ];
+        for (entries, name, expected) in cases {
+            let entries: Vec<String> = entries.iter().map(|e| e.to_string()).collect();
+            let deny = DenyList::new(&entries).expect("deny list");
+            assert_eq!(
+                deny.matching_pattern(name),
+                *expected,
+                "{entries:?} vs {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_csr_text_is_an_error_not_a_panic() {
+        // (input, expected error Display prefix)
+        let cases: &[(&str, &str)] = &[
+            ("", "no CSR received"),
+            (
+                "not a pem at all",
+                "could not parse CSR: no PEM block found",
+            ),
+            (
+                "-----BEGIN CERTIFICATE REQUEST-----\n",
+                "could not parse CSR: no PEM block found",
+            ),
+            (
+                "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+                "could not parse CSR:",
+            ),
+            (
+                "-----BEGIN CERTIFICATE REQUEST-----\n!!!!\n-----END CERTIFICATE REQUEST-----\n",
+                "could not parse CSR:",
+            ),
+        ];
+        let deny = default_deny();
+        for (input, prefix) in cases {
+            let err = validate_csr(input, "node", &deny).expect_err(input);
+            assert!(err.to_string().starts_with(prefix), "{input:?}: got {err}");
+        }
+    }
+
+    #[test]
+    fn leading_text_before_the_pem_block_is_skipped_like_go() {
+        let csr = format!("garbage before\n{}", make_csr("CN=node1.example.net", &[]));
+        assert_eq!(
+            validate_csr(&csr, "node1.example.net", &default_deny()),
+            Ok(())
+        );
+    }
+}

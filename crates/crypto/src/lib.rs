@@ -1,0 +1,36 @@
+//! Pure cryptography of the provisioning cycle: provisioning JWT checks, server JWT issuing,
+//! ECDH key transport, CSR checks, gen25519 checks and KSUIDs, each as Go's provisioner,
+//! go-choria and choria-io/tokens do it.
+//!
+//! This crate never starts a thread, never touches the network and never reads the clock:
+//! times arrive as `now_unix` arguments, so every rule (expiry boundaries, chain checks) is
+//! tested with plain values. Where Go takes a path from its configuration (verify key,
+//! signing key, chain token), the caller hands in a [`ReadFile`], so the filesystem is the
+//! caller's business too.
+//!
+//! - [`csr`]: `gencsr` replies: the last CN is the identity; Go's deny-list rules.
+//! - [`ed25519`]: `gen25519` replies: the nonce signature, lengths checked.
+//! - [`key_transport`]: X25519 and Go's legacy PEM AES-256-CBC for keys a helper hands over.
+//! - [`jwt`]: verify keys, provisioning JWT checks, RS256/EdDSA signing.
+//! - [`server_jwt`]: server JWTs, plain or chain-issued.
+//! - [`ksuid`]: segmentio-compatible KSUIDs for `jti`.
+//!
+//! Each submodule has one error enum whose `Display` names what was wrong.
+
+pub mod csr;
+pub mod ed25519;
+pub mod jwt;
+pub mod key_transport;
+pub mod ksuid;
+pub mod server_jwt;
+
+/// Reads a whole file for a key or token the configuration names. The daemon passes
+/// `std::fs::read`; a `NotFound` error is meaningful (`jwt_verify_cert` then holds the key
+/// itself, as in Go).
+pub type ReadFile<'a> = &'a dyn Fn(&std::path::Path) -> std::io::Result<Vec<u8>>;
+
+/// `std::fs::read`, for the tests of this crate.
+#[cfg(test)]
+pub(crate) fn fs_read(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    std::fs::read(path)
+}

@@ -1,0 +1,121 @@
+//! Fault selection: which nodes misbehave, and how. Each fault kind gets `round(fraction × N)`
+//! nodes, chosen by a seeded shuffle, so a given `--seed` always picks the same nodes and each
+//! node gets at most one fault.
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use crate::options::FaultFractions;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fault {
+    /// Never answers anything.
+    Dead,
+    /// Answers everything after `--slow-delay`.
+    Slow,
+    /// RPC replies carry malformed JSON.
+    Malformed,
+    /// RPC replies carry a SecureReply hash that does not match.
+    BadHash,
+    /// `gencsr` returns a CSR whose CN is not the node's identity.
+    WrongCn,
+    /// `gen25519` returns a signature that does not verify.
+    BadSignature,
+    /// The provisioning lock is held by another caller forever.
+    ForeignLock,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 7] = [
+        Fault::Dead,
+        Fault::Slow,
+        Fault::Malformed,
+        Fault::BadHash,
+        Fault::WrongCn,
+        Fault::BadSignature,
+        Fault::ForeignLock,
+    ];
+
+    /// The name used in flags (without `--`) and in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Dead => "dead",
+            Fault::Slow => "slow",
+            Fault::Malformed => "malformed",
+            Fault::BadHash => "bad-hash",
+            Fault::WrongCn => "wrong-cn",
+            Fault::BadSignature => "bad-signature",
+            Fault::ForeignLock => "foreign-lock",
+        }
+    }
+
+    fn fraction(self, f: &FaultFractions) -> f64 {
+        match self {
+            Fault::Dead => f.dead,
+            Fault::Slow => f.slow,
+            Fault::Malformed => f.malformed,
+            Fault::BadHash => f.bad_hash,
+            Fault::WrongCn => f.wrong_cn,
+            Fault::BadSignature => f.bad_signature,
+            Fault::ForeignLock => f.foreign_lock,
+        }
+    }
+}
+
+/// The fault of every node, by node index.
+pub fn assign(nodes: usize, fractions: &FaultFractions, seed: u64) -> Vec<Option<Fault>> {
+    let mut order: Vec<usize> = (0..nodes).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    order.shuffle(&mut rng);
+    let mut faults = vec![None; nodes];
+    let mut next = order.into_iter();
+    for fault in Fault::ALL {
+        let count = (fault.fraction(fractions) * nodes as f64).round() as usize;
+        for index in next.by_ref().take(count) {
+            faults[index] = Some(fault);
+        }
+    }
+    faults
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_follow_fractions_and_the_seed_decides() {
+        let fractions = FaultFractions {
+            dead: 0.1,
+            slow: 0.05,
+            foreign_lock: 0.2,
+            ..Default::default()
+        };
+        let a = assign(100, &fractions, 7);
+        let count = |f: Fault| a.iter().filter(|x| **x == Some(f)).count();
+        assert_eq!(count(Fault::Dead), 10);
+        assert_eq!(count(Fault::Slow), 5);
+        assert_eq!(count(Fault::ForeignLock), 20);
+        assert_eq!(a.iter().filter(|x| x.is_none()).count(), 65);
+        assert_eq!(a, assign(100, &fractions, 7), "same seed, same choice");
+        assert_ne!(
+            a,
+            assign(100, &fractions, 8),
+            "another seed, another choice"
+        );
+    }
+
+    #[test]
+    fn all_faults_at_once_never_overlap() {
+        let fractions = FaultFractions {
+            dead: 0.2,
+            slow: 0.2,
+            malformed: 0.2,
+            bad_hash: 0.2,
+            wrong_cn: 0.2,
+            ..Default::default()
+        };
+        let a = assign(10, &fractions, 1);
+        assert!(a.iter().all(|f| f.is_some()));
+        assert_eq!(a.iter().filter(|x| **x == Some(Fault::WrongCn)).count(), 2);
+    }
+}

@@ -1,0 +1,426 @@
+//! The simulator's command line: hand-rolled flag parsing (no clap), with `--help` text that
+//! documents every flag. Parsing is pure: it takes the argument list and returns `Options` or a
+//! `UsageError` naming the flag and the value that was wrong.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything the simulator can be told on its command line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    /// Broker URLs, `nats://host:port`; also the JWT's `chu` claim.
+    pub brokers: Vec<String>,
+    pub nodes: usize,
+    pub prefix: String,
+    pub domain: String,
+    pub nodes_per_connection: usize,
+    pub boot_spread: Duration,
+    /// The provisioning token (`cht`); empty disables the token check (protocol.md §6.1).
+    pub token: String,
+    /// RSA PEM key (RS256) or 64-hex ed25519 seed (EdDSA) to mint the provisioning JWT with.
+    pub jwt_key: Option<PathBuf>,
+    /// Extra claims merged over the defaults of the provisioning JWT.
+    pub jwt_claims: serde_json::Map<String, serde_json::Value>,
+    /// Key to verify a configured `server_jwt` with (crypto `VerifyKey::load` rules).
+    pub org_issuer: Option<String>,
+    pub lock: Duration,
+    /// Versions assigned to nodes round-robin.
+    pub versions: Vec<String>,
+    pub facts: serde_json::Map<String, serde_json::Value>,
+    pub seed: u64,
+    pub faults: FaultFractions,
+    pub slow_delay: Duration,
+    /// `--schemas DIR`: the request schemas to check against instead of the vendored ones.
+    pub schemas: Option<PathBuf>,
+    pub report: Option<PathBuf>,
+    pub exit_when_done: bool,
+    pub deadline: Option<Duration>,
+    pub workers: usize,
+    pub keygen_threads: usize,
+    pub progress: Option<Duration>,
+}
+
+/// Fractions (0..=1) of the fleet given each fault; at most one fault per node.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FaultFractions {
+    pub dead: f64,
+    pub slow: f64,
+    pub malformed: f64,
+    pub bad_hash: f64,
+    pub wrong_cn: f64,
+    pub bad_signature: f64,
+    pub foreign_lock: f64,
+}
+
+/// What `parse` returns instead of options.
+#[derive(Debug, PartialEq)]
+pub enum Parsed {
+    Run(Box<Options>),
+    Help,
+}
+
+#[derive(Debug, PartialEq)]
+pub enum UsageError {
+    UnknownFlag(String),
+    MissingValue(String),
+    BadValue {
+        flag: String,
+        value: String,
+        why: String,
+    },
+    Missing(&'static str),
+}
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UsageError::UnknownFlag(flag) => write!(f, "unknown flag {flag:?} (see --help)"),
+            UsageError::MissingValue(flag) => write!(f, "flag {flag} needs a value"),
+            UsageError::BadValue { flag, value, why } => {
+                write!(f, "bad value {value:?} for {flag}: {why}")
+            }
+            UsageError::Missing(what) => write!(f, "missing {what} (see --help)"),
+        }
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+pub const HELP: &str = "\
+choria-fleet-sim: plays N Choria Servers in provisioning mode on a real NATS broker.
+
+Each node subscribes in collective `provisioning` to its node subject and the broadcast
+subjects of discovery, rpcutil, choria_provision and choria_util; validates every request as a
+go-choria server does (schemas, collective, +-ttl window, filter, agent) and records every drop
+as a violation; answers discovery, rpcutil#inventory and every choria_provision action with
+real keys; publishes CloudEvents lifecycle events (component provision_mode_server).
+
+USAGE: choria-fleet-sim --broker nats://127.0.0.1:PORT [flags]
+
+Fleet:
+  --broker URL[,URL]        broker URL(s); also the provisioning JWT's chu claim (required)
+  --nodes N                 number of simulated servers (default 10)
+  --prefix P --domain D     identities are P<i>.D, i from 1 (default node / sim.example.net)
+  --nodes-per-connection N  nodes sharing one broker connection (default 500)
+  --boot-spread DUR         spread the boots (startup events) over DUR (default 0s)
+  --version V[,V...]        Choria versions, assigned to nodes round-robin (default 0.29.4)
+  --facts JSON              inventory facts object (default {})
+  --lock-seconds N          provisioning lock holding time (default 120)
+
+Provisioning JWT:
+  --token T                 provisioning token, the JWT's cht; empty disables the check (default \"\")
+  --jwt-key FILE            RSA PEM key (signs RS256) or 64-hex ed25519 seed (signs EdDSA);
+                            without it nodes have no provisioning JWT (jwt action fails)
+  --jwt-claims JSON         claims merged over the defaults (cht, chu, chpd:true, chs:false,
+                            purpose, sub, iss, iat, nbf, exp = now+1y), e.g. {\"update\":true}
+  --org-issuer KEY          verifies configure's server_jwt: a certificate or public key PEM
+                            file, or an ed25519 public key in hex (org issuer or signer key)
+
+Faults (fractions 0..1 of the fleet; each node gets at most one, chosen from --seed):
+  --dead F                  never answer (they still boot and publish startup)
+  --slow F                  answer after --slow-delay (default 3s)
+  --malformed F             RPC replies carry malformed JSON
+  --bad-hash F              RPC replies carry a wrong SecureReply hash
+  --wrong-cn F              gencsr returns a CSR whose CN is not the identity
+  --bad-signature F         gen25519 returns a signature that does not verify
+  --foreign-lock F          provisioning lock is held by another caller forever
+  --seed N                  fault selection and delays (default 1)
+
+Run:
+  --schemas DIR             directory with secure_request.json and request.json
+                            (default: go-choria's, built in)
+  --report FILE             write the JSON report there (default: stdout before the summary)
+  --exit-when-done          exit once every fault-free node is in service or shut down
+  --deadline DUR            exit after DUR
+  --workers N               threads running choria_provision actions (default 2)
+  --keygen-threads N        threads pre-generating RSA keys from the first gencsr on (default 1; 0 = inline)
+  --progress DUR            print a progress line to stderr every DUR
+  --help                    this text
+
+Durations: 500ms, 2s, 1m, 1h or plain seconds. Exits on SIGINT/SIGTERM too; always ends
+with the report and a one-line summary on stdout.
+";
+
+/// `500ms`, `2s`, `1m`, `1h`, or plain (possibly fractional) seconds.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let (number, unit_seconds) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = text.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number.parse().ok()?;
+    if !value.is_finite() || value < 0.0 {
+        return None;
+    }
+    Some(Duration::from_secs_f64(value * unit_seconds))
+}
+
+impl Options {
+    fn defaults() -> Options {
+        Options {
+            brokers: Vec::new(),
+            nodes: 10,
+            prefix: "node".into(),
+            domain: "sim.example.net".into(),
+            nodes_per_connection: 500,
+            boot_spread: Duration::ZERO,
+            token: String::new(),
+            jwt_key: None,
+            jwt_claims: serde_json::Map::new(),
+            org_issuer: None,
+            lock: Duration::from_secs(120),
+            versions: vec!["0.29.4".into()],
+            facts: serde_json::Map::new(),
+            seed: 1,
+            faults: FaultFractions::default(),
+            slow_delay: Duration::from_secs(3),
+            schemas: None,
+            report: None,
+            exit_when_done: false,
+            deadline: None,
+            workers: 2,
+            keygen_threads: 1,
+            progress: None,
+        }
+    }
+
+    /// Identity of node `index` (0-based): `<prefix><index+1>.<domain>`.
+    pub fn identity(&self, index: usize) -> String {
+        format!("{}{}.{}", self.prefix, index + 1, self.domain)
+    }
+}
+
+fn bad(flag: &str, value: &str, why: impl Into<String>) -> UsageError {
+    UsageError::BadValue {
+        flag: flag.into(),
+        value: value.into(),
+        why: why.into(),
+    }
+}
+
+fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, UsageError> {
+    value
+        .parse()
+        .map_err(|_| bad(flag, value, "not a whole number"))
+}
+
+fn fraction(flag: &str, value: &str) -> Result<f64, UsageError> {
+    match value.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(bad(flag, value, "not a fraction between 0 and 1")),
+    }
+}
+
+fn duration(flag: &str, value: &str) -> Result<Duration, UsageError> {
+    parse_duration(value).ok_or_else(|| bad(flag, value, "not a duration like 500ms, 2s, 1m"))
+}
+
+fn json_object(
+    flag: &str,
+    value: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>, UsageError> {
+    match serde_json::from_str::<serde_json::Value>(value) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(_) => Err(bad(flag, value, "not a JSON object")),
+        Err(e) => Err(bad(flag, value, format!("not JSON: {e}"))),
+    }
+}
+
+/// Parses the arguments after the program name.
+pub fn parse<I, S>(args: I) -> Result<Parsed, UsageError>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    let mut opts = Options::defaults();
+    let mut args = args.into_iter().map(Into::into);
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let is_switch = matches!(flag.as_str(), "--help" | "-h" | "--exit-when-done");
+        if is_switch {
+            match flag.as_str() {
+                "--exit-when-done" => opts.exit_when_done = true,
+                _ => return Ok(Parsed::Help),
+            }
+            continue;
+        }
+        if !flag.starts_with("--") {
+            return Err(UsageError::UnknownFlag(flag));
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => args
+                .next()
+                .ok_or_else(|| UsageError::MissingValue(flag.clone()))?,
+        };
+        let v = value.as_str();
+        let f = flag.as_str();
+        match f {
+            "--broker" => {
+                opts.brokers = v
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect();
+                if opts.brokers.is_empty() {
+                    return Err(bad(f, v, "no broker URL"));
+                }
+            }
+            "--nodes" => opts.nodes = number(f, v)?,
+            "--prefix" => opts.prefix = v.into(),
+            "--domain" => opts.domain = v.into(),
+            "--nodes-per-connection" => {
+                opts.nodes_per_connection = number(f, v)?;
+                if opts.nodes_per_connection == 0 {
+                    return Err(bad(f, v, "must be at least 1"));
+                }
+            }
+            "--boot-spread" => opts.boot_spread = duration(f, v)?,
+            "--version" => {
+                opts.versions = v
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect();
+                if opts.versions.is_empty() {
+                    return Err(bad(f, v, "no version"));
+                }
+            }
+            "--facts" => opts.facts = json_object(f, v)?,
+            "--lock-seconds" => opts.lock = Duration::from_secs(number(f, v)?),
+            "--token" => opts.token = v.into(),
+            "--jwt-key" => opts.jwt_key = Some(PathBuf::from(v)),
+            "--jwt-claims" => opts.jwt_claims = json_object(f, v)?,
+            "--org-issuer" => opts.org_issuer = Some(v.into()),
+            "--dead" => opts.faults.dead = fraction(f, v)?,
+            "--slow" => opts.faults.slow = fraction(f, v)?,
+            "--slow-delay" => opts.slow_delay = duration(f, v)?,
+            "--malformed" => opts.faults.malformed = fraction(f, v)?,
+            "--bad-hash" => opts.faults.bad_hash = fraction(f, v)?,
+            "--wrong-cn" => opts.faults.wrong_cn = fraction(f, v)?,
+            "--bad-signature" => opts.faults.bad_signature = fraction(f, v)?,
+            "--foreign-lock" => opts.faults.foreign_lock = fraction(f, v)?,
+            "--seed" => opts.seed = number(f, v)?,
+            "--schemas" => opts.schemas = Some(PathBuf::from(v)),
+            "--report" => opts.report = Some(PathBuf::from(v)),
+            "--deadline" => opts.deadline = Some(duration(f, v)?),
+            "--workers" => {
+                opts.workers = number(f, v)?;
+                if opts.workers == 0 {
+                    return Err(bad(f, v, "must be at least 1"));
+                }
+            }
+            "--keygen-threads" => opts.keygen_threads = number(f, v)?,
+            "--progress" => opts.progress = Some(duration(f, v)?),
+            _ => return Err(UsageError::UnknownFlag(flag)),
+        }
+    }
+    if opts.brokers.is_empty() {
+        return Err(UsageError::Missing("--broker"));
+    }
+    let f = &opts.faults;
+    let total =
+        f.dead + f.slow + f.malformed + f.bad_hash + f.wrong_cn + f.bad_signature + f.foreign_lock;
+    if total > 1.0 + 1e-9 {
+        return Err(bad(
+            "fault flags",
+            &format!("{total}"),
+            "fault fractions add up to more than 1",
+        ));
+    }
+    Ok(Parsed::Run(Box::new(opts)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Result<Options, UsageError> {
+        match parse(args.iter().copied())? {
+            Parsed::Run(o) => Ok(*o),
+            Parsed::Help => panic!("unexpected help"),
+        }
+    }
+
+    #[test]
+    fn durations() {
+        let cases = [
+            ("500ms", Some(Duration::from_millis(500))),
+            ("2s", Some(Duration::from_secs(2))),
+            ("1m", Some(Duration::from_secs(60))),
+            ("1h", Some(Duration::from_secs(3600))),
+            ("1.5", Some(Duration::from_millis(1500))),
+            ("-1s", None),
+            ("soon", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_duration(text), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn flags_parse_into_options() {
+        let o = run(&[
+            "--broker=nats://127.0.0.1:1",
+            "--nodes",
+            "7",
+            "--lock-seconds",
+            "5",
+            "--dead",
+            "0.25",
+            "--version",
+            "1.0,2.0",
+            "--exit-when-done",
+            "--deadline",
+            "30s",
+            "--jwt-claims",
+            r#"{"update":true}"#,
+        ])
+        .unwrap();
+        assert_eq!(o.brokers, vec!["nats://127.0.0.1:1"]);
+        assert_eq!(o.nodes, 7);
+        assert_eq!(o.lock, Duration::from_secs(5));
+        assert_eq!(o.faults.dead, 0.25);
+        assert_eq!(o.versions, vec!["1.0", "2.0"]);
+        assert!(o.exit_when_done);
+        assert_eq!(o.deadline, Some(Duration::from_secs(30)));
+        assert_eq!(o.jwt_claims["update"], serde_json::json!(true));
+        assert_eq!(o.identity(0), "node1.sim.example.net");
+    }
+
+    #[test]
+    fn bad_command_lines_are_refused_naming_the_flag() {
+        let cases: [(&[&str], &str); 6] = [
+            (&[], "--broker"),
+            (&["--broker", "nats://x:1", "--nodes", "many"], "--nodes"),
+            (&["--broker", "nats://x:1", "--dead", "1.5"], "--dead"),
+            (
+                &["--broker", "nats://x:1", "--frobnicate", "1"],
+                "--frobnicate",
+            ),
+            (&["--broker", "nats://x:1", "--facts", "[1]"], "--facts"),
+            (
+                &["--broker", "nats://x:1", "--dead", "0.6", "--slow", "0.6"],
+                "more than 1",
+            ),
+        ];
+        for (args, needle) in cases {
+            let err = run(args).unwrap_err().to_string();
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+        assert_eq!(parse(["--help"]).unwrap(), Parsed::Help);
+    }
+}

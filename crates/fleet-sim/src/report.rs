@@ -1,0 +1,209 @@
+//! The simulator's report: per node the final state, every provisioning action with caller
+//! and status, key and server JWT checks, violations; totals; and a one-line summary where a
+//! node provisioned twice (or a violation) is visible at a glance.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::node::{NodeRecord, NodeState};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NodeReport {
+    pub identity: String,
+    pub fault: Option<String>,
+    pub state: NodeState,
+    pub version: String,
+    /// `<senderid>.<callerid>` holding the provisioning lock at the end, if any.
+    pub lock_holder: Option<String>,
+    #[serde(flatten)]
+    pub record: NodeRecord,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Totals {
+    pub nodes: usize,
+    /// Nodes without a fault.
+    pub healthy: usize,
+    /// Healthy nodes in service or shut down.
+    pub healthy_done: usize,
+    /// Nodes per final state (`in_service`, `provisioning`, ...).
+    pub states: BTreeMap<String, usize>,
+    pub in_service: usize,
+    /// Nodes per fault name.
+    pub faults: BTreeMap<String, usize>,
+    pub violations: usize,
+    pub nodes_with_violations: usize,
+    /// Nodes provisioned twice (issue 4 definition).
+    pub duplicates: usize,
+    pub actions: usize,
+    pub configures_ok: usize,
+    pub key_checks_failed: usize,
+    pub server_jwt_checks_failed: usize,
+    pub pings_answered: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    pub started_unix: i64,
+    pub finished_unix: i64,
+    pub elapsed_seconds: f64,
+    /// `done`, `deadline` or `signal`.
+    pub exit_reason: String,
+    pub seed: u64,
+    pub connections: usize,
+    pub totals: Totals,
+    /// Identities of nodes provisioned twice, with why.
+    pub duplicates: BTreeMap<String, String>,
+    pub nodes: Vec<NodeReport>,
+}
+
+impl Totals {
+    pub fn from_nodes(nodes: &[NodeReport]) -> Totals {
+        let mut t = Totals {
+            nodes: nodes.len(),
+            ..Default::default()
+        };
+        for n in nodes {
+            let state = serde_json::to_value(n.state)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default();
+            *t.states.entry(state).or_default() += 1;
+            if n.state == NodeState::InService {
+                t.in_service += 1;
+            }
+            match &n.fault {
+                Some(f) => *t.faults.entry(f.clone()).or_default() += 1,
+                None => {
+                    t.healthy += 1;
+                    if n.state.is_done() {
+                        t.healthy_done += 1;
+                    }
+                }
+            }
+            let r = &n.record;
+            t.violations += r.violations_total;
+            if r.violations_total > 0 {
+                t.nodes_with_violations += 1;
+            }
+            if r.duplicate.is_some() {
+                t.duplicates += 1;
+            }
+            t.actions += r.actions.len();
+            t.configures_ok += r
+                .actions
+                .iter()
+                .filter(|a| a.action == "choria_provision#configure" && a.statuscode == Some(0))
+                .count();
+            t.key_checks_failed += r.key_checks.iter().filter(|c| !c.ok).count();
+            t.server_jwt_checks_failed += r.server_jwt_checks.iter().filter(|c| !c.ok).count();
+            t.pings_answered += r.pings_answered;
+        }
+        t
+    }
+}
+
+impl Report {
+    /// One line: counts by state, violations, duplicates, faults, time, why it ended.
+    pub fn summary(&self) -> String {
+        let t = &self.totals;
+        let state = |s: &str| t.states.get(s).copied().unwrap_or(0);
+        let faults = if t.faults.is_empty() {
+            "none".to_string()
+        } else {
+            t.faults
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        format!(
+            "choria-fleet-sim: {} nodes, {} provisioned (in service), {} shut down, {} still provisioning; healthy done {}/{}; violations {}; duplicates {}; key checks failed {}; server JWT checks failed {}; faults {}; {:.1}s ({})",
+            t.nodes,
+            t.in_service,
+            state("shut_down"),
+            state("provisioning") + state("restarting") + state("booting"),
+            t.healthy_done,
+            t.healthy,
+            t.violations,
+            t.duplicates,
+            t.key_checks_failed,
+            t.server_jwt_checks_failed,
+            faults,
+            self.elapsed_seconds,
+            self.exit_reason
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::{ActionRecord, ViolationRecord};
+
+    fn node(identity: &str, fault: Option<&str>, state: NodeState) -> NodeReport {
+        NodeReport {
+            identity: identity.into(),
+            fault: fault.map(String::from),
+            state,
+            version: "1".into(),
+            lock_holder: None,
+            record: NodeRecord::default(),
+        }
+    }
+
+    #[test]
+    fn totals_and_summary_show_duplicates_and_violations() {
+        let mut a = node("a", None, NodeState::InService);
+        a.record.actions.push(ActionRecord {
+            at: 0,
+            action: "choria_provision#configure".into(),
+            caller: "p.choria=p".into(),
+            sender: "p".into(),
+            request_id: "x".into(),
+            statuscode: Some(0),
+            statusmsg: "OK".into(),
+        });
+        a.record.duplicate = Some("configured by two callers".into());
+        let mut b = node("b", Some("dead"), NodeState::Provisioning);
+        b.record.violations_total = 2;
+        b.record.violations.push(ViolationRecord {
+            at: 0,
+            subject: "s".into(),
+            reason: "r".into(),
+        });
+        let c = node("c", None, NodeState::Provisioning);
+        let nodes = vec![a, b, c];
+        let totals = Totals::from_nodes(&nodes);
+        assert_eq!(totals.healthy, 2);
+        assert_eq!(totals.healthy_done, 1);
+        assert_eq!(totals.duplicates, 1);
+        assert_eq!(totals.violations, 2);
+        assert_eq!(totals.configures_ok, 1);
+        assert_eq!(totals.faults["dead"], 1);
+        let report = Report {
+            started_unix: 0,
+            finished_unix: 1,
+            elapsed_seconds: 1.0,
+            exit_reason: "deadline".into(),
+            seed: 1,
+            connections: 1,
+            totals,
+            duplicates: BTreeMap::new(),
+            nodes,
+        };
+        let line = report.summary();
+        assert!(
+            line.contains("3 nodes, 1 provisioned (in service)"),
+            "{line}"
+        );
+        assert!(line.contains("violations 2; duplicates 1;"), "{line}");
+        assert!(line.contains("faults dead=1"), "{line}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["nodes"][0]["state"], "in_service");
+        assert_eq!(json["nodes"][0]["actions"][0]["caller"], "p.choria=p");
+        let back: Report = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
+    }
+}

@@ -1,0 +1,999 @@
+//! Shared harness of the integration tests that run real processes: the `choria-provisioner`
+//! and `choria-fleet-sim` binaries on a real `nats-server`, with real helper processes.
+//!
+//! A [`World`] is one broker and one private directory; in it run any number of
+//! [`Provisioner`]s (each named by its identity) and a [`Sim`] fleet, which can also run with
+//! no provisioner at all and be waited for until every node has announced its boot.
+//! Processes are started and stopped by pid (SIGTERM or SIGKILL through `libc::kill`); every
+//! wait is bounded and waits on a condition, never on a duration; the simulator's report is
+//! read as its typed [`Report`]; `/metrics` is scraped over a plain TcpStream. A failing test
+//! prints the provisioners' logs and the simulator's output (guards dump them while the
+//! thread panics) and keeps the world's directory.
+#![allow(dead_code)] // each test file uses a different part of the harness
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use choria_broker::connection::{ConnectSettings, Connection};
+use choria_fleet_sim::node::ActionRecord;
+use choria_fleet_sim::report::{NodeReport, Report};
+use choria_wire::lifecycle;
+use choria_wire::v1::server::{self, IncomingRequest};
+
+use crate::{free_port, vector_path, NatsServer};
+
+/// How long any one condition may take before the test fails. Generous: the box is shared.
+pub const PATIENCE: Duration = Duration::from_secs(150);
+
+/// How long a process may take to exit after SIGTERM (provisioner or simulator).
+pub const EXIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long a process may take to exit after SIGKILL, and a cleanup's reaping.
+pub const KILL_LIMIT: Duration = Duration::from_secs(10);
+
+/// How long a simulated fleet may take to announce every node's boot.
+pub const BOOT_LIMIT: Duration = Duration::from_secs(60);
+
+/// The caller id the provisioner's requests carry in insecure mode (`choria=<identity>`).
+pub const PROVISIONER_IDENTITY: &str = "provisioner.e2e.example.net";
+
+/// A vector file as a string path.
+pub fn vector(relative: &str) -> String {
+    let path = vector_path(relative);
+    assert!(path.is_file(), "test vector {} is missing", path.display());
+    path.display().to_string()
+}
+
+/// A file of the project (`etc/helpers/...`) as a string path.
+pub fn project_file(relative: &str) -> String {
+    let path = crate::workspace_root().join(relative);
+    assert!(path.is_file(), "{} is missing", path.display());
+    path.display().to_string()
+}
+
+/// Polls `probe` every 100 ms until it returns `Some`, failing after `limit` with `what`
+/// and the last state `describe` gives.
+pub fn wait_for<T>(
+    what: &str,
+    limit: Duration,
+    mut probe: impl FnMut() -> Option<T>,
+    describe: impl Fn() -> String,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "timed out after {limit:?} waiting for {what}; last state: {}",
+                describe()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Seconds since the Unix epoch (the simulator's report uses the same clock).
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Insecure connection settings to a test broker for `identity` (caller `choria=<identity>`).
+pub fn insecure_settings(
+    url: &str,
+    identity: &str,
+    discovery_timeout: Duration,
+) -> ConnectSettings {
+    ConnectSettings::insecure(url, identity, discovery_timeout)
+}
+
+/// The identity the simulator gives node `index` (0-based, as `faults::assign` counts).
+pub fn sim_identity(index: usize) -> String {
+    format!("node{}.sim.example.net", index + 1)
+}
+
+/// Sends `signal` to a process we started, by its pid.
+fn signal(child: &Child, signal: libc::c_int) {
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: kill(2) with the pid of our own child process; no memory is involved.
+    let rc = unsafe { libc::kill(pid, signal) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {signal}) failed: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Waits (bounded) for a child to exit.
+fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) => {}
+            Err(err) => panic!("waiting for pid {}: {err}", child.id()),
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Kills and reaps a child that is still running (cleanup path only).
+fn kill_and_reap(child: &mut Child) {
+    if let Ok(None) = child.try_wait() {
+        signal(child, libc::SIGKILL);
+        let _ = wait_exit(child, KILL_LIMIT);
+    }
+}
+
+/// One test's world: a broker and a private directory (kept for inspection, and its path
+/// printed, when the test fails or `E2E_KEEP` is set).
+pub struct World {
+    pub broker: NatsServer,
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("E2E_KEEP").is_some() {
+            let kept = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("a temp dir"));
+            eprintln!("kept {} for inspection", kept.keep().display());
+        }
+    }
+}
+
+impl World {
+    /// A plain broker with JetStream.
+    #[allow(clippy::new_without_default)] // a world starts a broker: not a default value
+    pub fn new() -> World {
+        World::with_conf("")
+    }
+
+    /// A broker with `conf` (accounts, users, ...) added to its configuration.
+    pub fn with_conf(conf: &str) -> World {
+        World {
+            broker: NatsServer::start_with(conf)
+                .expect("nats-server starts (install the nats-server package)"),
+            dir: tempfile::Builder::new()
+                .prefix("choria-e2e-")
+                .tempdir()
+                .expect("a temp dir"),
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Writes `text` into the world's directory and returns the path as a string.
+    pub fn write(&self, name: &str, text: &str) -> String {
+        let path = self.path(name);
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        path.display().to_string()
+    }
+
+    /// As `write`, and made executable (a script run as a command of its own).
+    pub fn write_executable(&self, name: &str, text: &str) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.write(name, text);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod {path}: {e}"));
+        path
+    }
+}
+
+/// Provisioner settings a test chooses; the harness adds broker, logging, metrics, pid.
+pub struct ProvisionerSetup {
+    /// Its `identity` in choria.cfg (callers see `choria=<identity>`); its files in the
+    /// world's directory are named after it, so a world can run several provisioners.
+    pub identity: String,
+    /// YAML lines appended to the config (features, helper, keys, ...).
+    pub yaml: String,
+    /// `discovery_timeout` in choria.cfg, seconds.
+    pub discovery_timeout: u64,
+    /// `interval` in the config. 1h by default: most tests rely on startup events and the
+    /// discovery at start only, so a slow run on a busy box never sees a periodic discovery
+    /// re-admit refused nodes.
+    pub interval: String,
+}
+
+impl Default for ProvisionerSetup {
+    fn default() -> ProvisionerSetup {
+        ProvisionerSetup {
+            identity: PROVISIONER_IDENTITY.to_string(),
+            yaml: String::new(),
+            discovery_timeout: 1,
+            interval: "1h".to_string(),
+        }
+    }
+}
+
+/// The real `choria-provisioner` binary, running.
+pub struct Provisioner {
+    pub identity: String,
+    child: Option<Child>,
+    pub monitor_port: u16,
+    pub log_path: PathBuf,
+    pub pid_path: PathBuf,
+    stderr_path: PathBuf,
+}
+
+impl Provisioner {
+    /// Writes its `choria.cfg` and YAML config into the world's directory, starts the daemon
+    /// and waits until it is subscribed to lifecycle events and serving `/metrics`.
+    pub fn start(world: &World, setup: ProvisionerSetup) -> Provisioner {
+        let identity = setup.identity;
+        let monitor_port = free_port().expect("a free port");
+        let choria_cfg = world.write(
+            &format!("{identity}.cfg"),
+            &format!(
+                "plugin.choria.middleware_hosts = {}\nidentity = {identity}\ndiscovery_timeout = {}\n",
+                world.broker.url(),
+                setup.discovery_timeout
+            ),
+        );
+        let log_path = world.path(&format!("{identity}.log"));
+        let pid_path = world.path(&format!("{identity}.pid"));
+        let yaml = format!(
+            "interval: {interval}\nloglevel: info\nlogfile: {log:?}\nmonitor_port: {monitor_port}\nchoria_insecure: true\nsite: e2e\n{extra}\n",
+            interval = setup.interval,
+            log = log_path.display().to_string(),
+            extra = setup.yaml
+        );
+        let config = world.write(&format!("{identity}.yaml"), &yaml);
+        let stderr_path = world.path(&format!("{identity}.stderr"));
+        let child = Command::new(crate::binary("choria-provisioner"))
+            .args([
+                "run",
+                "--config",
+                &config,
+                "--choria-config",
+                &choria_cfg,
+                "--pid",
+            ])
+            .arg(&pid_path)
+            // No ~/.choriarc of the machine's user can leak in.
+            .env("HOME", world.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr_path).expect("stderr file"))
+            .spawn()
+            .expect("choria-provisioner starts");
+        let mut child = child;
+        let mut provisioner = Provisioner {
+            identity,
+            child: None,
+            monitor_port,
+            log_path,
+            pid_path,
+            stderr_path,
+        };
+        // "running with N workers" is logged once the lifecycle listener is subscribed, so a
+        // simulator started after it cannot boot a node whose startup event nobody hears.
+        wait_for(
+            "the provisioner to log that it is running",
+            PATIENCE,
+            || {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "the provisioner exited at start with {status}\n{}",
+                        provisioner.logs()
+                    );
+                }
+                provisioner.log().contains(" running with ").then_some(())
+            },
+            || provisioner.logs(),
+        );
+        provisioner.child = Some(child);
+        wait_for(
+            "the provisioner's /metrics",
+            PATIENCE,
+            || provisioner.try_metrics().ok(),
+            || provisioner.logs(),
+        );
+        assert!(
+            provisioner.pid_path.is_file(),
+            "the pid file was not written"
+        );
+        provisioner
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// The `choria=<identity>` caller id the fleet sees in its requests.
+    pub fn caller(&self) -> String {
+        format!("choria={}", self.identity)
+    }
+
+    /// Started, and not exited (nor stopped or killed by the test).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// The daemon's log file so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Log file and stderr, for failure messages.
+    pub fn logs(&self) -> String {
+        let stderr = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
+        format!(
+            "---- {id} log ----\n{}\n---- {id} stderr ----\n{stderr}\n----",
+            self.log(),
+            id = self.identity
+        )
+    }
+
+    /// One scrape of `/metrics`.
+    pub fn try_metrics(&self) -> Result<Metrics, String> {
+        scrape(self.monitor_port)
+    }
+
+    pub fn metrics(&self) -> Metrics {
+        self.try_metrics()
+            .unwrap_or_else(|e| panic!("scraping /metrics: {e}\n{}", self.logs()))
+    }
+
+    /// The sum of every series of metric `name`, if `/metrics` answers and carries it.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        self.try_metrics().ok()?.total(name)
+    }
+
+    /// Waits until the metrics satisfy `done`.
+    pub fn wait_metrics(&self, what: &str, done: impl Fn(&Metrics) -> bool) -> Metrics {
+        wait_for(
+            what,
+            PATIENCE,
+            || self.try_metrics().ok().filter(|m| done(m)),
+            || {
+                format!(
+                    "{}\n{}",
+                    self.try_metrics()
+                        .map(|m| m.summary())
+                        .unwrap_or_else(|e| e),
+                    self.logs()
+                )
+            },
+        )
+    }
+
+    /// Waits until no node is queued, in flight or held: every cycle has ended.
+    pub fn wait_idle(&self, what: &str, done: impl Fn(&Metrics) -> bool) -> Metrics {
+        self.wait_metrics(what, |m| {
+            done(m)
+                && m.get("choria_provisioner_waiting_nodes") == 0.0
+                && m.get("choria_provisioner_busy_workers") == 0.0
+                && m.get("choria_provisioner_work_queue_entries") == 0.0
+        })
+    }
+
+    /// SIGTERM by pid and the exit status (bounded by `EXIT_LIMIT`).
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        signal(&child, libc::SIGTERM);
+        let Some(status) = wait_exit(&mut child, EXIT_LIMIT) else {
+            kill_and_reap(&mut child);
+            panic!(
+                "{} did not exit within {EXIT_LIMIT:?} of SIGTERM\n{}",
+                self.identity,
+                self.logs()
+            );
+        };
+        status
+    }
+
+    /// SIGKILL by pid: a crash, nothing released. It must be gone within `KILL_LIMIT`.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        signal(&child, libc::SIGKILL);
+        assert!(
+            wait_exit(&mut child, KILL_LIMIT).is_some(),
+            "{} survived SIGKILL",
+            self.identity
+        );
+    }
+
+    /// SIGTERM by pid; the daemon must exit 0 and remove its pid file.
+    pub fn stop(mut self) {
+        let status = self.terminate();
+        assert!(
+            status.success(),
+            "the provisioner exited with {status} after SIGTERM\n{}",
+            self.logs()
+        );
+        assert!(
+            !self.pid_path.exists(),
+            "the provisioner left its pid file {} behind",
+            self.pid_path.display()
+        );
+        assert!(
+            self.log().contains("stopped"),
+            "no orderly shutdown in the log\n{}",
+            self.logs()
+        );
+    }
+}
+
+impl Drop for Provisioner {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+        if let Some(mut child) = self.child.take() {
+            kill_and_reap(&mut child);
+        }
+    }
+}
+
+/// A scrape of `/metrics`: series (name with labels, `site` removed) to value.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    pub series: BTreeMap<String, f64>,
+}
+
+impl Metrics {
+    /// Parses the Prometheus text format.
+    pub fn parse(text: &str) -> Metrics {
+        let mut series = BTreeMap::new();
+        for line in text.lines() {
+            if line.starts_with('#') || line.trim().is_empty() {
+                continue;
+            }
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            series.insert(strip_site(name), value);
+        }
+        Metrics { series }
+    }
+
+    /// A series by its name and labels other than `site`, e.g. `x{rpc="a#b"}`; 0 if absent.
+    pub fn get(&self, key: &str) -> f64 {
+        self.series.get(key).copied().unwrap_or(0.0)
+    }
+
+    /// The sum of every series of a metric, whatever its labels; 0 if absent.
+    pub fn sum(&self, name: &str) -> f64 {
+        self.total(name).unwrap_or(0.0)
+    }
+
+    /// The sum of every series of a metric, whatever its labels; None if it has none.
+    pub fn total(&self, name: &str) -> Option<f64> {
+        let labelled = format!("{name}{{");
+        self.series
+            .iter()
+            .filter(|(k, _)| *k == name || k.starts_with(&labelled))
+            .map(|(_, v)| *v)
+            .reduce(|a, b| a + b)
+    }
+
+    /// The counters and gauges a failing wait shows.
+    pub fn summary(&self) -> String {
+        self.series
+            .iter()
+            .filter(|(k, v)| **v != 0.0 && !k.contains("_time_"))
+            .map(|(k, v)| format!("{k} = {v}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// `name{a="1",site="e2e"}` → `name{a="1"}`; `name{site="e2e"}` → `name`.
+fn strip_site(series: &str) -> String {
+    let Some((name, rest)) = series.split_once('{') else {
+        return series.to_string();
+    };
+    let labels: Vec<&str> = rest
+        .trim_end_matches('}')
+        .split(',')
+        .filter(|l| !l.is_empty() && !l.starts_with("site="))
+        .collect();
+    if labels.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{}}}", labels.join(","))
+    }
+}
+
+/// GET /metrics on the loopback port with a plain TcpStream.
+pub fn scrape(port: u16) -> Result<Metrics, String> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|e| format!("connect to {addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .map_err(|e| format!("write to {addr}: {e}"))?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| format!("read from {addr}: {e}"))?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP header end in {response:?}"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(format!("not 200: {head}"));
+    }
+    Ok(Metrics::parse(body))
+}
+
+/// The real `choria-fleet-sim` binary, running. Its files (report, stdout, stderr) are in
+/// the world's directory.
+pub struct Sim {
+    child: Option<Child>,
+    report_path: PathBuf,
+    stdout_path: PathBuf,
+    stderr_path: PathBuf,
+}
+
+impl Sim {
+    /// Starts the simulator on the world's broker with `args` (besides `--broker`, `--report`).
+    pub fn start(world: &World, args: &[&str]) -> Sim {
+        let report_path = world.path("sim-report.json");
+        let stdout_path = world.path("sim.stdout");
+        let stderr_path = world.path("sim.stderr");
+        let child = Command::new(crate::binary("choria-fleet-sim"))
+            .arg("--broker")
+            .arg(world.broker.url())
+            .arg("--report")
+            .arg(&report_path)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout_path).expect("stdout file"))
+            .stderr(std::fs::File::create(&stderr_path).expect("stderr file"))
+            .spawn()
+            .expect("choria-fleet-sim starts");
+        Sim {
+            child: Some(child),
+            report_path,
+            stdout_path,
+            stderr_path,
+        }
+    }
+
+    /// Starts `nodes` simulated servers (`--nodes` is added to `args`) and returns once each
+    /// has announced its boot: a node publishes its startup event on the connection it
+    /// subscribed on, so by then the broker routes requests to it.
+    pub fn start_booted(world: &World, nodes: usize, args: &[&str]) -> Sim {
+        let watcher = Connection::connect(
+            &insecure_settings(&world.broker.url(), "sim-watcher", Duration::from_secs(2)),
+            "sim-watcher",
+        )
+        .expect("the boot watcher connects");
+        let startups = watcher
+            .subscribe(&lifecycle::event_subject(
+                "startup",
+                "provision_mode_server",
+            ))
+            .expect("subscribe to startups");
+        watcher.flush(BOOT_LIMIT).expect("flush");
+
+        let nodes_arg = nodes.to_string();
+        let mut all_args = vec!["--nodes", nodes_arg.as_str()];
+        all_args.extend_from_slice(args);
+        let mut sim = Sim::start(world, &all_args);
+
+        let expected: BTreeSet<String> = (0..nodes).map(sim_identity).collect();
+        let mut booted = BTreeSet::new();
+        let deadline = Instant::now() + BOOT_LIMIT;
+        while booted.len() < nodes && Instant::now() < deadline {
+            if let Some(bytes) = startups.next_timeout(Duration::from_millis(200)) {
+                let event = lifecycle::parse_event(&bytes).expect("a startup event");
+                booted.insert(event.identity);
+            }
+            if let Some(Some(status)) = sim.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
+                panic!("the simulator exited early: {status}\n{}", sim.output());
+            }
+        }
+        assert_eq!(booted, expected, "every simulated node booted");
+        watcher.close();
+        sim
+    }
+
+    fn output(&self) -> String {
+        format!(
+            "---- sim stdout ----\n{}\n---- sim stderr ----\n{}",
+            std::fs::read_to_string(&self.stdout_path).unwrap_or_default(),
+            std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+        )
+    }
+
+    /// Nodes in service according to the latest `--progress` line, if any yet.
+    pub fn in_service_now(&self) -> Option<usize> {
+        let stderr = std::fs::read_to_string(&self.stderr_path).ok()?;
+        let line = stderr.lines().rev().find(|l| l.contains(" in service,"))?;
+        let counts = line.split(": ").nth(2)?;
+        counts.split('/').next()?.trim().parse().ok()
+    }
+
+    /// Waits (bounded) for the simulator to exit by itself (`--exit-when-done`/`--deadline`).
+    pub fn wait(self, provisioner: &Provisioner) -> Report {
+        self.wait_within(PATIENCE, || {
+            provisioner
+                .try_metrics()
+                .map(|m| m.summary())
+                .unwrap_or_else(|e| e)
+        })
+    }
+
+    /// As `wait`, within `limit`; `describe` says what else a failure should show.
+    pub fn wait_within(mut self, limit: Duration, describe: impl Fn() -> String) -> Report {
+        let mut child = self.child.take().expect("running");
+        let status = wait_exit(&mut child, limit);
+        let Some(status) = status else {
+            kill_and_reap(&mut child);
+            panic!(
+                "the simulator did not finish within {limit:?}\n{}\n{}",
+                self.output(),
+                describe()
+            );
+        };
+        self.finish(status)
+    }
+
+    /// SIGTERM by pid: the simulator writes its report and exits.
+    pub fn stop(mut self) -> Report {
+        let mut child = self.child.take().expect("running");
+        signal(&child, libc::SIGTERM);
+        let Some(status) = wait_exit(&mut child, EXIT_LIMIT) else {
+            kill_and_reap(&mut child);
+            panic!(
+                "the simulator did not exit after SIGTERM\n{}",
+                self.output()
+            );
+        };
+        self.finish(status)
+    }
+
+    fn finish(&self, status: ExitStatus) -> Report {
+        assert!(
+            status.success(),
+            "the simulator exited with {status}\n{}",
+            self.output()
+        );
+        let text = std::fs::read_to_string(&self.report_path).unwrap_or_else(|e| {
+            panic!(
+                "no simulator report at {}: {e}\n{}",
+                self.report_path.display(),
+                self.output()
+            )
+        });
+        let report: Report = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("the simulator report does not parse: {e}\n{text}"));
+        eprintln!("{}", report.summary());
+        report
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if std::thread::panicking() {
+                eprintln!("{}", self.output());
+            }
+            kill_and_reap(&mut child);
+        }
+    }
+}
+
+/// What a hand-written responder sends back (raw replies) for the request number `index`
+/// (0-based) it received.
+pub type Answer = Box<dyn Fn(&IncomingRequest, usize) -> Vec<Vec<u8>> + Send>;
+
+/// A hand-written pretend server, for what the simulator cannot produce: one connection
+/// (`name`) subscribed to `subject`, recording every request it decodes and publishing what
+/// `answer` says to the request's reply subject.
+pub struct Responder {
+    stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    seen: std::sync::Arc<parking_lot::Mutex<Vec<IncomingRequest>>>,
+    conn: Connection,
+}
+
+impl Responder {
+    pub fn start(url: &str, name: &str, subject: &str, answer: Answer) -> Responder {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let conn = Connection::connect(&insecure_settings(url, name, Duration::from_secs(2)), name)
+            .expect("responder connects");
+        let sub = conn.subscribe(subject).expect("responder subscribes");
+        // The broker knows the subscription once this round trip returns.
+        conn.flush(Duration::from_secs(10))
+            .expect("responder flushes");
+        let stopping = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (stop_flag, seen_log, publisher) = (stopping.clone(), seen.clone(), conn.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("responder-{name}"))
+            .spawn(move || {
+                while !stop_flag.load(Ordering::SeqCst) {
+                    let Some(bytes) = sub.next_timeout(Duration::from_millis(50)) else {
+                        continue;
+                    };
+                    // A request that does not decode is recorded as nothing: the test's
+                    // count of requests seen then fails.
+                    let Ok(request) = server::decode_request(&bytes) else {
+                        continue;
+                    };
+                    let index = {
+                        let mut log = seen_log.lock();
+                        log.push(request.clone());
+                        log.len() - 1
+                    };
+                    for reply in answer(&request, index) {
+                        let _ = publisher.publish(&request.reply_to, &reply);
+                    }
+                }
+            })
+            .expect("responder thread");
+        Responder {
+            stopping,
+            thread: Some(thread),
+            seen,
+            conn,
+        }
+    }
+
+    /// Every request received so far, in order.
+    pub fn seen(&self) -> Vec<IncomingRequest> {
+        self.seen.lock().clone()
+    }
+
+    pub fn stop(mut self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("responder thread ended cleanly");
+        }
+        self.conn.close();
+    }
+}
+
+/// One action a node recorded, with the node's identity (the record's fields read through).
+#[derive(Clone, Debug)]
+pub struct NodeAction {
+    pub node: String,
+    pub record: ActionRecord,
+}
+
+impl std::ops::Deref for NodeAction {
+    type Target = ActionRecord;
+
+    fn deref(&self) -> &ActionRecord {
+        &self.record
+    }
+}
+
+/// Every action of every node, in time order (the report's one-second resolution).
+pub fn actions_in_time_order(report: &Report) -> Vec<NodeAction> {
+    let mut all: Vec<NodeAction> = report
+        .nodes
+        .iter()
+        .flat_map(|node| {
+            node.record.actions.iter().map(|a| NodeAction {
+                node: node.identity.clone(),
+                record: a.clone(),
+            })
+        })
+        .collect();
+    all.sort_by_key(|a| a.record.at);
+    all
+}
+
+/// Per caller id, the first and last second it sent anything.
+pub fn caller_periods(report: &Report) -> BTreeMap<String, (i64, i64)> {
+    let mut periods: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for node in &report.nodes {
+        for a in &node.record.actions {
+            let p = periods.entry(a.caller.clone()).or_insert((a.at, a.at));
+            p.0 = p.0.min(a.at);
+            p.1 = p.1.max(a.at);
+        }
+    }
+    periods
+}
+
+/// How a node's actions look: `action` names and their status codes, in order.
+pub fn actions(node: &NodeReport) -> Vec<(String, Option<u8>)> {
+    node.record
+        .actions
+        .iter()
+        .map(|a| (a.action.clone(), a.statuscode))
+        .collect()
+}
+
+/// The number of `action` calls a node received.
+pub fn count_action(node: &NodeReport, action: &str) -> usize {
+    node.record
+        .actions
+        .iter()
+        .filter(|a| a.action == action)
+        .count()
+}
+
+/// Successful `configure` calls a node received.
+pub fn configures_ok(node: &NodeReport) -> usize {
+    node.record
+        .actions
+        .iter()
+        .filter(|a| a.action == "choria_provision#configure" && a.statuscode == Some(0))
+        .count()
+}
+
+/// Assertions every run shares: no protocol violation, no duplicate, every action came from
+/// our provisioner.
+pub fn assert_clean(report: &Report) {
+    let t = &report.totals;
+    assert_eq!(
+        t.violations,
+        0,
+        "protocol violations: {:#?}",
+        violations(report)
+    );
+    assert_eq!(
+        t.duplicates, 0,
+        "nodes provisioned twice: {:?}",
+        report.duplicates
+    );
+    for node in &report.nodes {
+        for action in &node.record.actions {
+            assert_eq!(
+                action.sender, PROVISIONER_IDENTITY,
+                "{}: {} from an unexpected sender",
+                node.identity, action.action
+            );
+        }
+    }
+}
+
+fn violations(report: &Report) -> Vec<(String, Vec<String>)> {
+    report
+        .nodes
+        .iter()
+        .filter(|n| n.record.violations_total > 0)
+        .map(|n| {
+            (
+                n.identity.clone(),
+                n.record
+                    .violations
+                    .iter()
+                    .map(|v| v.reason.clone())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// A healthy node ends in service, provisioned exactly once by one caller.
+pub fn assert_provisioned_once(node: &NodeReport) {
+    use choria_fleet_sim::node::NodeState;
+    assert_eq!(
+        node.state,
+        NodeState::InService,
+        "{}: {:?}",
+        node.identity,
+        actions(node)
+    );
+    assert_eq!(
+        node.record.provisioned_times,
+        1,
+        "{}: provisioned {} times: {:?}",
+        node.identity,
+        node.record.provisioned_times,
+        actions(node)
+    );
+    assert_eq!(node.record.entered_service, 1, "{}", node.identity);
+    assert_eq!(node.record.configured_by.len(), 1, "{}", node.identity);
+    assert!(node.record.duplicate.is_none(), "{}", node.identity);
+}
+
+/// A Python helper script written into the world's directory; returns the `helper:` command.
+pub fn python_helper(world: &World, name: &str, source: &str, args: &[&str]) -> String {
+    let path = world.write(name, source);
+    let mut command = format!("python3 {path}");
+    for arg in args {
+        command.push(' ');
+        command.push_str(&shell_quote(arg));
+    }
+    command
+}
+
+/// Single-quotes an argument for the helper command line (shell quoting rules).
+pub fn shell_quote(arg: &str) -> String {
+    format!("'{}'", arg.replace('\'', "'\\''"))
+}
+
+/// Makes a test CA (`ca.pem`, `ca-key.pem`) in `dir` with the openssl command line.
+pub fn make_ca(dir: &Path) {
+    std::fs::create_dir_all(dir).expect("CA dir");
+    let status = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout"])
+        .arg(dir.join("ca-key.pem"))
+        .arg("-out")
+        .arg(dir.join("ca.pem"))
+        .args(["-days", "30", "-subj", "/CN=Choria E2E Test CA"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl runs (install the openssl package)");
+    assert!(status.success(), "openssl could not make the test CA");
+}
+
+/// The YAML for a helper command (quoted for YAML).
+pub fn yaml_helper(command: &str) -> String {
+    format!(
+        "helper: {}\n",
+        serde_json::to_string(command).expect("a string")
+    )
+}
+
+/// The e2e tests' own helper: configures every node out of provisioning mode, except where
+/// its rules file (argument 1, JSON) says otherwise:
+/// `{"defer": [identity..], "shutdown": [identity..], "upgrade": {identity: version},
+///   "brokers": "nats://..", "record_dir": DIR}`. With `record_dir` it writes each input it
+/// was given to `DIR/<identity>.<n>.json`, so tests can check what the provisioner passed.
+pub const RULES_HELPER: &str = r#"#!/usr/bin/env python3
+import json, os, sys, time
+
+rules = json.load(open(sys.argv[1]))
+node = json.load(sys.stdin)
+identity = node["identity"]
+inventory = json.loads(node.get("inventory") or "{}")
+
+if rules.get("record_dir"):
+    name = "%s.%d.%d.json" % (identity, time.time_ns(), os.getpid())
+    with open(os.path.join(rules["record_dir"], name), "w") as f:
+        json.dump(node, f)
+
+if identity in rules.get("defer", []):
+    reply = {"defer": True, "msg": "e2e rules defer " + identity}
+elif identity in rules.get("shutdown", []):
+    reply = {"shutdown": True, "msg": "e2e rules shut down " + identity}
+else:
+    reply = {
+        "defer": False,
+        "msg": "configured by the e2e rules helper",
+        "configuration": {
+            "identity": identity,
+            "plugin.choria.server.provision": "false",
+            "plugin.choria.middleware_hosts": rules.get("brokers", "nats://broker.example.net:4222"),
+        },
+    }
+    upgrade = rules.get("upgrade", {}).get(identity)
+    if upgrade:
+        reply["upgrade"] = upgrade
+print("e2e-helper: %s runs %s" % (identity, inventory.get("version")), file=sys.stderr)
+json.dump(reply, sys.stdout)
+"#;
+
+/// Writes the rules helper and its rules into the world; returns the `helper:` command.
+pub fn rules_helper(world: &World, rules: &serde_json::Value) -> String {
+    let rules_path = world.write("helper-rules.json", &rules.to_string());
+    python_helper(world, "e2e-rules-helper.py", RULES_HELPER, &[&rules_path])
+}

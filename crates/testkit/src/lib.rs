@@ -1,0 +1,235 @@
+//! The test kit of the workspace, a dev-dependency only: a real `nats-server` started on a
+//! free loopback port with its own temporary JetStream store and stopped by its pid (never
+//! another broker); the [`harness`] that runs the real binaries and helper processes; and the
+//! test vectors in `vectors/` (origins in `vectors/README.md`), found through [`vector_path`].
+//!
+//! It never becomes a normal dependency of a crate the daemon ships.
+
+pub mod harness;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `nats-server` binary: `$NATS_SERVER`, else the first found on `PATH` or in `/usr/sbin`.
+pub fn nats_server_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("NATS_SERVER") {
+        return Some(PathBuf::from(path));
+    }
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    dirs.push(PathBuf::from("/usr/sbin"));
+    dirs.push(PathBuf::from("/usr/local/sbin"));
+    dirs.into_iter()
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file())
+}
+
+/// A free loopback TCP port (bound then released; the tiny race is acceptable for tests).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A private, empty directory under the system temp dir.
+pub fn temp_dir(prefix: &str) -> std::io::Result<PathBuf> {
+    let unique = format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
+    let dir = std::env::temp_dir().join(unique);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// The Choria Broker's provisioning-account wiring for the election, simulated on a plain
+/// `nats-server` as spec/election.md §5.3 shows: JetStream in account CHORIA, the bucket's
+/// stream info and key imported into PROVISIONING (user `provisioner`, password `s3cret`).
+pub const PROVISIONING_ACCOUNTS_CONF: &str = r#"
+accounts {
+  CHORIA: {
+    jetstream: enabled
+    users: [ {user: choria, password: choria} ]
+    exports: [
+      {service: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION", accounts: [PROVISIONING], response_type: singleton}
+      {service: "$KV.CHORIA_LEADER_ELECTION.provisioner", accounts: [PROVISIONING], response_type: singleton}
+    ]
+  }
+  PROVISIONING: {
+    users: [ {user: provisioner, password: s3cret} ]
+    imports: [
+      {service: {account: CHORIA, subject: "$JS.API.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}, to: "choria.streams.STREAM.INFO.KV_CHORIA_LEADER_ELECTION"}
+      {service: {account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}, to: "$KV.CHORIA_LEADER_ELECTION.provisioner"}
+      {service: {account: CHORIA, subject: "$KV.CHORIA_LEADER_ELECTION.provisioner"}, to: "choria.streams.$KV.CHORIA_LEADER_ELECTION.provisioner"}
+    ]
+  }
+}
+"#;
+
+/// One `nats-server` process we started.
+pub struct NatsServer {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: PathBuf,
+    conf: PathBuf,
+}
+
+impl NatsServer {
+    /// A plain broker with JetStream on a free loopback port.
+    pub fn start() -> std::io::Result<NatsServer> {
+        NatsServer::start_with("")
+    }
+
+    /// As `start`, with extra configuration text (accounts, users, ...) appended.
+    pub fn start_with(extra_conf: &str) -> std::io::Result<NatsServer> {
+        let port = free_port()?;
+        let dir = temp_dir("nats-server")?;
+        let conf = dir.join("nats.conf");
+        let store = dir.join("jetstream");
+        let mut file = std::fs::File::create(&conf)?;
+        writeln!(file, "listen: 127.0.0.1:{port}")?;
+        writeln!(
+            file,
+            "jetstream {{ store_dir: {:?} }}",
+            store.display().to_string()
+        )?;
+        writeln!(file, "max_payload: 4MB")?;
+        writeln!(file, "{extra_conf}")?;
+        drop(file);
+        let mut server = NatsServer {
+            child: None,
+            port,
+            dir,
+            conf,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn spawn(&mut self) -> std::io::Result<()> {
+        let binary = nats_server_binary().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "nats-server not found: install the Debian package nats-server or set NATS_SERVER",
+            )
+        })?;
+        let log = std::fs::File::create(self.dir.join("nats-server.log"))?;
+        let child = Command::new(binary)
+            .arg("-c")
+            .arg(&self.conf)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        wait_for_port(self.port, Duration::from_secs(15))
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.conf
+    }
+
+    /// Kills the process (by its pid) and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops and starts again on the same port with the same store.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        self.stop();
+        self.spawn()
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits until something accepts TCP connections on the loopback port.
+pub fn wait_for_port(port: u16, limit: Duration) -> std::io::Result<()> {
+    let deadline = Instant::now() + limit;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    loop {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("nothing listening on 127.0.0.1:{port} after {limit:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Path of a file in the test vectors (`crates/testkit/vectors/`).
+pub fn vector_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("vectors")
+        .join(relative)
+}
+
+/// The workspace's top directory (where `etc/`, `scripts/` and `Cargo.toml` are).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A binary of the workspace (`choria-provisioner`, `choria-fleet-sim`), from the target
+/// directory the running test or bench was built into. `scripts/test` builds them first
+/// (`cargo build --workspace --bins`); a missing one fails with that advice.
+pub fn binary(name: &str) -> PathBuf {
+    // Tests and benches run from <target>/<profile>/deps/; binaries sit in <target>/<profile>/.
+    let profile_dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_path_buf))
+        .map(|deps| match deps.file_name() {
+            Some(dir) if dir == "deps" => deps.parent().map(Path::to_path_buf).unwrap_or(deps),
+            _ => deps,
+        })
+        .unwrap_or_else(|| PathBuf::from("target/debug"));
+    let path = profile_dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: build the workspace's binaries first (cargo build --workspace --bins; \
+         scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starts_and_stops_a_private_broker() {
+        let mut server = NatsServer::start().expect("nats-server starts");
+        assert!(TcpStream::connect(("127.0.0.1", server.port)).is_ok());
+        assert_ne!(server.port, 4222);
+        server.stop();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(TcpStream::connect(("127.0.0.1", server.port)).is_err());
+    }
+}

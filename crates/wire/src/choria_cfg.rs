@@ -1,0 +1,482 @@
+//! The Choria client configuration (`choria.cfg`, `key = value` lines) and what the daemon
+//! connects and signs with once Go's forced settings are applied (spec/protocol.md §3.4,
+//! issue 3 "Client configuration").
+//!
+//! Only the keys the provisioner needs are read; other keys are kept out of the way, as Go's
+//! parser keeps unknown keys without complaint. Every error names the file, and where there is
+//! one the line and the key.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::signing::SecurityError;
+
+pub const KEY_MIDDLEWARE_HOSTS: &str = "plugin.choria.middleware_hosts";
+pub const KEY_IDENTITY: &str = "identity";
+/// go-choria's `DiscoveryTimeout` is the top-level `discovery_timeout` (§4.3).
+pub const KEY_DISCOVERY_TIMEOUT: &str = "discovery_timeout";
+pub const KEY_TTL: &str = "ttl";
+pub const KEY_PROVIDER: &str = "plugin.security.provider";
+pub const KEY_CERTIFICATE: &str = "plugin.security.file.certificate";
+pub const KEY_KEY: &str = "plugin.security.file.key";
+pub const KEY_CA: &str = "plugin.security.file.ca";
+
+/// go-choria defaults.
+pub const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_TTL: u64 = 60;
+/// The request schema's minimum `ttl` (§2.5): anything lower is refused by every server.
+pub const MIN_TTL: u64 = 30;
+/// The NATS user the Go provisioner connects as with `broker_provisioning_password` (§3.4).
+pub const PROVISIONER_USER: &str = "provisioner";
+
+/// What the provisioner read from `choria.cfg`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientConfig {
+    pub path: PathBuf,
+    /// Normalised `nats://host:port` (or `tls://host:port` when written so).
+    pub middleware_hosts: Vec<String>,
+    pub identity: String,
+    pub discovery_timeout: Duration,
+    pub ttl: u64,
+    /// As written; "" when unset (go-choria then defaults to `puppet`).
+    pub security_provider: String,
+    pub certificate: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub ca: Option<PathBuf>,
+    /// The line each key was (last) set on, for error messages.
+    pub key_lines: BTreeMap<String, usize>,
+}
+
+/// What was wrong with the client configuration, and where.
+#[derive(Debug)]
+pub enum ClientConfigError {
+    /// A non-comment line without `=`.
+    Syntax {
+        path: PathBuf,
+        line: usize,
+        text: String,
+    },
+    InvalidValue {
+        path: PathBuf,
+        line: usize,
+        key: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// `plugin.choria.middleware_hosts` absent or empty.
+    NoMiddlewareHosts { path: PathBuf },
+    /// `identity` unset and the host's FQDN could not be found.
+    NoIdentity { path: PathBuf, reason: String },
+    /// A security provider we cannot speak (yet).
+    UnsupportedProvider {
+        path: PathBuf,
+        line: Option<usize>,
+        provider: String,
+        reason: &'static str,
+    },
+    /// The `file` provider without one of its three files.
+    MissingSecuritySetting { path: PathBuf, key: &'static str },
+    /// A `file` provider file that cannot be used.
+    Security {
+        path: PathBuf,
+        line: Option<usize>,
+        key: &'static str,
+        error: SecurityError,
+    },
+}
+
+fn at(path: &Path, line: Option<usize>) -> String {
+    match line {
+        Some(line) => format!("{}:{line}", path.display()),
+        None => path.display().to_string(),
+    }
+}
+
+impl fmt::Display for ClientConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientConfigError::Syntax { path, line, text } => write!(
+                f,
+                "{}: expected `key = value`, found {text:?}",
+                at(path, Some(*line))
+            ),
+            ClientConfigError::InvalidValue {
+                path,
+                line,
+                key,
+                value,
+                reason,
+            } => write!(f, "{}: {key} = {value:?}: {reason}", at(path, Some(*line))),
+            ClientConfigError::NoMiddlewareHosts { path } => write!(
+                f,
+                "{}: {KEY_MIDDLEWARE_HOSTS} is not set; it is required because SRV lookup of \
+                 brokers is not supported",
+                path.display()
+            ),
+            ClientConfigError::NoIdentity { path, reason } => write!(
+                f,
+                "{}: {KEY_IDENTITY} is not set and the host's FQDN could not be found: {reason}",
+                path.display()
+            ),
+            ClientConfigError::UnsupportedProvider {
+                path,
+                line,
+                provider,
+                reason,
+            } => write!(
+                f,
+                "{}: {KEY_PROVIDER} = {provider:?}: {reason}",
+                at(path, *line)
+            ),
+            ClientConfigError::MissingSecuritySetting { path, key } => write!(
+                f,
+                "{}: {key} is required with {KEY_PROVIDER} = file (for TLS and request signing)",
+                path.display()
+            ),
+            ClientConfigError::Security {
+                path,
+                line,
+                key,
+                error,
+            } => write!(f, "{}: {key}: {error}", at(path, *line)),
+        }
+    }
+}
+
+impl std::error::Error for ClientConfigError {}
+
+/// `nats://host:port` from `host:port`, `nats://host:port` or `tls://host:port`.
+fn normalise_host(entry: &str) -> Result<String, String> {
+    let (scheme, rest) = match entry.split_once("://") {
+        Some((scheme, rest)) => (scheme, rest),
+        None => ("nats", entry),
+    };
+    if scheme != "nats" && scheme != "tls" {
+        return Err(format!(
+            "{entry:?} has scheme {scheme:?}; expected nats://host:port or host:port"
+        ));
+    }
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{entry:?} has no port; expected host:port"))?;
+    if host.is_empty() || host.contains(['/', ' ']) {
+        return Err(format!("{entry:?} has no valid host"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(format!("{scheme}://{host}:{p}")),
+        _ => Err(format!("{entry:?} has port {port:?}, not 1-65535")),
+    }
+}
+
+impl ClientConfig {
+    /// Parses the text of `path` (named in errors); `fqdn` supplies the identity when the
+    /// file sets none, as go-choria falls back to the host's FQDN.
+    pub fn parse(
+        path: &Path,
+        text: &str,
+        fqdn: impl FnOnce() -> Result<String, String>,
+    ) -> Result<ClientConfig, ClientConfigError> {
+        // key -> (value, line); the last setting wins, as in Go's map.
+        let mut settings: BTreeMap<String, (String, usize)> = BTreeMap::new();
+        for (index, raw) in text.lines().enumerate() {
+            let line = index + 1;
+            let trimmed = raw.trim();
+            if trimmed.is_empty() || trimmed.starts_with('#') {
+                continue;
+            }
+            let Some((key, value)) = trimmed.split_once('=') else {
+                return Err(ClientConfigError::Syntax {
+                    path: path.to_path_buf(),
+                    line,
+                    text: trimmed.to_string(),
+                });
+            };
+            let key = key.trim();
+            if key.is_empty() {
+                return Err(ClientConfigError::Syntax {
+                    path: path.to_path_buf(),
+                    line,
+                    text: trimmed.to_string(),
+                });
+            }
+            settings.insert(key.to_string(), (value.trim().to_string(), line));
+        }
+
+        let invalid = |key: &'static str, value: &str, line: usize, reason: String| {
+            ClientConfigError::InvalidValue {
+                path: path.to_path_buf(),
+                line,
+                key,
+                value: value.to_string(),
+                reason,
+            }
+        };
+        let get = |key: &str| {
+            settings
+                .get(key)
+                .filter(|(value, _)| !value.is_empty())
+                .map(|(value, line)| (value.as_str(), *line))
+        };
+
+        let middleware_hosts = match get(KEY_MIDDLEWARE_HOSTS) {
+            None => {
+                return Err(ClientConfigError::NoMiddlewareHosts {
+                    path: path.to_path_buf(),
+                })
+            }
+            Some((value, line)) => {
+                let mut hosts = Vec::new();
+                for entry in value.split(',').map(str::trim) {
+                    if entry.is_empty() {
+                        continue;
+                    }
+                    let host = normalise_host(entry)
+                        .map_err(|reason| invalid(KEY_MIDDLEWARE_HOSTS, value, line, reason))?;
+                    hosts.push(host);
+                }
+                if hosts.is_empty() {
+                    return Err(ClientConfigError::NoMiddlewareHosts {
+                        path: path.to_path_buf(),
+                    });
+                }
+                hosts
+            }
+        };
+
+        let seconds = |key: &'static str, default: u64| -> Result<u64, ClientConfigError> {
+            match get(key) {
+                None => Ok(default),
+                Some((value, line)) => value.parse::<u64>().map_err(|_| {
+                    invalid(
+                        key,
+                        value,
+                        line,
+                        "expected a whole number of seconds".into(),
+                    )
+                }),
+            }
+        };
+        let discovery_timeout =
+            seconds(KEY_DISCOVERY_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT.as_secs())?;
+        if discovery_timeout == 0 {
+            let (value, line) = get(KEY_DISCOVERY_TIMEOUT).unwrap_or(("0", 0));
+            return Err(invalid(
+                KEY_DISCOVERY_TIMEOUT,
+                value,
+                line,
+                "must be at least 1 second".into(),
+            ));
+        }
+        let ttl = seconds(KEY_TTL, DEFAULT_TTL)?;
+        if ttl < MIN_TTL {
+            let (value, line) = get(KEY_TTL).unwrap_or(("", 0));
+            return Err(invalid(
+                KEY_TTL,
+                value,
+                line,
+                format!("must be at least {MIN_TTL}: servers refuse requests with a lower ttl"),
+            ));
+        }
+
+        let identity = match get(KEY_IDENTITY) {
+            Some((value, line)) => {
+                if value.contains(char::is_whitespace) {
+                    return Err(invalid(
+                        KEY_IDENTITY,
+                        value,
+                        line,
+                        "must not contain whitespace".into(),
+                    ));
+                }
+                value.to_string()
+            }
+            None => fqdn().map_err(|reason| ClientConfigError::NoIdentity {
+                path: path.to_path_buf(),
+                reason,
+            })?,
+        };
+
+        let file = |key: &str| get(key).map(|(value, _)| PathBuf::from(value));
+        Ok(ClientConfig {
+            path: path.to_path_buf(),
+            middleware_hosts,
+            identity,
+            discovery_timeout: Duration::from_secs(discovery_timeout),
+            ttl,
+            security_provider: get(KEY_PROVIDER)
+                .map(|(value, _)| value.to_string())
+                .unwrap_or_default(),
+            certificate: file(KEY_CERTIFICATE),
+            key: file(KEY_KEY),
+            ca: file(KEY_CA),
+            key_lines: settings
+                .iter()
+                .map(|(key, (_, line))| (key.clone(), *line))
+                .collect(),
+        })
+    }
+
+    /// `choria=<identity>`, the caller id of the `file` provider (§2.3).
+    pub fn caller_id(&self) -> String {
+        format!("choria={}", self.identity)
+    }
+
+    /// The line `key` was last set on, for messages that point at it.
+    pub fn line_of(&self, key: &str) -> Option<usize> {
+        self.key_lines.get(key).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CFG: &str = "/etc/choria/client.cfg";
+
+    fn parse(text: &str) -> Result<ClientConfig, ClientConfigError> {
+        ClientConfig::parse(Path::new(CFG), text, || Ok("fqdn.example.net".to_string()))
+    }
+
+    #[test]
+    fn parses_the_keys_we_need() {
+        let text = "\
+# a comment
+   # an indented comment
+
+plugin.choria.middleware_hosts = broker1.example.net:4222, nats://broker2.example.net:4223,tls://b3:4443
+identity=provisioner.example.net
+discovery_timeout   =   5
+ttl = 90
+plugin.security.provider = file
+plugin.security.file.certificate = /etc/choria/ssl/cert.pem
+plugin.security.file.key = /etc/choria/ssl/key.pem
+plugin.security.file.ca = /etc/choria/ssl/ca.pem
+some.other.key = with = signs
+";
+        let cfg = parse(text).unwrap();
+        assert_eq!(
+            cfg.middleware_hosts,
+            [
+                "nats://broker1.example.net:4222",
+                "nats://broker2.example.net:4223",
+                "tls://b3:4443"
+            ]
+        );
+        assert_eq!(cfg.identity, "provisioner.example.net");
+        assert_eq!(cfg.caller_id(), "choria=provisioner.example.net");
+        assert_eq!(cfg.discovery_timeout, Duration::from_secs(5));
+        assert_eq!(cfg.ttl, 90);
+        assert_eq!(cfg.security_provider, "file");
+        assert_eq!(
+            cfg.certificate,
+            Some(PathBuf::from("/etc/choria/ssl/cert.pem"))
+        );
+        assert_eq!(cfg.key, Some(PathBuf::from("/etc/choria/ssl/key.pem")));
+        assert_eq!(cfg.ca, Some(PathBuf::from("/etc/choria/ssl/ca.pem")));
+        assert_eq!(cfg.key_lines.get("ttl"), Some(&7));
+    }
+
+    #[test]
+    fn defaults() {
+        let cfg = parse("plugin.choria.middleware_hosts = b:4222\n").unwrap();
+        assert_eq!(cfg.identity, "fqdn.example.net");
+        assert_eq!(cfg.discovery_timeout, Duration::from_secs(2));
+        assert_eq!(cfg.ttl, 60);
+        assert_eq!(cfg.security_provider, "");
+        assert_eq!(cfg.certificate, None);
+    }
+
+    /// (name, text, expected error fragments); every one must fail with all fragments present.
+    #[test]
+    fn parse_errors_name_file_line_and_key() {
+        let hosts = "plugin.choria.middleware_hosts = b:4222\n";
+        let cases: Vec<(&str, String, &[&str])> = vec![
+            (
+                "no hosts",
+                "identity = x\n".into(),
+                &[CFG, "plugin.choria.middleware_hosts is not set", "SRV"],
+            ),
+            (
+                "empty hosts",
+                "plugin.choria.middleware_hosts = \n".into(),
+                &["SRV"],
+            ),
+            (
+                "only commas",
+                "plugin.choria.middleware_hosts = , ,\n".into(),
+                &["SRV"],
+            ),
+            (
+                "host without port",
+                "plugin.choria.middleware_hosts = broker\n".into(),
+                &[":1:", "plugin.choria.middleware_hosts", "no port"],
+            ),
+            (
+                "bad port",
+                "plugin.choria.middleware_hosts = b:99999\n".into(),
+                &[":1:", "not 1-65535"],
+            ),
+            (
+                "bad scheme",
+                "plugin.choria.middleware_hosts = http://b:80\n".into(),
+                &[":1:", "scheme \"http\""],
+            ),
+            (
+                "no equals",
+                format!("{hosts}identity\n"),
+                &[":2:", "expected `key = value`"],
+            ),
+            (
+                "empty key",
+                format!("{hosts} = x\n"),
+                &[":2:", "expected `key = value`"],
+            ),
+            (
+                "ttl text",
+                format!("{hosts}ttl = soon\n"),
+                &[":2:", "ttl = \"soon\"", "whole number"],
+            ),
+            (
+                "ttl 29",
+                format!("{hosts}ttl = 29\n"),
+                &[":2:", "ttl", "at least 30"],
+            ),
+            (
+                "negative timeout",
+                format!("\n{hosts}discovery_timeout = -1\n"),
+                &[":3:", "discovery_timeout"],
+            ),
+            (
+                "zero timeout",
+                format!("{hosts}discovery_timeout = 0\n"),
+                &[":2:", "discovery_timeout", "at least 1"],
+            ),
+            (
+                "identity with space",
+                format!("{hosts}identity = a b\n"),
+                &[":2:", "identity"],
+            ),
+        ];
+        for (name, text, fragments) in cases {
+            match parse(&text) {
+                Ok(cfg) => panic!("{name}: accepted as {cfg:?}"),
+                Err(e) => {
+                    let message = e.to_string();
+                    for fragment in fragments {
+                        assert!(
+                            message.contains(fragment),
+                            "{name}: {message:?} lacks {fragment:?}"
+                        );
+                    }
+                }
+            }
+        }
+        let failing_fqdn = ClientConfig::parse(Path::new(CFG), hosts, || Err("no dns".into()));
+        assert!(failing_fqdn
+            .unwrap_err()
+            .to_string()
+            .contains("identity is not set"));
+    }
+}

@@ -1,0 +1,19 @@
+//! The Choria wire formats the provisioner speaks, as pure functions over bytes and text.
+//!
+//! - [`v1`]: protocol v1 message layers, with the client half (what the provisioner sends and
+//!   reads) and the server half (what a provisioning-mode server reads and sends, for the fleet
+//!   simulator and the tests) in separate modules.
+//! - [`json`]: Go's `encoding/json` escaping, so signed and hashed bytes match go-choria's.
+//! - [`lifecycle`]: lifecycle events in the Choria and CloudEvents formats.
+//! - [`choria_cfg`]: the client configuration file (`choria.cfg`), text in, settings out.
+//! - [`signing`]: request signing (x509 RSA) or the insecure placeholder.
+//!
+//! This crate never starts a thread and never does I/O: no sockets, no files, no clock (times
+//! arrive as arguments). Whoever reads a file hands its text in; every rule is therefore
+//! tested with plain values, and decoding never panics on input.
+
+pub mod choria_cfg;
+pub mod json;
+pub mod lifecycle;
+pub mod signing;
+pub mod v1;

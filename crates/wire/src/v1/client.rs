@@ -1,0 +1,231 @@
+//! The client half of protocol v1: what the provisioner sends (requests, signed or not) and
+//! how it reads what comes back (replies, checked layer by layer, and their RPC payloads).
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::{
+    check_protocol, decode_transport, get_i64, get_object, get_str, go_json, go_value_json,
+    opt_str, parse_object, transport_json, Filter, Layer, ProtocolError, REPLY_V1, REQUEST_V1,
+    SECURE_REPLY_V1, SECURE_REQUEST_V1, TRANSPORT_V1,
+};
+use crate::signing::Signer;
+
+/// Everything that goes into one request, as the caller decided it.
+pub struct RequestSpec<'a> {
+    pub agent: &'a str,
+    /// Exactly as put in Request.message: RPC JSON, or [`DISCOVERY_PING`].
+    pub message: &'a str,
+    pub filter: &'a Filter,
+    pub ttl: u64,
+    /// Unix seconds.
+    pub time: i64,
+    pub request_id: &'a str,
+    pub sender_id: &'a str,
+    pub caller_id: &'a str,
+    pub collective: &'a str,
+}
+
+#[derive(Serialize)]
+struct RequestOut<'a> {
+    protocol: &'static str,
+    message: &'a str,
+    envelope: RequestEnvelopeOut<'a>,
+}
+
+#[derive(Serialize)]
+struct RequestEnvelopeOut<'a> {
+    requestid: &'a str,
+    senderid: &'a str,
+    callerid: &'a str,
+    collective: &'a str,
+    agent: &'a str,
+    ttl: u64,
+    time: i64,
+    filter: &'a Filter,
+}
+
+#[derive(Serialize)]
+struct SecureRequestOut<'a> {
+    protocol: &'static str,
+    message: &'a str,
+    signature: &'a str,
+    pubcert: &'a str,
+}
+
+/// The Request JSON (innermost layer) exactly as Go writes it. These are the bytes signed.
+pub fn request_json(spec: &RequestSpec) -> Result<String, ProtocolError> {
+    go_json(
+        &RequestOut {
+            protocol: REQUEST_V1,
+            message: spec.message,
+            envelope: RequestEnvelopeOut {
+                requestid: spec.request_id,
+                senderid: spec.sender_id,
+                callerid: spec.caller_id,
+                collective: spec.collective,
+                agent: spec.agent,
+                ttl: spec.ttl,
+                time: spec.time,
+                filter: spec.filter,
+            },
+        },
+        Layer::Request,
+    )
+}
+
+/// The SecureRequest JSON wrapping `request_json`, signed by `signer` (§2.2, §3.1).
+pub fn secure_request_json(request_json: &str, signer: &Signer) -> Result<String, ProtocolError> {
+    let (signature, pubcert) = signer.sign(request_json.as_bytes());
+    go_json(
+        &SecureRequestOut {
+            protocol: SECURE_REQUEST_V1,
+            message: request_json,
+            signature: &signature,
+            pubcert: &pubcert,
+        },
+        Layer::SecureRequest,
+    )
+}
+
+/// Transport bytes of a request, without a `seen-by` hop (the broker URL is not known here).
+/// The connection should prefer [`encode_request_via`], which records the hop as Go does.
+pub fn encode_request(
+    spec: &RequestSpec,
+    reply_to: &str,
+    signer: &Signer,
+) -> Result<Vec<u8>, ProtocolError> {
+    encode_request_hops(spec, reply_to, signer, &[])
+}
+
+/// Transport bytes of a request as Go's connector publishes it: one `seen-by` hop
+/// `[connected_server, sender_id, connected_server]` (§2.1). `connected_server` is the URL of
+/// the broker the connection is on, e.g. `nats://broker.example.net:4222`.
+pub fn encode_request_via(
+    spec: &RequestSpec,
+    reply_to: &str,
+    signer: &Signer,
+    connected_server: &str,
+) -> Result<Vec<u8>, ProtocolError> {
+    encode_request_hops(
+        spec,
+        reply_to,
+        signer,
+        &[[connected_server, spec.sender_id, connected_server]],
+    )
+}
+
+fn encode_request_hops(
+    spec: &RequestSpec,
+    reply_to: &str,
+    signer: &Signer,
+    seen_by: &[[&str; 3]],
+) -> Result<Vec<u8>, ProtocolError> {
+    let request = request_json(spec)?;
+    let secure = secure_request_json(&request, signer)?;
+    transport_json(&secure, reply_to, spec.sender_id, seen_by.to_vec())
+}
+
+/// The MCollective RPC request body `{"agent","action","data"}` (§2.6), `data` keys sorted
+/// as Go's map, Go-escaped. A `null` data is sent as `{}` as the Go client does.
+pub fn rpc_request_body(agent: &str, action: &str, data: &Value) -> String {
+    let data_json = match data {
+        Value::Null => "{}".to_string(),
+        other => go_value_json(other),
+    };
+    // The fixed part is serialised by serde to get string escaping right.
+    let agent_json = go_value_json(&Value::String(agent.to_string()));
+    let action_json = go_value_json(&Value::String(action.to_string()));
+    format!("{{\"agent\":{agent_json},\"action\":{action_json},\"data\":{data_json}}}")
+}
+
+/// One node's reply, after the transport, hash and protocol checks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reply {
+    pub request_id: String,
+    pub sender: String,
+    pub agent: String,
+    pub time: i64,
+    /// The payload: RPC reply JSON, or `pong` for discovery.
+    pub message: String,
+}
+
+/// A parsed RPC reply body (§2.6).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RpcReply {
+    pub action: String,
+    pub statuscode: u8,
+    pub statusmsg: String,
+    pub data: Value,
+}
+
+/// `headers.mc_sender` of a transport: all broadcast discovery reads of a reply (§4.3).
+pub fn transport_sender(transport: &[u8]) -> Result<String, ProtocolError> {
+    let layer = Layer::Transport;
+    let map = parse_object(transport, layer)?;
+    check_protocol(&map, layer, TRANSPORT_V1)?;
+    let headers = get_object(&map, layer, "headers")?;
+    let sender = get_str(headers, layer, "mc_sender")?;
+    if sender.is_empty() {
+        return Err(ProtocolError::InvalidField {
+            layer,
+            field: "mc_sender",
+            reason: "is empty".to_string(),
+        });
+    }
+    Ok(sender.to_string())
+}
+
+/// Decode a reply transport, checking every protocol string, the base64 `data`, the JSON of
+/// each layer and the secure reply's `hash` (§2.4, §5.2).
+pub fn decode_reply(transport: &[u8]) -> Result<Reply, ProtocolError> {
+    let outer = decode_transport(transport)?;
+
+    let layer = Layer::SecureReply;
+    let secure = parse_object(&outer.data, layer)?;
+    check_protocol(&secure, layer, SECURE_REPLY_V1)?;
+    let message = get_str(&secure, layer, "message")?;
+    let claimed = get_str(&secure, layer, "hash")?;
+    let computed = STANDARD.encode(Sha256::digest(message.as_bytes()));
+    if claimed != computed {
+        return Err(ProtocolError::HashMismatch {
+            claimed: claimed.to_string(),
+            computed,
+        });
+    }
+
+    let layer = Layer::Reply;
+    let reply = parse_object(message.as_bytes(), layer)?;
+    check_protocol(&reply, layer, REPLY_V1)?;
+    let payload = get_str(&reply, layer, "message")?;
+    let envelope = get_object(&reply, layer, "envelope")?;
+    Ok(Reply {
+        request_id: get_str(envelope, layer, "requestid")?.to_string(),
+        sender: get_str(envelope, layer, "senderid")?.to_string(),
+        agent: get_str(envelope, layer, "agent")?.to_string(),
+        time: get_i64(envelope, layer, "time")?,
+        message: payload.to_string(),
+    })
+}
+
+/// Parse an RPC reply body (§2.6). `action` and `statusmsg` may be absent (read as "");
+/// `statuscode` must be an integer 0–255; an absent `data` reads as `null`.
+pub fn parse_rpc_reply(message: &str) -> Result<RpcReply, ProtocolError> {
+    let layer = Layer::RpcReply;
+    let map = parse_object(message.as_bytes(), layer)?;
+    let code = get_i64(&map, layer, "statuscode")?;
+    let statuscode = u8::try_from(code).map_err(|_| ProtocolError::InvalidField {
+        layer,
+        field: "statuscode",
+        reason: format!("is {code}, outside 0-255"),
+    })?;
+    Ok(RpcReply {
+        action: opt_str(&map, layer, "action")?.to_string(),
+        statuscode,
+        statusmsg: opt_str(&map, layer, "statusmsg")?.to_string(),
+        data: map.get("data").cloned().unwrap_or(Value::Null),
+    })
+}

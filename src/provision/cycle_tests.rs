@@ -1,0 +1,783 @@
+//! The provisioning cycle (`provision::Cycle`) against a scripted node (a table: action →
+//! reply) and a real helper process, with the upstream vectors for keys, JWTs and CSRs.
+//! Each case is one line of a table; the end-to-end runs against the simulator on a real
+//! broker are the daemon's tests.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+use choria_broker::gate::{Gate, Halt};
+use choria_broker::rpc::{NodeRpc, RpcOutcome};
+use choria_crypto::ed25519::sign_nonce;
+use choria_crypto::jwt::VerifyKey;
+use choria_crypto::key_transport::{decrypt_private_key, ecdh_shared};
+use choria_fleet_sim::server_jwt_check::verify_server_jwt;
+use choria_testkit::vector_path;
+
+use crate::config::Config;
+use crate::fleet::{ProvisionCycle, ProvisionOutcome};
+use crate::metrics::Metrics;
+use crate::provision::Cycle;
+
+const IDENTITY: &str = "rip.mcollective";
+/// The X25519 pair of the node (crypto.md §6.2).
+const NODE_ECDH_SECRET: &str = "67e4a9b3934a3030470ed7a30f89eeaf7dab7b492aa9ee02fb864d690b7e6eeb";
+const NODE_ECDH_PUBLIC: &str = "88a9a0ed27dc93c29466ea2bef99e078342b27e7a1d789fc35a9131f86c3a022";
+/// Org issuer O (tokens `signer.public`).
+const ORG_ISSUER: &str = "3899a8bb4b6e6e09c91c27f28f086f0b40f1d3091a8c83c07320bc6cfdf67730";
+
+fn vector(relative: &str) -> String {
+    std::fs::read_to_string(vector_path(relative))
+        .unwrap_or_else(|e| panic!("vector {relative}: {e}"))
+}
+
+fn vector_file(relative: &str) -> String {
+    vector_path(relative).display().to_string()
+}
+
+/// How the scripted node answers one action.
+#[derive(Clone)]
+enum Reply {
+    Ok(Value),
+    Status(u8, &'static str),
+    Timeout,
+    Lock,
+    Halt,
+    /// gen25519 signed with `generated/server.seed` over the nonce it was sent.
+    SignNonce,
+    /// gen25519 signed over another nonce.
+    SignWrongNonce,
+    /// gen25519 with a 31-byte public key.
+    ShortKey,
+    /// Succeeds, then the gate closes (as if leadership were lost mid-cycle).
+    OkThenPause(Value),
+}
+
+struct ScriptedNode {
+    replies: Mutex<BTreeMap<String, Reply>>,
+    calls: Mutex<Vec<(String, Value)>>,
+}
+
+impl ScriptedNode {
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().iter().map(|(a, _)| a.clone()).collect()
+    }
+
+    fn data_of(&self, action: &str) -> Value {
+        self.calls
+            .lock()
+            .iter()
+            .find(|(a, _)| a == action)
+            .map(|(_, d)| d.clone())
+            .unwrap_or_else(|| panic!("{action} was not called"))
+    }
+}
+
+fn server_seed() -> [u8; 32] {
+    hex::decode(vector("generated/server.seed").trim())
+        .expect("hex seed")
+        .try_into()
+        .expect("32 bytes")
+}
+
+impl NodeRpc for ScriptedNode {
+    fn call(
+        &self,
+        identity: &str,
+        agent: &str,
+        action: &str,
+        data: Value,
+        gate: &Gate,
+    ) -> RpcOutcome {
+        assert_eq!(identity, IDENTITY);
+        if let Err(halt) = gate.check() {
+            return RpcOutcome::Halted(halt);
+        }
+        let key = format!("{agent}#{action}");
+        self.calls.lock().push((key.clone(), data.clone()));
+        let reply = self.replies.lock().get(&key).cloned();
+        match reply {
+            None => RpcOutcome::Status {
+                code: 99,
+                message: format!("{key} is not scripted"),
+            },
+            Some(Reply::Ok(value)) => RpcOutcome::Ok(value),
+            Some(Reply::OkThenPause(value)) => {
+                gate.set_paused(true);
+                RpcOutcome::Ok(value)
+            }
+            Some(Reply::Status(code, message)) => RpcOutcome::Status {
+                code,
+                message: message.to_string(),
+            },
+            Some(Reply::Timeout) => RpcOutcome::Timeout,
+            Some(Reply::Lock) => RpcOutcome::LockRefused,
+            Some(Reply::Halt) => RpcOutcome::Halted(Halt::Stopping),
+            Some(Reply::SignNonce) | Some(Reply::SignWrongNonce) | Some(Reply::ShortKey) => {
+                let nonce = data["nonce"].as_str().expect("nonce sent").to_string();
+                let signed = match reply {
+                    Some(Reply::SignWrongNonce) => format!("{nonce}x"),
+                    _ => nonce,
+                };
+                let (mut public_key, signature) = sign_nonce(&server_seed(), &signed);
+                if let Some(Reply::ShortKey) = reply {
+                    public_key.truncate(62);
+                }
+                RpcOutcome::Ok(json!({
+                    "public_key": public_key,
+                    "directory": "/etc/choria",
+                    "signature": signature,
+                }))
+            }
+        }
+    }
+}
+
+/// Which security flow a case runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// No features: inventory, helper, configure, restart.
+    Plain,
+    /// x509: gencsr and a CSR check.
+    Pki,
+    /// Provisioning JWT (RS256) and key transport.
+    Jwt,
+    /// ed25519 with chain-issued server JWTs (implies jwt).
+    Ed25519,
+    /// x509 with the default `cert_deny_list`.
+    PkiDefaultDeny,
+    /// Everything a PKI + JWT run does: key delivered together with certificate, ca and ssldir.
+    PkiJwt,
+}
+
+fn base_yaml(mode: Mode, helper: &str) -> String {
+    let mut yaml =
+        format!("helper: \"{helper}\"\nhelper_timeout: 30s\ntoken: s3cret\nsite: test\n");
+    let pki = "features:\n  pki: true\ncert_deny_list:\n  - /\\.denied$/\n";
+    let jwt = format!(
+        "jwt_verify_cert: {}\n",
+        vector_file("tokens/testdata/rsa/signer-public.pem")
+    );
+    match mode {
+        Mode::Plain => {}
+        Mode::Pki => yaml.push_str(pki),
+        Mode::PkiDefaultDeny => yaml.push_str("features:\n  pki: true\n"),
+        Mode::Jwt => {
+            yaml.push_str("features:\n  jwt: true\n");
+            yaml.push_str(&jwt);
+        }
+        Mode::PkiJwt => {
+            yaml.push_str(
+                "features:\n  pki: true\n  jwt: true\ncert_deny_list:\n  - /\\.denied$/\n",
+            );
+            yaml.push_str(&jwt);
+        }
+        Mode::Ed25519 => {
+            yaml.push_str("features:\n  ed25519: true\n");
+            yaml.push_str(&format!("jwt_verify_cert: {ORG_ISSUER}\n"));
+            yaml.push_str(&format!(
+                "jwt_signing_key: {}\njwt_signing_token: {}\n",
+                vector_file("tokens/testdata/ed25519/other.seed"),
+                vector_file("generated/chain-issuer-client.jwt")
+            ));
+        }
+    }
+    yaml
+}
+
+fn default_replies(mode: Mode) -> BTreeMap<String, Reply> {
+    let mut replies = BTreeMap::new();
+    let mut put = |k: &str, r: Reply| {
+        replies.insert(k.to_string(), r);
+    };
+    let jwt_file = if mode == Mode::Ed25519 {
+        "tokens/testdata/ed25519/good-provisioning.jwt"
+    } else {
+        "tokens/testdata/rsa/good-provisioning.jwt"
+    };
+    put(
+        "choria_provision#jwt",
+        Reply::Ok(json!({"jwt": vector(jwt_file), "ecdh_public": NODE_ECDH_PUBLIC})),
+    );
+    put("choria_provision#gen25519", Reply::SignNonce);
+    put(
+        "rpcutil#inventory",
+        Reply::Ok(json!({
+            "agents": ["choria_provision", "choria_util", "discovery", "rpcutil"],
+            "classes": [], "collectives": ["provisioning"], "data_plugins": [],
+            "facts": {"location": "<lon>"}, "machines": [], "main_collective": "provisioning",
+            "version": "0.29.4", "upgradable": true,
+        })),
+    );
+    put(
+        "choria_provision#gencsr",
+        Reply::Ok(json!({
+            "csr": vector("go-choria/providers/security/testdata/good/certificate_requests/rip.mcollective.pem"),
+            "public_key": "-----BEGIN PUBLIC KEY-----\n...\n-----END PUBLIC KEY-----\n",
+            "ssldir": "/etc/choria/ssl",
+        })),
+    );
+    put(
+        "choria_provision#configure",
+        Reply::Ok(json!({"message": "Wrote 3 lines to /etc/choria/server.conf"})),
+    );
+    put(
+        "choria_provision#restart",
+        Reply::Ok(json!({"message": "Restarting Choria Server after 2s"})),
+    );
+    put(
+        "choria_provision#shutdown",
+        Reply::Ok(json!({"message": "Shutting Choria Server down after 3s"})),
+    );
+    put(
+        "choria_provision#release_update",
+        Reply::Ok(json!({"message": "Restarting Choria Server after 2s"})),
+    );
+    replies
+}
+
+/// The usual helper answer: a configuration for the node.
+fn configuration_answer() -> Value {
+    json!({
+        "defer": false,
+        "msg": "",
+        "configuration": {
+            "identity": IDENTITY,
+            "plugin.choria.middleware_hosts": "broker.example.net:4222",
+            "collectives": "choria,eu",
+        },
+        "action_policies": {"default.policy": "policy_default deny"},
+        "opa_policies": {},
+    })
+}
+
+fn with(answer: Value, extra: Value) -> Value {
+    let mut answer = answer;
+    for (k, v) in extra.as_object().expect("object").iter() {
+        answer[k] = v.clone();
+    }
+    answer
+}
+
+/// One prepared run: a temp dir with the helper, its answer and a record of its stdin.
+struct Harness {
+    _dir: tempfile::TempDir,
+    stdin_record: PathBuf,
+    node: Arc<ScriptedNode>,
+    metrics: Arc<Metrics>,
+    cycle: Cycle,
+}
+
+fn write_helper(dir: &Path) -> PathBuf {
+    let path = dir.join("helper with space.sh");
+    // Records what it was given, answers with a canned file: the cycle sees a real process.
+    std::fs::write(&path, "#!/bin/sh\ncat > \"$2\"\ncat \"$1\"\n").expect("helper");
+    let mut perms = std::fs::metadata(&path).expect("stat").permissions();
+    perms.set_mode(0o755);
+    std::fs::set_permissions(&path, perms).expect("chmod");
+    path
+}
+
+fn harness(mode: Mode, extra_yaml: &str, answer: &Value, overrides: &[(&str, Reply)]) -> Harness {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let helper = write_helper(dir.path());
+    let answer_file = dir.path().join("answer.json");
+    std::fs::write(&answer_file, answer.to_string()).expect("answer");
+    let stdin_record = dir.path().join("stdin.json");
+    // Quoted inside YAML double quotes: the helper path has a space, so shell quoting matters.
+    let command = format!(
+        "'{}' {} {}",
+        helper.display(),
+        answer_file.display(),
+        stdin_record.display()
+    );
+    let mut yaml = format!("{}{extra_yaml}", base_yaml(mode, &command));
+    if !extra_yaml.contains("upgrades_repository") {
+        yaml.push_str("upgrades_repository: https://repo.example.net/choria\n");
+    }
+    let (config, _warnings) =
+        Config::parse(&dir.path().join("provisioner.yaml"), &yaml).expect("config parses");
+    let mut replies = default_replies(mode);
+    for (action, reply) in overrides {
+        replies.insert(action.to_string(), reply.clone());
+    }
+    let node = Arc::new(ScriptedNode {
+        replies: Mutex::new(replies),
+        calls: Mutex::new(Vec::new()),
+    });
+    let metrics = Arc::new(Metrics::new("test"));
+    let cycle = Cycle::new(Arc::new(config), node.clone(), metrics.clone()).expect("cycle");
+    Harness {
+        _dir: dir,
+        stdin_record,
+        node,
+        metrics,
+        cycle,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Want {
+    Provisioned { hold: bool },
+    OwnedElsewhere,
+    Halted,
+    Failed(&'static str),
+}
+
+fn check(outcome: &ProvisionOutcome, want: &Want) -> bool {
+    match (outcome, want) {
+        (ProvisionOutcome::Provisioned { hold }, Want::Provisioned { hold: want }) => hold == want,
+        (ProvisionOutcome::OwnedElsewhere, Want::OwnedElsewhere) => true,
+        (ProvisionOutcome::Halted, Want::Halted) => true,
+        (ProvisionOutcome::Failed(reason), Want::Failed(part)) => {
+            reason.contains(part) && reason.contains(IDENTITY)
+        }
+        _ => false,
+    }
+}
+
+const J: &str = "choria_provision#jwt";
+const G: &str = "choria_provision#gen25519";
+const I: &str = "rpcutil#inventory";
+const C: &str = "choria_provision#gencsr";
+const CF: &str = "choria_provision#configure";
+const R: &str = "choria_provision#restart";
+const S: &str = "choria_provision#shutdown";
+const U: &str = "choria_provision#release_update";
+
+struct Case {
+    name: &'static str,
+    mode: Mode,
+    yaml: &'static str,
+    answer: Value,
+    overrides: Vec<(&'static str, Reply)>,
+    want: Want,
+    calls: &'static [&'static str],
+}
+
+fn case(
+    name: &'static str,
+    mode: Mode,
+    yaml: &'static str,
+    answer: Value,
+    overrides: Vec<(&'static str, Reply)>,
+    want: Want,
+    calls: &'static [&'static str],
+) -> Case {
+    Case {
+        name,
+        mode,
+        yaml,
+        answer,
+        overrides,
+        want,
+        calls,
+    }
+}
+
+#[test]
+fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
+    use Mode::*;
+    let ok = configuration_answer;
+    let cases = vec![
+        case("plain", Plain, "", ok(), vec![], Want::Provisioned { hold: true }, &[I, CF, R]),
+        case("pki", Pki, "", ok(), vec![], Want::Provisioned { hold: true }, &[I, C, CF, R]),
+        case("jwt", Jwt, "", ok(), vec![], Want::Provisioned { hold: true }, &[J, I, CF, R]),
+        case("ed25519 chain", Ed25519, "", ok(), vec![], Want::Provisioned { hold: true }, &[J, G, I, CF, R]),
+        case("defer", Plain, "", json!({"defer": true, "msg": "not today"}), vec![], Want::Failed("deferred provisioning: not today"), &[I]),
+        case("shutdown", Pki, "", json!({"shutdown": true, "msg": "decommissioned"}), vec![], Want::Provisioned { hold: true }, &[I, C, S]),
+        case("shutdown refused by node", Plain, "", json!({"shutdown": true}), vec![(S, Reply::Status(1, "Cannot shutdown a server that is not in provisioning mode or with no token set"))], Want::Provisioned { hold: true }, &[I, S]),
+        case("shutdown unanswered", Plain, "", json!({"shutdown": true}), vec![(S, Reply::Timeout)], Want::Failed("choria_provision#shutdown failed: no reply after 3 tries"), &[I, S]),
+        case("empty configuration", Plain, "", json!({"msg": "nothing"}), vec![], Want::Failed("empty configuration"), &[I]),
+        case("bad csr cn", Pki, "", ok(), vec![(C, Reply::Ok(json!({"csr": vector("go-choria/integration/ca/one/localhost.csr"), "ssldir": "/s"})))], Want::Failed("CSR refused"), &[I, C]),
+        case("csr not pem", Pki, "", ok(), vec![(C, Reply::Ok(json!({"csr": "garbage", "ssldir": "/s"})))], Want::Failed("CSR refused"), &[I, C]),
+        case("no csr", Pki, "", ok(), vec![(C, Reply::Ok(json!({})))], Want::Failed("no CSR received"), &[I, C]),
+        case("csr denied by default list", PkiDefaultDeny, "", ok(), vec![], Want::Failed("denied"), &[I, C]),
+        case("bad gen25519 signature", Ed25519, "", ok(), vec![(G, Reply::SignWrongNonce)], Want::Failed("could not fetch ed25519 public key"), &[J, G]),
+        case("short gen25519 key", Ed25519, "", ok(), vec![(G, Reply::ShortKey)], Want::Failed("could not fetch ed25519 public key"), &[J, G]),
+        case("jwt signed by another key", Jwt, "", ok(), vec![(J, Reply::Ok(json!({"jwt": vector("go-choria/integration/ca/invalid-provisioning.jwt"), "ecdh_public": NODE_ECDH_PUBLIC})))], Want::Failed("could not validate JWT"), &[J]),
+        case("no jwt", Jwt, "", ok(), vec![(J, Reply::Ok(json!({"ecdh_public": NODE_ECDH_PUBLIC})))], Want::Failed("no JWT received"), &[J]),
+        case("node refuses the token", Jwt, "", ok(), vec![(J, Reply::Status(1, "Incorrect provision token supplied"))], Want::Failed("choria_provision#jwt failed: the node answered status 1: Incorrect provision token supplied"), &[J]),
+        case("inventory timeout", Plain, "", ok(), vec![(I, Reply::Timeout)], Want::Failed("rpcutil#inventory failed: no reply after 5 tries"), &[I]),
+        case("configure refused", Plain, "", ok(), vec![(CF, Reply::Status(1, "Did not receive any configuration to write"))], Want::Failed("choria_provision#configure failed"), &[I, CF]),
+        case("restart timeout", Plain, "", ok(), vec![(R, Reply::Timeout)], Want::Failed("choria_provision#restart failed: no reply after 3 tries"), &[I, CF, R]),
+        case("key without jwt", Plain, "", with(ok(), json!({"key": vector("tokens/testdata/rsa/signer-key.pem")})), vec![], Want::Failed("did not start Diffie-Hellman"), &[I]),
+        case("key not pem", Jwt, "", with(ok(), json!({"key": "not a key"})), vec![], Want::Failed("cannot encrypt the helper's key"), &[J, I]),
+        case("upgrade", Plain, "features:\n  upgrades: true\n", with(ok(), json!({"upgrade": "0.30.0"})), vec![], Want::Provisioned { hold: false }, &[I, U]),
+        case("downgrade", Plain, "features:\n  upgrades: true\n", with(ok(), json!({"upgrade": "0.29.0"})), vec![], Want::Provisioned { hold: false }, &[I, U]),
+        case("same version", Plain, "features:\n  upgrades: true\n", with(ok(), json!({"upgrade": "0.29.4"})), vec![], Want::Provisioned { hold: true }, &[I, CF, R]),
+        case("upgrade ignored without feature", Plain, "", with(ok(), json!({"upgrade": "0.30.0"})), vec![], Want::Provisioned { hold: true }, &[I, CF, R]),
+        case("upgrade fails", Plain, "features:\n  upgrades: true\n", with(ok(), json!({"upgrade": "0.30.0"})), vec![(U, Reply::Status(1, "Update to version 0.30.0 failed, release rolled back"))], Want::Failed("release_update failed"), &[I, U]),
+        case("upgrade fails, optional", Plain, "features:\n  upgrades: true\nupgrades_optional: true\n", with(ok(), json!({"upgrade": "0.30.0"})), vec![(U, Reply::Status(1, "Update to version 0.30.0 failed, release rolled back"))], Want::Provisioned { hold: true }, &[I, U, CF, R]),
+        case("not upgradable", Plain, "features:\n  upgrades: true\n", with(ok(), json!({"upgrade": "0.30.0"})), vec![(I, Reply::Ok(json!({"version": "0.29.4", "upgradable": false})))], Want::Failed("does not support upgrades"), &[I]),
+        case("not upgradable, optional", Plain, "features:\n  upgrades: true\nupgrades_optional: true\n", with(ok(), json!({"upgrade": "0.30.0"})), vec![(I, Reply::Ok(json!({"version": "0.29.4", "upgradable": false})))], Want::Provisioned { hold: true }, &[I, CF, R]),
+        case("no version in inventory", Plain, "features:\n  upgrades: true\n", with(ok(), json!({"upgrade": "0.30.0"})), vec![(I, Reply::Ok(json!({"upgradable": true})))], Want::Failed("did not receive a version"), &[I]),
+        case("no upgrades repository", Plain, "features:\n  upgrades: true\nupgrades_repository: \"\"\n", with(ok(), json!({"upgrade": "0.30.0"})), vec![], Want::Failed("upgrades_repository not configured"), &[I]),
+        case("upgrade lock refused even if optional", Plain, "features:\n  upgrades: true\nupgrades_optional: true\n", with(ok(), json!({"upgrade": "0.30.0"})), vec![(U, Reply::Lock)], Want::OwnedElsewhere, &[I, U]),
+        case("halted by the rpc", Plain, "", ok(), vec![(CF, Reply::Halt)], Want::Halted, &[I, CF]),
+        // Deliberate: once configured, the node is restarted even though leadership was
+        // just lost, so the next leader does not configure it a second time.
+        case("paused after configure still restarts", Plain, "", ok(), vec![(CF, Reply::OkThenPause(json!({"message": "Wrote 3 lines"})))], Want::Provisioned { hold: true }, &[I, CF, R]),
+        case("paused before the helper", Plain, "", ok(), vec![(I, Reply::OkThenPause(json!({"version": "0.29.4"})))], Want::Halted, &[I]),
+        case("inventory not an object", Plain, "", ok(), vec![(I, Reply::Ok(json!(["x"])))], Want::Failed("rpcutil#inventory reply data is not an object"), &[I]),
+        case("helper answers nonsense", Plain, "", json!({"defer": "maybe"}), vec![], Want::Failed("field defer"), &[I]),
+    ];
+    let mut failures = Vec::new();
+    for c in cases {
+        let h = harness(c.mode, c.yaml, &c.answer, &c.overrides);
+        let outcome = h.cycle.provision(IDENTITY, &Gate::new(false));
+        let calls = h.node.calls();
+        if !check(&outcome, &c.want) || calls != c.calls {
+            failures.push(format!(
+                "{}: got {outcome:?} after {calls:?}; want {:?} after {:?}",
+                c.name, c.want, c.calls
+            ));
+        }
+        let provisioned = matches!(outcome, ProvisionOutcome::Provisioned { .. }) as u64;
+        if h.metrics.provisioned.get() != provisioned {
+            failures.push(format!(
+                "{}: provisioned counter {}",
+                c.name,
+                h.metrics.provisioned.get()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[test]
+fn a_refused_lock_at_any_step_leaves_the_node_to_its_owner_at_once() {
+    // (mode, helper answer, the actions of a full run, in order)
+    let runs: Vec<(Mode, &str, Value, Vec<&str>)> = vec![
+        (
+            Mode::Ed25519,
+            "",
+            configuration_answer(),
+            vec![J, G, I, CF, R],
+        ),
+        (
+            Mode::PkiJwt,
+            "",
+            configuration_answer(),
+            vec![J, I, C, CF, R],
+        ),
+        (Mode::Plain, "", json!({"shutdown": true}), vec![I, S]),
+        (
+            Mode::Plain,
+            "features:\n  upgrades: true\n",
+            with(configuration_answer(), json!({"upgrade": "1.0.0"})),
+            vec![I, U],
+        ),
+    ];
+    for (mode, yaml, answer, actions) in runs {
+        for (at, action) in actions.iter().enumerate() {
+            let h = harness(mode, yaml, &answer, &[(action, Reply::Lock)]);
+            let outcome = h.cycle.provision(IDENTITY, &Gate::new(false));
+            assert_eq!(
+                outcome,
+                ProvisionOutcome::OwnedElsewhere,
+                "{mode:?} lock at {action}"
+            );
+            assert_eq!(
+                h.node.calls(),
+                actions[..=at].to_vec(),
+                "{mode:?} lock at {action}: no call after the refusal"
+            );
+            assert_eq!(h.metrics.provisioned.get(), 0);
+        }
+    }
+}
+
+#[test]
+fn a_closed_gate_stops_the_cycle_before_anything_starts() {
+    let h = harness(Mode::Plain, "", &configuration_answer(), &[]);
+    let gate = Gate::new(true);
+    assert_eq!(h.cycle.provision(IDENTITY, &gate), ProvisionOutcome::Halted);
+    assert!(h.node.calls().is_empty());
+    assert_eq!(
+        h.metrics.helper_time.get(&[]).1,
+        0,
+        "the helper must not run while paused"
+    );
+}
+
+#[test]
+fn the_helper_sees_the_node_as_go_describes_it() {
+    // PKI + JWT: csr and jwt set, ed25519_pubkey null.
+    let h = harness(Mode::PkiJwt, "", &configuration_answer(), &[]);
+    assert_eq!(
+        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        ProvisionOutcome::Provisioned { hold: true }
+    );
+    let text = std::fs::read_to_string(&h.stdin_record).expect("helper stdin recorded");
+    assert!(text.starts_with("{\"identity\":\"rip.mcollective\",\"csr\":{\"csr\":\"-----BEGIN CERTIFICATE REQUEST-----"), "{text}");
+    // Go's encoder escapes '<' and '>' (the inventory fact "<lon>").
+    assert!(
+        text.contains("\\\\u003clon\\\\u003e") || text.contains("\\u003clon\\u003e"),
+        "{text}"
+    );
+    let input: Value = serde_json::from_str(&text).expect("stdin is JSON");
+    let keys: Vec<&str> = input
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keys.len(), 5, "{keys:?}");
+    assert_eq!(input["csr"]["ssldir"], "/etc/choria/ssl");
+    assert!(input["ed25519_pubkey"].is_null());
+    assert_eq!(
+        input["jwt"]["cht"], "toomanysecrets",
+        "verified claims: {}",
+        input["jwt"]
+    );
+    let inventory: Value =
+        serde_json::from_str(input["inventory"].as_str().expect("inventory is a string"))
+            .expect("inventory JSON");
+    assert_eq!(inventory["version"], "0.29.4");
+    assert_eq!(inventory["facts"]["location"], "<lon>");
+    assert_eq!(h.metrics.helper_time.get(&[]).1, 1);
+
+    // ed25519: the gen25519 reply goes to the helper.
+    let h = harness(Mode::Ed25519, "", &configuration_answer(), &[]);
+    assert_eq!(
+        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        ProvisionOutcome::Provisioned { hold: true }
+    );
+    let input: Value =
+        serde_json::from_str(&std::fs::read_to_string(&h.stdin_record).unwrap()).unwrap();
+    let (public_key, _) = sign_nonce(&server_seed(), "x");
+    assert_eq!(input["ed25519_pubkey"]["public_key"], public_key.as_str());
+    assert_eq!(input["ed25519_pubkey"]["directory"], "/etc/choria");
+    assert!(input["csr"].is_null());
+}
+
+#[test]
+fn requests_carry_what_go_sends() {
+    let h = harness(
+        Mode::Pki,
+        "",
+        &with(
+            configuration_answer(),
+            json!({"ssldir": "/helper/ssl", "certificate": "CERT", "ca": "CA"}),
+        ),
+        &[],
+    );
+    assert_eq!(
+        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        ProvisionOutcome::Provisioned { hold: true }
+    );
+    assert_eq!(h.node.data_of(I), json!({}));
+    assert_eq!(
+        h.node.data_of(C),
+        json!({"token": "s3cret", "cn": IDENTITY})
+    );
+    assert_eq!(h.node.data_of(R), json!({"token": "s3cret", "splay": 1}));
+    let configure = h.node.data_of(CF);
+    let keys: Vec<&str> = configure
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "action_policies",
+            "ca",
+            "certificate",
+            "config",
+            "ecdh_public",
+            "key",
+            "opa_policies",
+            "server_jwt",
+            "ssldir",
+            "token"
+        ]
+    );
+    assert_eq!(configure["token"], "s3cret");
+    assert_eq!(configure["certificate"], "CERT");
+    assert_eq!(configure["ca"], "CA");
+    // The node's own ssldir from gencsr wins over the helper's.
+    assert_eq!(configure["ssldir"], "/etc/choria/ssl");
+    assert_eq!(configure["key"], "");
+    assert_eq!(configure["ecdh_public"], "");
+    assert_eq!(configure["server_jwt"], "");
+    assert_eq!(configure["opa_policies"], json!({}));
+    assert_eq!(
+        configure["action_policies"],
+        json!({"default.policy": "policy_default deny"})
+    );
+    let config: BTreeMap<String, String> =
+        serde_json::from_str(configure["config"].as_str().unwrap()).unwrap();
+    assert_eq!(config["identity"], IDENTITY);
+    assert_eq!(config["collectives"], "choria,eu");
+
+    // Without gencsr, the helper's ssldir is used; jwt and gen25519 send token (and nonce).
+    let h = harness(
+        Mode::Ed25519,
+        "",
+        &with(configuration_answer(), json!({"ssldir": "/helper/ssl"})),
+        &[],
+    );
+    assert_eq!(
+        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        ProvisionOutcome::Provisioned { hold: true }
+    );
+    assert_eq!(h.node.data_of(CF)["ssldir"], "/helper/ssl");
+    assert_eq!(h.node.data_of(J), json!({"token": "s3cret"}));
+    let nonce = h.node.data_of(G)["nonce"].as_str().unwrap().to_string();
+    assert_eq!(nonce.len(), 32);
+    assert!(nonce.chars().all(|c| c.is_ascii_hexdigit()));
+
+    // Upgrades send the repository and the target version.
+    let h = harness(
+        Mode::Plain,
+        "features:\n  upgrades: true\n",
+        &with(configuration_answer(), json!({"upgrade": "0.30.1"})),
+        &[],
+    );
+    assert_eq!(
+        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        ProvisionOutcome::Provisioned { hold: false }
+    );
+    assert_eq!(
+        h.node.data_of(U),
+        json!({"token": "s3cret", "repository": "https://repo.example.net/choria", "version": "0.30.1"})
+    );
+}
+
+#[test]
+fn chain_issued_server_jwt_verifies_under_the_org_issuer() {
+    let answer = with(
+        configuration_answer(),
+        json!({"server_claims": {"pub_subjects": ["choria.test.>"]}}),
+    );
+    let h = harness(Mode::Ed25519, "", &answer, &[]);
+    assert_eq!(
+        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        ProvisionOutcome::Provisioned { hold: true }
+    );
+    let token = h.node.data_of(CF)["server_jwt"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let org = VerifyKey::ed25519_from_hex(ORG_ISSUER).expect("org key");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = verify_server_jwt(&token, &org, now).expect("server JWT verifies under O");
+    let (public_key, _) = sign_nonce(&server_seed(), "x");
+    assert_eq!(claims["public_key"], public_key.as_str());
+    assert_eq!(claims["identity"], IDENTITY);
+    assert!(claims.get("sub").is_none());
+    assert_eq!(claims["purpose"], "choria_server");
+    assert_eq!(claims["collectives"], json!(["choria", "eu"]));
+    assert_eq!(claims["pub_subjects"], json!(["choria.test.>"]));
+    assert!(claims["iss"].as_str().unwrap().starts_with("C-"));
+}
+
+#[test]
+fn a_helper_key_reaches_the_node_encrypted_for_it_alone() {
+    let key_pem = vector("tokens/testdata/rsa/signer-key.pem");
+    let answer = with(
+        configuration_answer(),
+        json!({"key": key_pem, "certificate": "CERT", "ca": "CA", "ssldir": "/etc/choria/ssl"}),
+    );
+    let h = harness(Mode::PkiJwt, "", &answer, &[]);
+    assert_eq!(
+        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        ProvisionOutcome::Provisioned { hold: true }
+    );
+    let configure = h.node.data_of(CF);
+    let encrypted = configure["key"].as_str().unwrap();
+    assert!(
+        encrypted.contains("Proc-Type: 4,ENCRYPTED\nDEK-Info: AES-256-CBC,"),
+        "{encrypted}"
+    );
+    let our_public = configure["ecdh_public"].as_str().unwrap();
+    assert_eq!(our_public.len(), 64);
+    assert_ne!(our_public, NODE_ECDH_PUBLIC);
+    // The node's side: its secret from the jwt action and our public key.
+    let node_secret: [u8; 32] = hex::decode(NODE_ECDH_SECRET).unwrap().try_into().unwrap();
+    let shared = ecdh_shared(&node_secret, our_public).expect("shared secret");
+    let decrypted = decrypt_private_key(encrypted, &shared).expect("the node decrypts the key");
+    assert_eq!(
+        pem::parse(&decrypted).unwrap().contents(),
+        pem::parse(&key_pem).unwrap().contents()
+    );
+    // A fresh pair per run: a second run sends another public key and ciphertext.
+    let again = harness(Mode::PkiJwt, "", &answer, &[]);
+    assert_eq!(
+        again.cycle.provision(IDENTITY, &Gate::new(false)),
+        ProvisionOutcome::Provisioned { hold: true }
+    );
+    assert_ne!(
+        again.node.data_of(CF)["ecdh_public"],
+        configure["ecdh_public"]
+    );
+    assert_ne!(again.node.data_of(CF)["key"], configure["key"]);
+}
+
+#[test]
+fn helper_metrics_count_as_go_does() {
+    // A helper that cannot be started counts a helper error; defer does not.
+    let h = harness(Mode::Plain, "", &json!({"defer": true}), &[]);
+    assert!(matches!(
+        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        ProvisionOutcome::Failed(_)
+    ));
+    assert_eq!(h.metrics.helper_errors.get(), 0);
+    assert_eq!(h.metrics.helper_time.get(&[]).1, 1);
+
+    let h = harness(Mode::Plain, "", &json!("not an object"), &[]);
+    match h.cycle.provision(IDENTITY, &Gate::new(false)) {
+        ProvisionOutcome::Failed(reason) => assert!(
+            reason.contains("cannot decode the output of helper"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.metrics.helper_errors.get(), 1);
+
+    let h = harness(Mode::Plain, "", &json!({"shutdown": true}), &[]);
+    assert_eq!(
+        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        ProvisionOutcome::Provisioned { hold: true }
+    );
+    assert_eq!(h.metrics.helper_shutdown_requests.get(), 1);
+    assert_eq!(h.metrics.provisioned.get(), 1);
+}
+
+#[test]
+fn settings_a_feature_needs_are_checked_when_the_cycle_is_built() {
+    let metrics = Arc::new(Metrics::new("test"));
+    let node: Arc<dyn NodeRpc> = Arc::new(ScriptedNode {
+        replies: Mutex::new(BTreeMap::new()),
+        calls: Mutex::new(Vec::new()),
+    });
+    let expired_token = vector_file("generated/expired-chain-issuer-client.jwt");
+    let seed = vector_file("tokens/testdata/ed25519/other.seed");
+    let other_public = vector_file("tokens/testdata/ed25519/other.public");
+    // (yaml, substring of the error)
+    let cases: Vec<(String, &str)> = vec![
+        ("helper: /bin/true\nfeatures:\n  jwt: true\n".into(), "jwt_verify_cert must be set"),
+        ("helper: /bin/true\nfeatures:\n  jwt: true\njwt_verify_cert: nothex\n".into(), "jwt_verify_cert"),
+        (format!("helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER}\n"), "jwt_signing_key must be set"),
+        (format!("helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER}\njwt_signing_key: {seed}\njwt_signing_token: {expired_token}\n"), "jwt_signing_key/jwt_signing_token"),
+        (format!("helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER}\njwt_signing_key: {other_public}x\n"), "jwt_signing_key/jwt_signing_token"),
+    ];
+    for (yaml, want) in cases {
+        let (config, _) = Config::parse(Path::new("/etc/p.yaml"), &yaml).expect("config parses");
+        match Cycle::new(Arc::new(config), node.clone(), metrics.clone()) {
+            Ok(_) => panic!("{yaml}: accepted"),
+            Err(err) => assert!(err.to_string().contains(want), "{yaml}: {err}"),
+        }
+    }
+}

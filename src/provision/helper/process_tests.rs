@@ -1,0 +1,286 @@
+//! `provision::helper::run_helper` against real helper processes: small scripts written to a
+//! temp dir, each showing one behaviour of the helper contract (spec/landscape.md §2.3).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::{run_helper, split_command, CsrReply, HelperError, HelperInput, MAX_OUTPUT};
+
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, body).expect("write script");
+    let mut perms = std::fs::metadata(&path).expect("stat").permissions();
+    perms.set_mode(0o755);
+    std::fs::set_permissions(&path, perms).expect("chmod");
+    path
+}
+
+fn input() -> HelperInput {
+    HelperInput {
+        identity: "n1.example.net".into(),
+        csr: Some(CsrReply {
+            csr: "-----BEGIN CERTIFICATE REQUEST-----\nX\n-----END CERTIFICATE REQUEST-----\n"
+                .into(),
+            public_key: "PK".into(),
+            ssldir: "/etc/choria/ssl".into(),
+        }),
+        ed25519_pubkey: None,
+        inventory: r#"{"version":"0.29.4","facts":{}}"#.into(),
+        jwt: None,
+    }
+}
+
+fn run(command: &str, timeout: Duration) -> Result<super::HelperOutput, HelperError> {
+    let words = split_command(command).expect("split");
+    run_helper(&words, &input(), timeout, "n1.example.net")
+}
+
+/// Which error a case expects, by variant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Want {
+    Ok,
+    Exit,
+    NoOutput,
+    TooLarge,
+    Decode,
+    Timeout,
+    Start,
+}
+
+fn kind(result: &Result<super::HelperOutput, HelperError>) -> Want {
+    match result {
+        Ok(_) => Want::Ok,
+        Err(HelperError::Exit { .. }) => Want::Exit,
+        Err(HelperError::NoOutput { .. }) => Want::NoOutput,
+        Err(HelperError::TooLarge { .. }) => Want::TooLarge,
+        Err(HelperError::Decode { .. }) => Want::Decode,
+        Err(HelperError::Timeout { .. }) => Want::Timeout,
+        Err(HelperError::Start { .. }) => Want::Start,
+        Err(other) => panic!("unexpected error {other}"),
+    }
+}
+
+#[test]
+fn each_failure_mode_is_an_error_naming_the_helper_and_the_node() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let huge = MAX_OUTPUT + 10;
+    // (name, script body, expected)
+    let cases: Vec<(&str, String, Want)> = vec![
+        (
+            "exit1",
+            "#!/bin/sh\ncat >/dev/null\necho '{}'\nexit 1\n".into(),
+            Want::Exit,
+        ),
+        (
+            "silent",
+            "#!/bin/sh\ncat >/dev/null\nexit 0\n".into(),
+            Want::NoOutput,
+        ),
+        (
+            "badjson",
+            "#!/bin/sh\ncat >/dev/null\necho '{\"defer\": tru'\n".into(),
+            Want::Decode,
+        ),
+        (
+            "wrongtype",
+            "#!/bin/sh\ncat >/dev/null\necho '{\"defer\": \"yes\"}'\n".into(),
+            Want::Decode,
+        ),
+        (
+            "huge",
+            format!("#!/bin/sh\ncat >/dev/null\nhead -c {huge} /dev/zero | tr '\\0' 'x'\n"),
+            Want::TooLarge,
+        ),
+        ("killed", "#!/bin/sh\nkill -9 $$\n".into(), Want::Exit),
+        (
+            "nostdin",
+            "#!/bin/sh\necho '{\"msg\":\"ignored stdin\"}'\n".into(),
+            Want::Ok,
+        ),
+    ];
+    for (name, body, want) in cases {
+        let path = script(d, name, &body);
+        let result = run(&path.display().to_string(), Duration::from_secs(20));
+        assert_eq!(kind(&result), want, "{name}: {result:?}");
+        if let Err(err) = result {
+            let text = err.to_string();
+            assert!(
+                text.contains(name),
+                "{name}: error does not name the helper: {text}"
+            );
+            assert!(
+                text.contains("n1.example.net"),
+                "{name}: error does not name the node: {text}"
+            );
+        }
+    }
+    let missing = run(
+        &d.join("does-not-exist").display().to_string(),
+        Duration::from_secs(5),
+    );
+    assert_eq!(kind(&missing), Want::Start, "{missing:?}");
+}
+
+#[test]
+fn a_good_helper_reads_the_node_and_answers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Echoes parts of its input back, so the test sees what the helper received.
+    let path = script(
+        dir.path(),
+        "good.py",
+        r#"#!/usr/bin/env python3
+import json, sys
+node = json.load(sys.stdin)
+inventory = json.loads(node["inventory"])
+print("working on " + node["identity"], file=sys.stderr)
+json.dump({
+    "defer": False,
+    "msg": "ok",
+    "certificate": "CERT",
+    "ca": "CA",
+    "ssldir": node["csr"]["ssldir"],
+    "configuration": {"identity": node["identity"], "version": inventory["version"],
+                      "keys": ",".join(sorted(node.keys())),
+                      "nulls": ",".join(k for k in sorted(node) if node[k] is None)},
+    "action_policies": {"default.policy": "policy_default deny"},
+    "upgrade": "0.30.0",
+}, sys.stdout)
+"#,
+    );
+    let out = run(&path.display().to_string(), Duration::from_secs(30)).expect("good helper");
+    assert_eq!(out.msg, "ok");
+    assert_eq!(out.certificate, "CERT");
+    assert_eq!(out.ca, "CA");
+    assert_eq!(out.ssldir, "/etc/choria/ssl");
+    assert_eq!(out.upgrade, "0.30.0");
+    assert_eq!(out.configuration["identity"], "n1.example.net");
+    assert_eq!(out.configuration["version"], "0.29.4");
+    assert_eq!(
+        out.configuration["keys"],
+        "csr,ed25519_pubkey,identity,inventory,jwt"
+    );
+    assert_eq!(out.configuration["nulls"], "ed25519_pubkey,jwt");
+    assert_eq!(out.action_policies["default.policy"], "policy_default deny");
+    assert!(!out.defer && !out.shutdown);
+}
+
+#[test]
+fn arguments_with_quotes_reach_the_helper_intact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = script(
+        dir.path(),
+        "args.py",
+        r#"#!/usr/bin/env python3
+import json, sys
+sys.stdin.read()
+json.dump({"configuration": {str(i): a for i, a in enumerate(sys.argv[1:])}}, sys.stdout)
+"#,
+    );
+    let command = format!(
+        "{} --ca \"/etc/my ca/ca.pem\" 'single quoted' plain\\ escaped \"\"",
+        path.display()
+    );
+    let out = run(&command, Duration::from_secs(30)).expect("args helper");
+    let args: Vec<&str> = out.configuration.values().map(String::as_str).collect();
+    assert_eq!(
+        args,
+        [
+            "--ca",
+            "/etc/my ca/ca.pem",
+            "single quoted",
+            "plain escaped",
+            ""
+        ]
+    );
+}
+
+#[test]
+fn a_slow_helper_and_what_it_started_are_killed_at_the_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("child.pid");
+    // Starts a grandchild that would hold stdout open, then hangs itself.
+    let path = script(
+        dir.path(),
+        "slow",
+        &format!(
+            "#!/bin/sh\nsleep 300 &\necho $! > {}\nsleep 300\necho '{{}}'\n",
+            marker.display()
+        ),
+    );
+    let started = Instant::now();
+    let result = run(&path.display().to_string(), Duration::from_millis(500));
+    assert_eq!(kind(&result), Want::Timeout, "{result:?}");
+    let text = result.unwrap_err().to_string();
+    assert!(
+        text.contains("slow") && text.contains("n1.example.net"),
+        "{text}"
+    );
+    // Bound, not a timing assertion: it must not have waited for the 300 s sleeps.
+    assert!(started.elapsed() < Duration::from_secs(120));
+    let grandchild: i32 = std::fs::read_to_string(&marker)
+        .expect("grandchild pid written")
+        .trim()
+        .parse()
+        .expect("pid");
+    // The grandchild got SIGKILL with the group; give the kernel a moment to reap it via init.
+    let mut alive = true;
+    for _ in 0..100 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for its (re)parent.
+        if status.is_empty() || status.contains(") Z ") {
+            alive = false;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !alive,
+        "grandchild {grandchild} of the helper survived the timeout kill"
+    );
+}
+
+#[test]
+fn stderr_chatter_does_not_disturb_the_answer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Plenty of stderr, a very long line and no trailing newline, interleaved with stdout.
+    let path = script(
+        dir.path(),
+        "chatty",
+        "#!/bin/sh\ncat >/dev/null\ni=0\nwhile [ $i -lt 2000 ]; do echo \"progress line $i\" >&2; i=$((i+1)); done\nhead -c 100000 /dev/zero | tr '\\0' 'e' >&2\nprintf '{\"msg\":' \nprintf '\"done\"}'\nprintf 'no newline at the end' >&2\n",
+    );
+    let out = run(&path.display().to_string(), Duration::from_secs(30)).expect("chatty helper");
+    assert_eq!(out.msg, "done");
+}
+
+#[test]
+fn large_input_to_a_helper_that_never_reads_it_is_fine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = script(dir.path(), "deaf", "#!/bin/sh\necho '{\"msg\":\"deaf\"}'\n");
+    let mut big = input();
+    // Far more than a pipe buffer, so the write meets EPIPE once the helper is gone.
+    big.inventory = format!(
+        "{{\"facts\":{{\"blob\":\"{}\"}}}}",
+        "z".repeat(4 * 1024 * 1024)
+    );
+    let words = split_command(&path.display().to_string()).expect("split");
+    let out =
+        run_helper(&words, &big, Duration::from_secs(30), "n1.example.net").expect("deaf helper");
+    assert_eq!(out.msg, "deaf");
+}
+
+#[test]
+fn output_just_under_the_cap_is_accepted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // {"msg":"xxx…"} totalling exactly MAX_OUTPUT bytes.
+    let filler = MAX_OUTPUT - "{\"msg\":\"\"}".len();
+    let path = script(
+        dir.path(),
+        "big",
+        &format!("#!/bin/sh\ncat >/dev/null\nprintf '{{\"msg\":\"'\nhead -c {filler} /dev/zero | tr '\\0' 'x'\nprintf '\"}}'\n"),
+    );
+    let out = run(&path.display().to_string(), Duration::from_secs(30)).expect("big helper");
+    assert_eq!(out.msg.len(), filler);
+}

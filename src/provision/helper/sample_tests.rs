@@ -1,0 +1,310 @@
+//! The sample helpers shipped in `etc/helpers/`, run as the provisioner runs them (through
+//! `provision::helper::run_helper`) on realistic input: the x509 one signs a vector CSR with a
+//! CA this test makes with `openssl`, the ed25519 one configures a choria-provider server.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use choria_crypto::ed25519::sign_nonce;
+use choria_testkit::vector_path;
+
+use super::{run_helper, split_command, CsrReply, Ed25519Reply, HelperInput, HelperOutput};
+use serde_json::json;
+use x509_parser::prelude::*;
+
+const ORG_ISSUER: &str = "3899a8bb4b6e6e09c91c27f28f086f0b40f1d3091a8c83c07320bc6cfdf67730";
+
+fn sample(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("etc/helpers")
+        .join(name)
+}
+
+fn inventory() -> String {
+    json!({"agents": ["choria_provision", "rpcutil"], "facts": {}, "version": "0.29.4", "upgradable": false}).to_string()
+}
+
+fn run(command: &str, input: &HelperInput) -> HelperOutput {
+    let words = split_command(command).expect("split");
+    run_helper(&words, input, Duration::from_secs(60), &input.identity)
+        .unwrap_or_else(|e| panic!("{command}: {e}"))
+}
+
+fn openssl(args: &[&str], dir: &Path) {
+    let status = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        status.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+}
+
+#[test]
+fn x509_helper_signs_the_csr_with_the_local_ca() {
+    let ca = tempfile::tempdir().expect("tempdir");
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca-key.pem",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=Choria Test CA",
+        ],
+        ca.path(),
+    );
+    let csr_pem = std::fs::read_to_string(vector_path(
+        "go-choria/providers/security/testdata/good/certificate_requests/rip.mcollective.pem",
+    ))
+    .expect("csr vector");
+    let input = HelperInput {
+        identity: "rip.mcollective".into(),
+        csr: Some(CsrReply {
+            csr: csr_pem.clone(),
+            public_key: String::new(),
+            ssldir: "/etc/choria/ssl".into(),
+        }),
+        ed25519_pubkey: None,
+        inventory: inventory(),
+        jwt: None,
+    };
+    let command = format!(
+        "{} --ca-dir '{}' --days 7 --brokers nats://b1.example.net:4222,nats://b2.example.net:4222",
+        sample("x509-helper.py").display(),
+        ca.path().display()
+    );
+    let out = run(&command, &input);
+    assert!(!out.defer, "deferred: {}", out.msg);
+    assert_eq!(out.ssldir, "/etc/choria/ssl");
+    assert_eq!(
+        out.ca,
+        std::fs::read_to_string(ca.path().join("ca.pem")).unwrap()
+    );
+    assert_eq!(out.configuration["identity"], "rip.mcollective");
+    assert_eq!(out.configuration["plugin.security.provider"], "file");
+    assert_eq!(
+        out.configuration["plugin.security.file.certificate"],
+        "/etc/choria/ssl/certificate.pem"
+    );
+    assert_eq!(
+        out.configuration["plugin.choria.middleware_hosts"],
+        "nats://b1.example.net:4222,nats://b2.example.net:4222"
+    );
+
+    // The certificate chains to our CA (openssl says so) and certifies the CSR's key and name.
+    let cert_file = ca.path().join("node.pem");
+    std::fs::write(&cert_file, &out.certificate).unwrap();
+    openssl(&["verify", "-CAfile", "ca.pem", "node.pem"], ca.path());
+    let (_, cert_pem) = parse_x509_pem(out.certificate.as_bytes()).expect("certificate PEM");
+    let cert = cert_pem.parse_x509().expect("certificate DER");
+    let cn: Vec<&str> = cert
+        .subject()
+        .iter_common_name()
+        .filter_map(|a| a.as_str().ok())
+        .collect();
+    assert_eq!(cn, ["rip.mcollective"]);
+    let (_, csr_block) = parse_x509_pem(csr_pem.as_bytes()).expect("csr PEM");
+    let (_, csr) = X509CertificationRequest::from_der(&csr_block.contents).expect("csr DER");
+    assert_eq!(
+        cert.public_key().raw,
+        csr.certification_request_info.subject_pki.raw
+    );
+    let san = cert
+        .subject_alternative_name()
+        .expect("SAN parses")
+        .expect("SAN present");
+    assert!(san
+        .value
+        .general_names
+        .contains(&GeneralName::DNSName("rip.mcollective")));
+
+    // A CSR openssl cannot verify is never signed.
+    let mut bad = input.clone();
+    if let Some(csr) = bad.csr.as_mut() {
+        csr.csr =
+            "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n".into();
+    }
+    let refused = run(&command, &bad);
+    assert!(refused.defer, "signed a broken CSR");
+    assert!(
+        refused.msg.contains("openssl req failed"),
+        "{}",
+        refused.msg
+    );
+    assert!(refused.certificate.is_empty());
+}
+
+#[test]
+fn x509_helper_defers_what_it_cannot_sign() {
+    let empty_ca = tempfile::tempdir().expect("tempdir");
+    let csr_pem = std::fs::read_to_string(vector_path(
+        "go-choria/providers/security/testdata/good/certificate_requests/rip.mcollective.pem",
+    ))
+    .unwrap();
+    let with_csr = |csr: &str| HelperInput {
+        identity: "rip.mcollective".into(),
+        csr: Some(CsrReply {
+            csr: csr.into(),
+            public_key: String::new(),
+            ssldir: "/etc/choria/ssl".into(),
+        }),
+        inventory: inventory(),
+        ..HelperInput::default()
+    };
+    let command = format!(
+        "{} --ca-dir {}",
+        sample("x509-helper.py").display(),
+        empty_ca.path().display()
+    );
+    // (input, words of the reason)
+    let cases: Vec<(HelperInput, &str)> = vec![
+        (
+            HelperInput {
+                identity: "n1".into(),
+                inventory: inventory(),
+                ..HelperInput::default()
+            },
+            "no CSR received",
+        ),
+        (with_csr(&csr_pem), "does not exist"),
+        (with_csr("not a csr"), "does not exist"),
+    ];
+    for (input, want) in cases {
+        let out = run(&command, &input);
+        assert!(out.defer, "{want}: not deferred");
+        assert!(out.msg.contains(want), "{want}: {}", out.msg);
+        assert!(out.configuration.is_empty());
+    }
+}
+
+#[test]
+fn ed25519_helper_configures_a_choria_provider_server() {
+    let seed: [u8; 32] = hex::decode(
+        std::fs::read_to_string(vector_path("generated/server.seed"))
+            .unwrap()
+            .trim(),
+    )
+    .unwrap()
+    .try_into()
+    .unwrap();
+    let (public_key, signature) = sign_nonce(&seed, "0123456789abcdef0123456789abcdef");
+    let input = HelperInput {
+        identity: "research.example.net".into(),
+        csr: None,
+        ed25519_pubkey: Some(Ed25519Reply {
+            public_key,
+            directory: "/etc/choria".into(),
+            signature,
+        }),
+        inventory: inventory(),
+        jwt: Some(
+            json!({"purpose": "choria_provisioning", "cht": "x", "ou": "choria"})
+                .as_object()
+                .unwrap()
+                .clone(),
+        ),
+    };
+    let command = format!(
+        "{} --issuer {ORG_ISSUER} --collectives choria,eu --validity-days 30 --permissions streams,submission",
+        sample("ed25519-helper.py").display()
+    );
+    let out = run(&command, &input);
+    assert!(!out.defer, "deferred: {}", out.msg);
+    let c = &out.configuration;
+    assert_eq!(c["identity"], "research.example.net");
+    assert_eq!(c["plugin.security.provider"], "choria");
+    assert_eq!(c["plugin.security.issuer.names"], "choria");
+    assert_eq!(c["plugin.security.issuer.choria.public"], ORG_ISSUER);
+    assert_eq!(
+        c["plugin.security.choria.token_file"],
+        "/etc/choria/server.jwt"
+    );
+    assert_eq!(
+        c["plugin.security.choria.seed_file"],
+        "/etc/choria/server.seed"
+    );
+    assert_eq!(c["plugin.choria.server.provision"], "false");
+    assert_eq!(c["collectives"], "choria,eu");
+    let claims = out.server_claims.expect("server_claims");
+    assert_eq!(
+        claims["permissions"],
+        json!({"streams": true, "submission": true})
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let exp = claims["exp"].as_u64().expect("exp is a unix time");
+    assert!(
+        exp > now + 29 * 86400 && exp <= now + 31 * 86400,
+        "exp {exp}"
+    );
+
+    // Without optional settings: no server_claims at all.
+    let plain = run(
+        &format!(
+            "{} --issuer {ORG_ISSUER}",
+            sample("ed25519-helper.py").display()
+        ),
+        &input,
+    );
+    assert!(!plain.defer && plain.server_claims.is_none());
+    assert!(!plain.configuration.contains_key("collectives"));
+}
+
+#[test]
+fn ed25519_helper_defers_what_it_cannot_configure() {
+    let helper = sample("ed25519-helper.py").display().to_string();
+    let base = HelperInput {
+        identity: "n1.example.net".into(),
+        ed25519_pubkey: Some(Ed25519Reply {
+            public_key: "ab".repeat(32),
+            directory: "/etc/choria".into(),
+            signature: "cd".repeat(64),
+        }),
+        inventory: inventory(),
+        ..HelperInput::default()
+    };
+    // (command, input, words of the reason)
+    let cases: Vec<(String, HelperInput, &str)> = vec![
+        (helper.clone(), base.clone(), "needs --issuer"),
+        (
+            format!("{helper} --issuer {ORG_ISSUER}"),
+            HelperInput {
+                ed25519_pubkey: None,
+                ..base.clone()
+            },
+            "no ed25519 public key",
+        ),
+        (
+            format!("{helper} --issuer {ORG_ISSUER} --permissions root"),
+            base.clone(),
+            "unknown server permissions: root",
+        ),
+        (
+            format!("{helper} --issuer {ORG_ISSUER}"),
+            HelperInput {
+                inventory: "{not json".into(),
+                ..base.clone()
+            },
+            "unexpected failure",
+        ),
+    ];
+    for (command, input, want) in cases {
+        let out = run(&command, &input);
+        assert!(out.defer, "{want}: not deferred");
+        assert!(out.msg.contains(want), "{want}: {}", out.msg);
+    }
+}
