@@ -1,4 +1,4 @@
-//! Admission throughput and memory with 50,000 queued nodes (issue 2, "Scale").
+//! Admission throughput and memory with 50,000 queued nodes (the default work queue size).
 //! Run: `cargo bench --bench fleet`. Prints figures; asserts only correctness.
 
 use std::sync::Arc;

@@ -121,7 +121,7 @@ fn hostname_f(limit: Duration) -> Result<String, String> {
     Ok(name.to_string())
 }
 
-/// Apply what the Go provisioner forces (§3.4) and load the signing material:
+/// Apply what the Go provisioner forces (cmd/provisioner.go, run) and load the signing material:
 /// `insecure` (`choria_insecure`) forces provider `file`, no TLS and unsigned requests;
 /// a non-empty `provisioning_password` (`broker_provisioning_password`) connects as user
 /// `provisioner`.

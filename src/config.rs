@@ -1,5 +1,5 @@
-//! The provisioner's YAML configuration (`choria-provisioner.yaml`): every key the Go daemon
-//! reads (spec/landscape.md §2.2) with its defaults and rules, plus our documented additions
+//! The provisioner's YAML configuration (`choria-provisioner.yaml`): every key the Go daemon reads
+//! (provisioner config/config.go) with its defaults and rules, plus our documented additions
 //! (`helper_timeout`, `work_queue_size`, `release_delay`, `leader_election_api_prefix`).
 //!
 //! Go turns the YAML into JSON and decodes that with the struct's JSON tags, so key names are

@@ -145,8 +145,8 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
     })
     .map_err(|err| format!("could not install signal handlers: {err}"))?;
 
-    // With an election the instance is inert from its first thread on (seed: "Pausing and
-    // leader election"); without one it is never paused.
+    // With an election the instance is inert from its first thread on (Go pauses before it
+    // starts the election, provisioner hosts/hosts.go); without one it is never paused.
     let gate = Arc::new(Gate::new(config.leader_election));
     let fleet = Fleet::new(
         FleetSettings {

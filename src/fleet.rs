@@ -217,7 +217,8 @@ impl Fleet {
                 return Admission::Ignored;
             }
             // Go compares the age of the new sighting (always ~0) and so never re-admits; we
-            // compare the age of the held admission (seed: "Admission and deduplication").
+            // compare the age of the held admission (provisioner hosts/hosts.go, add; see
+            // ARCHITECTURE.md, deliberate differences).
             if now.saturating_duration_since(entry.admitted) <= self.settings.interval {
                 return Admission::Ignored;
             }

@@ -1,5 +1,6 @@
-//! The Prometheus registry with every metric of the Go daemon (spec/landscape.md §2.5), the
-//! election metrics of go-choria, and `choria_provisioner_work_queue_dropped`; and the tiny
+//! The Prometheus registry with every metric of the Go daemon (provisioner config/stats.go,
+//! host/stats.go, hosts/stats.go), the election metrics of go-choria
+//! (providers/election/streams/stats.go), and `choria_provisioner_work_queue_dropped`; and the tiny
 //! HTTP listener that serves them at `/metrics`.
 //!
 //! Every metric is created at start, at zero, for our `site`, so dashboards see the full set

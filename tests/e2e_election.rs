@@ -1,11 +1,11 @@
-//! Active-standby end to end (issue 6, "Tests"): three real `choria-provisioner` processes
-//! with `leader_election: true` share one real nats-server with JetStream and a
-//! `choria-fleet-sim` fleet. One of them provisions at a time; the leader is killed, stopped,
-//! evicted, overwritten, or the broker restarts under it, and another (or the same) instance
-//! finishes the fleet without provisioning any node twice. The election bucket is created as
-//! the broker does (spec/election.md §5.2) with a 5 s TTL, in a plain account (`$JS.API`) and
-//! in a simulation of the broker's provisioning account (`choria.streams`, §5.3) that also
-//! hosts the fleet's node user (protocol.md §8.5).
+//! Active-standby end to end: three real `choria-provisioner` processes with
+//! `leader_election: true` share one real nats-server with JetStream and a `choria-fleet-sim`
+//! fleet. One of them provisions at a time; the leader is killed, stopped, evicted, overwritten, or
+//! the broker restarts under it, and another (or the same) instance finishes the fleet without
+//! provisioning any node twice. The election bucket is created as the broker does (go-choria
+//! broker/network/network_jetstream.go) with a 5 s TTL, in a plain account (`$JS.API`) and in a
+//! simulation of the broker's provisioning account (`choria.streams`,
+//! broker/network/network_accounts.go) that also hosts the fleet's node user.
 //!
 //! No timed assertions: every wait is a bounded loop on a condition, and the assertions are on
 //! outcomes: the simulator's report (who sent which action when, duplicates, final states),
@@ -45,9 +45,11 @@ const FLEET_WAIT: Duration = Duration::from_secs(200);
 
 const PROVISIONER_PASSWORD: &str = "s3cret";
 
-/// The provisioning account's users in the broker's wiring (§5.3): the provisioner, and the
-/// node user of protocol.md §8.5 as `no_auth_user`, so the simulator's credential-less nodes
-/// land in the provisioning account with a real provisioning-mode server's permissions.
+/// The provisioning account's users in the broker's wiring: the provisioner, and a node user with
+/// the permissions the broker gives a provisioning-mode server (go-choria
+/// broker/network/choria_auth.go, setProvisioningServerPermissions) as `no_auth_user`, so the
+/// simulator's credential-less nodes land in the provisioning account with a real provisioning-mode
+/// server's permissions.
 const PROVISIONING_USERS: &str = r#"users: [
       {user: provisioner, password: s3cret}
       {user: prov_node, password: nodepass,
@@ -59,13 +61,13 @@ const PROVISIONING_USERS: &str = r#"users: [
        }}
     ]"#;
 
-/// The broker's provisioning-account wiring (`testing::PROVISIONING_ACCOUNTS_CONF`) with the
+/// The broker's provisioning-account wiring (`choria_testkit::PROVISIONING_ACCOUNTS_CONF`) with the
 /// node user added.
 fn provisioning_accounts() -> String {
     let provisioner_only = "users: [ {user: provisioner, password: s3cret} ]";
     assert!(
         PROVISIONING_ACCOUNTS_CONF.contains(provisioner_only),
-        "the provisioning account's users moved in testing::PROVISIONING_ACCOUNTS_CONF"
+        "the provisioning account's users moved in choria_testkit::PROVISIONING_ACCOUNTS_CONF"
     );
     format!(
         "{}no_auth_user: prov_node\n",
@@ -141,7 +143,7 @@ impl ElectionWorld {
         .expect("admin connects")
     }
 
-    /// The bucket exactly as the Choria Broker creates it (§5.2), with our short TTL.
+    /// The bucket exactly as the Choria Broker creates it, with our short TTL.
     fn create_bucket(&self) {
         self.admin()
             .create_bucket(DEFAULT_BUCKET, TTL)
@@ -379,9 +381,9 @@ enum Disruption {
     Kill,
     /// SIGTERM: a clean stop, exit code 0.
     Term,
-    /// `choria election evict`: a delete marker on the key (§1.8).
+    /// `choria election evict`: a delete marker on the key.
     Evict,
-    /// A stranger's unconditional write of the key (§1.8, "corruption").
+    /// A stranger's unconditional write of the key ("corruption").
     Overwrite,
     /// The broker is killed and started again on the same port and store.
     BrokerRestart,
@@ -444,9 +446,9 @@ fn failover(account: Account, disruption: Disruption) {
         }
     }
     if matches!(disruption, Disruption::Evict | Disruption::Overwrite) {
-        // The leader stands down: paused again, and it says so. Nobody can win before the
-        // marker (provisioning account, §1.8) or the stranger's value expires, so the gauge
-        // stays at 1 for about a TTL.
+        // The leader stands down: paused again, and it says so. Nobody can win before the marker
+        // (the provisioning account cannot read it to write over it) or the stranger's value
+        // expires, so the gauge stays at 1 for about a TTL.
         wait_for(
             "the leader's paused gauge to go to 1",
             PATIENCE,
@@ -620,7 +622,7 @@ fn missing_bucket_plain_account() {
 fn a_killed_leaders_locked_nodes_are_picked_up_after_the_lock_expires() {
     const LOCKED: usize = 2;
     // Plain account: nodes with a provisioning JWT send it as a token, which a broker with
-    // users refuses even with no_auth_user (protocol.md §8.5).
+    // users refuses even with no_auth_user (that binds only clients sending no credentials).
     let stage = ElectionWorld::start(Account::Plain);
     stage.create_bucket();
     let verifier = choria_testkit::vector_path("provisioner/host/testdata/jwt-signer-public.pem");

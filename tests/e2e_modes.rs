@@ -1,7 +1,7 @@
-//! End to end in the security modes of issue 5: ed25519 with chain-issued server JWTs (the
-//! sample ed25519 helper), pki with CSRs signed by the sample x509 helper's local CA, and pki
-//! with `features.jwt` where the helper also hands the node a private key it made, which the
-//! provisioner transports encrypted (X25519 + legacy PEM) and the node decrypts.
+//! End to end in the security modes: ed25519 with chain-issued server JWTs (the sample ed25519
+//! helper), pki with CSRs signed by the sample x509 helper's local CA, and pki with `features.jwt`
+//! where the helper also hands the node a private key it made, which the provisioner transports
+//! encrypted (X25519 + legacy PEM) and the node decrypts.
 
 use choria_testkit::harness as support;
 
@@ -164,7 +164,8 @@ fn ed25519_with_chain_issued_server_jwts() {
             checks[0].detail
         );
         // The sample helper configures the choria provider: the node leaves provisioning only
-        // because its seed and the server JWT we issued match and are unexpired (§8.2).
+        // because its seed and the server JWT we issued match and are unexpired (go-choria
+        // cmd/server_run.go, shouldProvisionTokenAndSeed).
         let decision = node.record.last_boot_decision.as_deref().unwrap_or("");
         assert!(
             decision.starts_with("in service"),

@@ -1,18 +1,17 @@
-//! End to end over TLS with the x509 `file` security provider (spec/protocol.md §3.1, §8.5):
-//! a CA, a broker certificate for 127.0.0.1/localhost and a client certificate whose CN is the
-//! provisioner's identity are made at run time with the `openssl` command line; `nats-server`
-//! gets a `tls { .. verify: true }` block with `allow_non_tls: true`, so the provisioner must
-//! present a client certificate the broker's CA signed while the plain-TCP simulator and the
-//! test's own observer connection still get in on the same port (tested on nats-server
-//! 2.9.10: `verify: true` and `allow_non_tls` combine; INFO says `tls_available` and
-//! `tls_verify`, and a plain client is let in without a certificate).
+//! End to end over TLS with the x509 `file` security provider: a CA, a broker certificate for
+//! 127.0.0.1/localhost and a client certificate whose CN is the provisioner's identity are made at
+//! run time with the `openssl` command line; `nats-server` gets a `tls { .. verify: true }` block
+//! with `allow_non_tls: true`, so the provisioner must present a client certificate the broker's CA
+//! signed while the plain-TCP simulator and the test's own observer connection still get in on the
+//! same port (tested on nats-server 2.9.10: `verify: true` and `allow_non_tls` combine; INFO says
+//! `tls_available` and `tls_verify`, and a plain client is let in without a certificate).
 //!
-//! The simulator, like a provisioning-mode server (§3.3), does not check signatures, so the
-//! test checks them itself: an observer subscribed to every node subject and the broadcast
-//! subjects decodes each request the provisioner sent and verifies the RSA PKCS#1 v1.5
-//! SHA-256 signature over the `message` bytes with the public key of `pubcert`, which must be
-//! the client certificate's PEM verbatim. The broker's `/connz` shows the provisioner's own
-//! connection really is TLS.
+//! The simulator, like a provisioning-mode server (go-choria cmd/server_run.go sets
+//! `DisableSecurityProviderVerify`), does not check signatures, so the test checks them itself: an
+//! observer subscribed to every node subject and the broadcast subjects decodes each request the
+//! provisioner sent and verifies the RSA PKCS#1 v1.5 SHA-256 signature over the `message` bytes
+//! with the public key of `pubcert`, which must be the client certificate's PEM verbatim. The
+//! broker's `/connz` shows the provisioner's own connection really is TLS.
 //!
 //! The harness is self-contained (tests/support/mod.rs runs the daemon insecure only).
 
@@ -426,8 +425,8 @@ fn public_key(cert_pem: &str) -> RsaPublicKey {
     RsaPublicKey::from_public_key_der(cert.public_key().raw).expect("an RSA public key")
 }
 
-/// Decodes one captured transport and checks it was signed in x509 mode (§3.1): `pubcert` is
-/// `cert_pem` verbatim and `signature` verifies over the `message` bytes. Returns the Request.
+/// Decodes one captured transport and checks it was signed in x509 mode: `pubcert` is `cert_pem`
+/// verbatim and `signature` verifies over the `message` bytes. Returns the Request.
 fn check_signed(raw: &[u8], cert_pem: &str, key: &RsaPublicKey) -> Result<Value, String> {
     let transport: Value =
         serde_json::from_slice(raw).map_err(|e| format!("transport is not JSON: {e}"))?;

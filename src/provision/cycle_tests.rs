@@ -25,7 +25,8 @@ use crate::metrics::Metrics;
 use crate::provision::Cycle;
 
 const IDENTITY: &str = "rip.mcollective";
-/// The X25519 pair of the node (crypto.md §6.2).
+/// The X25519 pair of the node (go-choria provision/provision_test.go, provisioner
+/// host/host_test.go).
 const NODE_ECDH_SECRET: &str = "67e4a9b3934a3030470ed7a30f89eeaf7dab7b492aa9ee02fb864d690b7e6eeb";
 const NODE_ECDH_PUBLIC: &str = "88a9a0ed27dc93c29466ea2bef99e078342b27e7a1d789fc35a9131f86c3a022";
 /// Org issuer O (tokens `signer.public`).

@@ -1,4 +1,4 @@
-//! Running the operator's helper program for one node (spec/landscape.md §2.3, §5.4).
+//! Running the operator's helper program for one node (provisioner host/helper.go).
 //!
 //! The helper is the user's extension point: it gets a JSON description of the node on stdin
 //! and answers with a JSON object on stdout saying how to configure it. The contract is the Go
@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
-/// Most stdout we accept from a helper (issue 5: "more than 1 MiB of output" is an error).
+/// Most stdout we accept from a helper; more is an error, so a runaway helper cannot exhaust
+/// memory.
 pub const MAX_OUTPUT: usize = 1024 * 1024;
 
 /// A stderr line longer than this is logged cut short (the rest up to the newline is dropped).
@@ -222,7 +223,7 @@ fn map_field(name: &str, value: &Value) -> Result<BTreeMap<String, String>, Stri
     }
 }
 
-/// Go's JSON escaping (one implementation, in `choria::protocol`).
+/// Go's JSON escaping (one implementation, in `choria_wire::json`).
 pub fn go_escape(json: &str) -> String {
     choria_wire::json::go_escape(json.to_string())
 }
@@ -567,7 +568,8 @@ impl Run<'_> {
                         }
                         Err(err) if err.kind() == ErrorKind::WouldBlock => {}
                         Err(err) if err.kind() == ErrorKind::Interrupted => {}
-                        // EPIPE: the helper does not read stdin. Fine, as in Go (§5.4).
+                        // EPIPE: the helper does not read stdin. Fine, as in Go, which
+                        // ignores errors writing stdin (host/helper.go, runHelper).
                         Err(_) => stdin = None,
                     }
                 }

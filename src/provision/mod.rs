@@ -1,5 +1,5 @@
-//! One node's provisioning cycle: what a worker does with an identity it popped (issue 5,
-//! spec/protocol.md §9), in the Go provisioner's order:
+//! One node's provisioning cycle: what a worker does with an identity it popped, in the Go
+//! provisioner's order (host/host.go, Provision):
 //!
 //! 1. `features.jwt`: `choria_provision#jwt`, verify the provisioning JWT, keep the node's
 //!    ECDH public key;
@@ -407,7 +407,8 @@ impl Cycle {
     }
 
     fn ask_helper(&self, gate: &Gate, node: &Node) -> Step<HelperOutput> {
-        // The helper never starts while paused or stopping (seed: "Pausing and leader election").
+        // The helper never starts while paused or stopping (as Go's runHelper refuses when
+        // paused).
         if gate.check().is_err() {
             return Err(ProvisionOutcome::Halted);
         }
@@ -501,7 +502,8 @@ impl Cycle {
     }
 
     /// Go `encryptPrivateKey`: a fresh X25519 pair per node, the shared secret with the node's
-    /// key from the `jwt` action, the helper's key encrypted as legacy PEM (crypto.md §3.3).
+    /// key from the `jwt` action, the helper's key encrypted as legacy PEM (RFC 1423,
+    /// AES-256-CBC).
     /// Returns the encrypted PEM and our public key for `configure.ecdh_public`.
     fn encrypt_key(&self, node: &Node, key_pem: &str) -> Step<(String, String)> {
         let identity = &node.identity;
@@ -520,7 +522,7 @@ impl Cycle {
     }
 
     /// Go `handleHostUpgrade`, except that any difference in RPM order, down as well as up,
-    /// moves the node to the helper's version (issue 5: downgrades work).
+    /// moves the node to the helper's version, so downgrades work too.
     fn upgrade(&self, gate: &Gate, node: &Node, target: &str) -> Step<UpgradeResult> {
         let identity = &node.identity;
         let config = &self.config;
@@ -595,7 +597,7 @@ impl Cycle {
             ));
         }
         // `config` is JSON in a string, encoded as Go's json.Marshal of a map: sorted keys,
-        // Go escapes (protocol.md §6.2 `configure`).
+        // Go escapes; the node decodes it as an object of strings (go-choria configure_action.go).
         let config_json = go_escape(
             &serde_json::to_string(&answer.configuration)
                 .map_err(|e| failed(identity, format!("cannot encode the configuration: {e}")))?,

@@ -1,7 +1,7 @@
-//! Failover time of the leader election (issue 6, "Failover, measured"): how long after a
-//! leader's crash (its connection dropped, nothing released) or clean stop another member
-//! announces `Won`, with a 5 s bucket TTL, three members, over several rounds, in a plain
-//! account and in the provisioning-account setup of spec/election.md §5.3.
+//! Failover time of the leader election: how long after a leader's crash (its connection dropped,
+//! nothing released) or clean stop another member announces `Won`, with a 5 s bucket TTL, three
+//! members, over several rounds, in a plain account and in a simulation of the broker's
+//! provisioning account (`choria.streams` prefix).
 //!
 //! The requirement is a takeover within TTL + 2 s. Run: `cargo bench --bench failover`
 //! (rounds per case: `FAILOVER_ROUNDS`, default 5).
@@ -251,6 +251,6 @@ fn main() {
         }
     }
     println!(
-        "(Go, TwentySec backoff, default 60 s TTL: 60-91 s per spec/election.md §1.7; with a 5 s TTL a plateaued Go standby adds up to 30 s)"
+        "(Go, TwentySec backoff, default 60 s TTL: 60-91 s; with a 5 s TTL a plateaued Go standby adds up to 30 s)"
     );
 }

@@ -2,7 +2,7 @@
 //! against a local `nats-server` and a responder that answers like a node (decode the request,
 //! encode an `rpcutil#inventory`-sized OK reply). Prints throughput and p50/p99 latency, with
 //! and without the connection's prompt flush, so the 5 ms flush floor of the `nats` crate
-//! (DESIGN.md, "Known traps") is visible next to what the design gets out of it.
+//! (`MIN_FLUSH_BETWEEN` in its `client.rs`) is visible next to what the design gets out of it.
 //!
 //! Run: `cargo bench --bench rpc` (optional args: seconds per level, default 3).
 

@@ -1,13 +1,13 @@
-//! The one long-lived broker connection of the daemon (spec/protocol.md §1, §5.1).
+//! The one long-lived broker connection of the daemon.
 //!
 //! Go's RPC client opens a publisher and a receiver connection per request; we keep one
 //! connection for the whole process, reconnecting without limit, and ONE wildcard reply
 //! subscription `provisioning.reply.<md5(callerid)>.>`. A dispatcher thread routes every reply
-//! by its request id (the last subject token, §1.1) to the bounded channel of the caller that
+//! by its request id (the last subject token) to the bounded channel of the caller that
 //! registered that id; replies for ids nobody waits for (late answers after a timeout) are
 //! counted and dropped.
 //!
-//! Two traps of the blocking `nats` 0.26 crate are handled here (DESIGN.md, "Known traps"):
+//! Two traps of the blocking `nats` 0.26 crate are handled here:
 //! - its flusher thread writes at most once per 5 ms, so a serial request/reply costs ~5 ms.
 //!   A "prompt flush" thread of ours pushes buffered publishes out at once with the crate's
 //!   PING/PONG `flush`; publishes made while one flush waits for its PONG share the next one,
@@ -216,7 +216,8 @@ impl Default for ConnectOptions {
 }
 
 /// `provisioning.reply.<md5hex(caller_id)>.` — the prefix of every reply subject of ours
-/// (§1.1; Go builds the same, so a Choria Broker's subscribe permissions accept it).
+/// (go-choria choria/connection.go, ReplyTarget, builds the same, so a Choria Broker's
+/// subscribe permissions accept it).
 pub fn reply_prefix(caller_id: &str) -> String {
     v1::reply_subject(COLLECTIVE, caller_id, "")
 }
@@ -483,8 +484,9 @@ impl Connection {
         })
     }
 
-    /// The broker URL to record as our `seen-by` hop (§2.1): known only when one broker is
-    /// configured, since the crate does not say which of several it picked.
+    /// The broker URL to record as our `seen-by` hop (go-choria protocol/v1/transport.go,
+    /// RecordNetworkHop): known only when one broker is configured, since the crate does not say
+    /// which of several it picked.
     pub fn seen_by_url(&self) -> Option<&str> {
         match self.inner.settings.urls.as_slice() {
             [only] => Some(only.as_str()),
@@ -1100,7 +1102,7 @@ mod tests {
 
     #[test]
     fn reply_prefix_is_md5_of_the_caller_id() {
-        // §1.1: md5("choria=provisioner.example.net").
+        // Go's ReplyTarget: md5("choria=provisioner.example.net").
         assert_eq!(
             reply_prefix("choria=provisioner.example.net"),
             "provisioning.reply.6079c8d10a2ceceb5904de01a22e9b41."

@@ -1,5 +1,6 @@
-//! Broadcast discovery (spec/protocol.md §4.3): one `ping` to the `discovery` agent of every
-//! server that has `choria_provision` loaded, and the distinct senders of the replies.
+//! Broadcast discovery (go-choria providers/discovery/broadcast/broadcast.go): one `ping` to the
+//! `discovery` agent of every server that has `choria_provision` loaded, and the distinct senders
+//! of the replies.
 //!
 //! The window slides: it ends 300 ms after the last reply, and never later than
 //! `discovery_timeout` after the ping. Like Go, only the transport header `mc_sender` of a
@@ -18,7 +19,7 @@ use crate::gate::Gate;
 use crate::observe::Observer;
 use crate::rpc::unix_now;
 
-/// The subject every provisioning-mode server's discovery agent listens on (§1, §4.2).
+/// The subject every provisioning-mode server's discovery agent listens on.
 pub const DISCOVERY_SUBJECT: &str = "provisioning.broadcast.agent.discovery";
 
 /// How long after the last reply the window stays open (Go's `SlidingWindow`).

@@ -1,24 +1,25 @@
-//! The Choria Streams leader election (spec/election.md §1), so several provisioners can share
-//! one broker with one of them working, and even stand in one cluster with Go instances.
+//! The Choria Streams leader election (go-choria providers/election/streams/election.go), so
+//! several provisioners can share one broker with one of them working, and even stand in one
+//! cluster with Go instances.
 //!
 //! The election is one KV key (`CHORIA_LEADER_ELECTION` / `provisioner`) whose value is the
-//! leader's identity. Every write is conditional on the key's last revision (§1.5): a candidate
+//! leader's identity. Every write is conditional on the key's last revision: a candidate
 //! *creates* the key expecting no previous value, a leader *keeps* it by updating it expecting
 //! its own last revision. The key expires the bucket's max age (the TTL) after the last write,
 //! so a leader that stops writing loses it to the next candidate. Like Go we act as leader
 //! ([`ElectionEvent::Won`]) only after the first successful keep-alive following the win.
 //!
-//! Two things differ from Go on purpose (issue 6):
+//! Two things differ from Go on purpose (see ARCHITECTURE.md, deliberate differences):
 //! - cadence: a standby campaigns about once a second instead of backing off to 10–30 s
-//!   (§1.6), which makes a takeover within TTL + 2 s possible;
-//! - every write is a hand-rolled request on our own reply subscription with an explicit
-//!   timeout of at most min(2 s, TTL/4): the blocking crate's KV `create`/`update` wait forever
-//!   (§3.4), and a leader blocked in a write while another takes over is split brain. A
-//!   timed-out or failed keep-alive is a loss.
+//!   (Go's TwentySec policy), which makes a takeover within TTL + 2 s possible;
+//! - every write is a hand-rolled request on our own reply subscription with an explicit timeout of
+//!   at most min(2 s, TTL/4): the blocking crate's KV `create`/`update` wait forever (until a reply
+//!   or the connection closes), and a leader blocked in a write while another takes over is split
+//!   brain. A timed-out or failed keep-alive is a loss.
 //!
-//! Setup failures (missing bucket, no JetStream, bad TTL) are never silent, unlike Go's
-//! discarded error (seed "Failure handling in the election path"): the thread logs the reason,
-//! exposes it through [`Election::setup_problem`] and retries with backoff.
+//! Setup failures (missing bucket, no JetStream, bad TTL) are never silent, unlike Go's discarded
+//! error (provisioner hosts/hosts.go drops `startElection`'s error and stays paused): the thread
+//! logs the reason, exposes it through [`Election::setup_problem`] and retries with backoff.
 //!
 //! Every request goes through the daemon's one [`Connection`], with its explicit timeout.
 
@@ -36,19 +37,23 @@ use rand::Rng;
 use crate::connection::{Connection, RequestError};
 use crate::observe::Observer;
 
-/// The bucket the Choria Broker creates for elections (§1.2).
+/// The bucket the Choria Broker creates for elections (go-choria
+/// broker/network/network_jetstream.go, configureSystemStreams).
 pub const DEFAULT_BUCKET: &str = "CHORIA_LEADER_ELECTION";
-/// The key (election name) the provisioner campaigns on (§1.1).
+/// The key (election name) the provisioner campaigns on (provisioner hosts/election.go).
 pub const DEFAULT_KEY: &str = "provisioner";
-/// The API prefix of the broker's provisioning-account imports, which Go always uses (§1.3).
+/// The API prefix of the broker's provisioning-account imports (go-choria
+/// broker/network/network_accounts.go), which the Go provisioner always uses.
 pub const PROVISIONING_API_PREFIX: &str = "choria.streams";
 /// The JetStream API prefix of a plain account.
 pub const PLAIN_API_PREFIX: &str = "$JS.API";
 
-/// Go's TTL limits (§1.4 validation); a Go member would refuse any other bucket.
+/// Go's TTL limits (go-choria election.go, configure: a campaign interval of 0.75 × TTL must be
+/// at least 1 s and 1 s short of the TTL, so 4 s); a Go member would refuse any other bucket.
 const MIN_TTL: Duration = Duration::from_secs(4);
 const MAX_TTL: Duration = Duration::from_secs(3600);
-/// Go sleeps this long after the first keep-alive before calling OnWon (§1.5).
+/// Go sleeps this long after the first keep-alive before calling OnWon (election.go,
+/// maintainLeadership).
 const WON_COOL_DOWN: Duration = Duration::from_millis(200);
 /// How long handing an event to the daemon may block the election thread.
 const EVENT_SEND_BOUND: Duration = Duration::from_secs(1);
@@ -113,7 +118,7 @@ impl ElectionSettings {
     }
 
     /// The subject we write to. Like nats.go, a non-default prefix is put in front of the KV
-    /// subject (§1.3); the broker imports both forms into the provisioning account.
+    /// subject (nats.go kv.go); the broker imports both forms into the provisioning account.
     pub fn write_subject(&self) -> String {
         if self.prefix() == PLAIN_API_PREFIX {
             self.stored_key_subject()
@@ -247,13 +252,14 @@ impl ElectionError {
     }
 }
 
-/// The effective per-write timeout: at most min(cap, TTL/4) (issue 6).
+/// The effective per-write timeout: at most min(cap, TTL/4), so a blocked leader notices its
+/// loss long before another member can take the expired key.
 pub fn write_timeout(ttl: Duration, cap: Duration) -> Duration {
     cap.min(ttl / 4)
 }
 
 /// The delay before a leader's next keep-alive: Go's `Duration(0)` of its backoff policies,
-/// 500 ms jittered to [250, 750) ms (§1.6).
+/// 500 ms jittered to [250, 750) ms (go-choria backoff/backoff.go).
 pub fn leader_interval(rng: &mut impl Rng) -> Duration {
     Duration::from_millis(rng.gen_range(250..750))
 }
@@ -264,7 +270,8 @@ pub fn standby_interval(campaign_interval: Duration, rng: &mut impl Rng) -> Dura
     campaign_interval.mul_f64(rng.gen_range(0.75..=1.0))
 }
 
-/// Back-off between setup attempts: Go's FiveSec steps (§1.6), jittered to [0.5, 1.5).
+/// Back-off between setup attempts: Go's FiveSec steps (backoff/backoff.go), jittered to
+/// [0.5, 1.5).
 pub fn setup_backoff(failures: u32, rng: &mut impl Rng) -> Duration {
     const STEPS_MS: [u64; 11] = [
         500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
@@ -396,7 +403,8 @@ pub enum LastEntry {
     Absent,
     /// A value (a leader's identity) at this revision.
     Value { revision: u64 },
-    /// A delete or purge marker at this revision, which a create may overwrite (§1.8).
+    /// A delete or purge marker at this revision, which a create may overwrite (as nats.go kv.go
+    /// Create does).
     Marker { revision: u64 },
 }
 
@@ -447,7 +455,7 @@ pub fn parse_last_entry(subject: &str, body: &[u8]) -> Result<LastEntry, Electio
     })
 }
 
-/// Where we stand in the election (§1.5).
+/// Where we stand in the election.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Standing {
     Candidate,
@@ -553,7 +561,7 @@ impl Election {
     }
 
     /// Stops campaigning. A leader stands down (`Lost`) and, where the account lets anyone
-    /// create over a delete marker, releases the key so a standby takes over at once (§4.11).
+    /// create over a delete marker, releases the key so a standby takes over at once.
     /// Joins the thread within a bound.
     pub fn stop(mut self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
@@ -615,7 +623,8 @@ impl Complaint {
 struct Bucket {
     ttl: Duration,
     write_timeout: Duration,
-    /// Whether STREAM.MSG.GET is reachable (not in the provisioning account, §1.3).
+    /// Whether STREAM.MSG.GET is reachable (not in the provisioning account, which imports only
+    /// STREAM.INFO and the key's subjects).
     can_read_markers: bool,
 }
 
@@ -709,7 +718,8 @@ impl Member {
             });
         }
         if config.max_msgs_per_subject != 1 {
-            // Works, but `choria election info` calls it "not a valid election bucket" (§1.2).
+            // Works, but `choria election info` calls it "not a valid election bucket"
+            // (go-choria cmd/election_info.go).
             log::warn!(
                 "election bucket {} keeps {} revisions per key; the broker's keeps 1",
                 self.settings.bucket,
@@ -728,7 +738,7 @@ impl Member {
                 log::info!(
                     "cannot read the election key's last entry ({reason}), as in the broker's \
                      provisioning account: a delete marker (eviction, release) blocks every \
-                     campaign until it expires after one TTL (spec/election.md §1.8)"
+                     campaign until it expires after one TTL"
                 );
                 false
             }
@@ -804,7 +814,7 @@ impl Member {
     fn campaign(&mut self, bucket: &mut Bucket) -> Exit {
         let mut rng = rand::thread_rng();
         let mut standing = Standing::Candidate;
-        // A random splay so members started together do not campaign in lockstep (§1.4).
+        // A random splay so members started together do not campaign in lockstep (Go: 0–5 s).
         let splay = self
             .settings
             .campaign_interval
@@ -859,7 +869,7 @@ impl Member {
                     match self.keep_alive(bucket, revision, written) {
                         Ok((revision, written)) => {
                             if !announced {
-                                // Go's cool-down before OnWon (§1.5).
+                                // Go's cool-down before OnWon.
                                 if self.wait(WON_COOL_DOWN) {
                                     self.release(bucket, revision);
                                     return Exit::Stop;
@@ -914,7 +924,7 @@ impl Member {
     }
 
     /// Update expecting our last revision; refuses without writing when the last successful
-    /// write is so old the key may have expired (self-fencing, §4.5).
+    /// write is so old the key may have expired (self-fencing; Go has no such check).
     fn keep_alive(
         &self,
         bucket: &mut Bucket,
@@ -939,7 +949,8 @@ impl Member {
             self.send(ElectionEvent::Lost);
         }
         if !bucket.can_read_markers {
-            // In the provisioning account a marker blocks every create for a TTL (§1.8, §4.11):
+            // In the provisioning account a marker blocks every create for a TTL (no member can
+            // read it to write over it):
             // deleting gains nothing, so leave the key to expire.
             log::info!(
                 "stopped leading {}; the key expires by itself",
@@ -1061,7 +1072,8 @@ impl BucketAdmin {
         request(&self.conn, subject, headers, body, self.timeout)
     }
 
-    /// Creates the bucket exactly as the Choria Broker does (§1.2, §5.2) with the given TTL.
+    /// Creates the bucket exactly as the Choria Broker does (go-choria
+    /// broker/network/network_jetstream.go, configureSystemStreams) with the given TTL.
     pub fn create_bucket(&self, bucket: &str, ttl: Duration) -> Result<(), ElectionError> {
         let stream = format!("KV_{bucket}");
         let subject = format!("{}.STREAM.CREATE.{stream}", self.api_prefix);
@@ -1096,14 +1108,14 @@ impl BucketAdmin {
         Ok(())
     }
 
-    /// Puts a delete marker on the key, as `choria election evict` does (§1.8).
+    /// Puts a delete marker on the key, as `choria election evict` does.
     pub fn evict(&self, bucket: &str, key: &str) -> Result<u64, ElectionError> {
         let subject = format!("$KV.{bucket}.{key}");
         let body = self.request(&subject, &[(KV_OPERATION, "DEL")], b"")?;
         parse_pub_ack(&subject, 0, &body)
     }
 
-    /// Writes `value` unconditionally: a stranger's overwrite (§1.8, "corruption").
+    /// Writes `value` unconditionally: a stranger's overwrite ("corruption").
     pub fn overwrite(&self, bucket: &str, key: &str, value: &str) -> Result<u64, ElectionError> {
         let subject = format!("$KV.{bucket}.{key}");
         let body = self.request(&subject, &[], value.as_bytes())?;

@@ -1,7 +1,7 @@
 //! The pause and stop switches every outgoing action reads before it starts.
 //!
 //! While paused (a standby in an election) or stopping (SIGTERM), discovery, event handling,
-//! each RPC try and each helper run refuse to start (seed: "Pausing and leader election").
+//! each RPC try and each helper run refuse to start, as in Go (provisioner config/pausable.go).
 //! The `Fleet` flips `paused` and keeps `choria_provisioner_paused` in step; the daemon flips
 //! `stopping` once on shutdown.
 

@@ -1,11 +1,13 @@
-//! The lifecycle listener (spec/protocol.md §7.5): admits every node that announces its
+//! The lifecycle listener (provisioner hosts/event.go): admits every node that announces its
 //! startup on `choria.lifecycle.event.startup.<component>`, so nodes are found between
-//! discovery cycles; and the provisioner's own startup event (§7.4).
+//! discovery cycles; and the provisioner's own startup event (provisioner hosts/hosts.go,
+//! publishStartupEvent).
 //!
-//! The subscription has NO queue group (DESIGN.md, "Corrections"): with one, a paused standby
-//! would receive, and drop, events meant for the leader. Both event formats are accepted
-//! (§7.2, parsed by `choria::lifecycle`); anything else on the subject is logged, counted as
-//! malformed and ignored. While the gate is closed events are ignored, as in Go.
+//! The subscription has NO queue group (Go's `QueueSubscribe` gets an empty group name, a
+//! plain subscription): with one, a paused standby would receive, and drop, events meant for
+//! the leader. Both event formats are accepted (parsed by `choria_wire::lifecycle`); anything
+//! else on the subject is logged, counted as malformed and ignored. While the gate is closed
+//! events are ignored, as in Go.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,7 +30,7 @@ const POLL_SLICE: Duration = Duration::from_millis(100);
 /// How long `start` waits for the broker to confirm the subscription.
 const SUBSCRIBE_CONFIRM_LIMIT: Duration = Duration::from_secs(5);
 
-/// The component of the provisioner's own lifecycle events (§1.3).
+/// The component of the provisioner's own lifecycle events.
 pub const OWN_COMPONENT: &str = "provisioner";
 
 /// The running listener thread.
@@ -48,7 +50,7 @@ impl EventListener {
         observer: Arc<dyn Observer>,
     ) -> Result<EventListener, ConnectionError> {
         if component.is_empty() || component.contains(['.', '>', '*']) {
-            // Config validation refuses these too (§7.5); a subject built from one would
+            // Config validation refuses these too, as Go's does; a subject built from one would
             // listen to the wrong events or to none.
             return Err(ConnectionError::BadSubject {
                 subject: component.to_string(),
@@ -159,7 +161,8 @@ fn handle_event(
 }
 
 /// Publishes the provisioner's own startup event, Choria format, component `provisioner`
-/// (§7.4), on `choria.lifecycle.event.startup.provisioner`.
+/// (provisioner hosts/hosts.go, publishStartupEvent), on
+/// `choria.lifecycle.event.startup.provisioner`.
 pub fn publish_own_startup(
     conn: &Connection,
     identity: &str,

@@ -1,11 +1,12 @@
-//! Directed RPC to one node (spec/protocol.md §5): the interface the provisioning cycle
+//! Directed RPC to one node (provisioner host/rpc.go): the interface the provisioning cycle
 //! calls, and [`RpcClient`], its implementation over the shared broker connection.
 //!
-//! One call = up to `max_tries` tries (§5.3), each a fresh request id published to
-//! `provisioning.node.<identity>` and a wait of `discovery_timeout` + the agent's DDL timeout
-//! (§5.2) for that node's one good reply. Replies that are broken or not ours are logged,
-//! counted in `malformed_messages{kind}` and do not end the wait. Between tries the FiveSec
-//! backoff; the gate is read before every try and during every wait.
+//! One call = up to `max_tries` tries, each a fresh request id published to
+//! `provisioning.node.<identity>` and a wait of `discovery_timeout` + the agent's DDL timeout (as
+//! go-choria providers/agent/mcorpc/client/client.go waits) for that node's one good reply. Replies
+//! that are broken or not ours are logged, counted in `malformed_messages{kind}` and do not end the
+//! wait. Between tries the FiveSec backoff; the gate is read before every try and during every
+//! wait.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +23,7 @@ use crate::observe::Observer;
 pub enum RpcOutcome {
     /// Status 0: the reply's `data` object.
     Ok(serde_json::Value),
-    /// A non-zero RPC status code (§2.6) on the last try.
+    /// A non-zero RPC status code (go-choria providers/agent/mcorpc/mcorpc.go) on the last try.
     Status { code: u8, message: String },
     /// No valid reply from the node on any try.
     Timeout,
@@ -32,7 +33,7 @@ pub enum RpcOutcome {
     Halted(Halt),
 }
 
-/// A directed RPC to one node, with the action's tries, timeouts and backoff (§5.2, §5.3).
+/// A directed RPC to one node, with the action's tries, timeouts and backoff.
 /// The cycle talks to nodes only through this, so it can be driven without a broker in unit
 /// tests; integration tests use the real implementation over `nats-server`.
 pub trait NodeRpc: Send + Sync {
@@ -46,7 +47,7 @@ pub trait NodeRpc: Send + Sync {
     ) -> RpcOutcome;
 }
 
-/// Tries per action, as the Go provisioner's `host/rpc.go` (§5.3).
+/// Tries per action, as the Go provisioner's `host/rpc.go`.
 pub fn max_tries(agent: &str, action: &str) -> u32 {
     match (agent, action) {
         ("choria_provision", "jwt") => 3,
@@ -61,7 +62,8 @@ pub fn max_tries(agent: &str, action: &str) -> u32 {
     }
 }
 
-/// The `statusmsg` of a node whose provisioning lock another provisioner holds (§6.1).
+/// The `statusmsg` of a node whose provisioning lock another provisioner holds (go-choria
+/// providers/agent/mcorpc/golang/provision/provision.go, LockedError).
 const LOCK_REFUSED_MESSAGE: &str = "Could not obtain provisioning lock";
 
 /// Replies held per request beyond the one we want (strays, duplicates) before dropping.
@@ -80,7 +82,7 @@ pub mod malformed {
     pub const RPC_REPLY: &str = "rpc_reply";
 }
 
-/// The agent DDL timeout Go adds to `discovery_timeout` for each try (§5.2): 20 s for
+/// The agent DDL timeout Go adds to `discovery_timeout` for each try: 20 s for
 /// `choria_provision`, 2 s for `rpcutil`. Agents we never call get the larger one.
 pub fn ddl_timeout(agent: &str) -> Duration {
     match agent {
@@ -251,7 +253,8 @@ impl NodeRpc for RpcClient {
         let label = format!("{agent}#{action}");
         let tries = max_tries(agent, action).max(1);
         let body = client::rpc_request_body(agent, action, &data);
-        // Go's directed requests add the target agent to the filter (§5.1).
+        // Go's directed requests add the target agent to the filter (go-choria
+        // message/message.go, SetType).
         let filter = Filter::agent(agent);
         let mut outcome = RpcOutcome::Timeout;
         for attempt in 0..tries {
@@ -272,7 +275,8 @@ impl NodeRpc for RpcClient {
                 TryOutcome::Ok(data) => return RpcOutcome::Ok(data),
                 // Deliberate change from Go, which counts this as an RPC error and retries:
                 // the lock means another provisioner owns the node, so the cycle ends at once
-                // as "owned elsewhere" and several provisioners can share a fleet (issue 3).
+                // as "owned elsewhere" and several provisioners can share a fleet (see
+                // ARCHITECTURE.md, deliberate differences).
                 TryOutcome::LockRefused => return RpcOutcome::LockRefused,
                 TryOutcome::Halted(halt) => return RpcOutcome::Halted(halt),
                 TryOutcome::Status { code, message } => {
@@ -312,8 +316,8 @@ pub fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
-/// go-choria's `backoff.FiveSec` steps in ms (spec/election.md §1.6), the provisioner's
-/// policy between RPC tries (§5.3).
+/// go-choria's `backoff.FiveSec` steps in ms (backoff/backoff.go), the provisioner's policy
+/// between RPC tries (`backoff.Default` in host/rpc.go, rpcWrapper).
 const FIVE_SEC_STEPS_MS: [u64; 11] = [
     500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
 ];

@@ -1,5 +1,5 @@
-//! Broadcast discovery over a real `nats-server` (spec/protocol.md §4.3), answered by the fleet
-//! simulator (`choria-fleet-sim`), whose report says how many pings each node answered.
+//! Broadcast discovery over a real `nats-server`, answered by the fleet simulator
+//! (`choria-fleet-sim`), whose report says how many pings each node answered.
 //!
 //! What the simulator cannot produce keeps small hand-written "racks" of its own, marked as
 //! such below: one connection answering the ping for many identities, including a name two
@@ -181,8 +181,9 @@ fn duplicates_are_merged_and_malformed_replies_counted_and_survived() {
     assert_eq!(metrics.get("discover_cycle"), 1);
     assert_eq!(metrics.get("discovery_error"), 0);
 
-    // The ping is exactly what Go sends (§4.3): agent discovery, payload "ping", the
-    // choria_provision agent filter, one request seen by every rack.
+    // The ping is exactly what Go sends (go-choria providers/discovery/broadcast/broadcast.go):
+    // agent discovery, payload "ping", the choria_provision agent filter, one request seen by every
+    // rack.
     for rack in [first, second] {
         let seen = rack.seen();
         assert_eq!(seen.len(), 1);

@@ -1,6 +1,6 @@
-//! The leader election against a real nats-server with JetStream (spec/election.md §5): members
-//! as threads, each on its own connection, in a plain account (`$JS.API`) and in a simulation
-//! of the broker's provisioning account (`choria.streams`, §5.3).
+//! The leader election against a real nats-server with JetStream: members as threads, each on its
+//! own connection, in a plain account (`$JS.API`) and in a simulation of the broker's provisioning
+//! account (`choria.streams`).
 //!
 //! No timed assertions: every wait is a bounded polling loop, and the assertions are on
 //! outcomes (who leads, which events arrived, that no two members ever led together).

@@ -1,8 +1,7 @@
-//! Lifecycle events over a real `nats-server` (spec/protocol.md §7): the startup events of the
-//! fleet simulator's boots (`choria-fleet-sim`, CloudEvents format) admit their nodes, a
-//! paused standby does not take them from the leader, and the provisioner announces its own
-//! startup. The Choria format and junk on the subject, which the simulator never sends, are
-//! published by hand.
+//! Lifecycle events over a real `nats-server`: the startup events of the fleet simulator's boots
+//! (`choria-fleet-sim`, CloudEvents format) admit their nodes, a paused standby does not take them
+//! from the leader, and the provisioner announces its own startup. The Choria format and junk on
+//! the subject, which the simulator never sends, are published by hand.
 
 use choria_testkit::harness as support;
 
@@ -49,7 +48,7 @@ fn startup_subject() -> String {
 }
 
 /// The fleet simulator, its nodes booting in provisioning mode and announcing it with a
-/// CloudEvents startup event, component `provision_mode_server` (§7.2).
+/// CloudEvents startup event, component `provision_mode_server` (go-choria server/lifecycle.go).
 fn start_sim(world: &World, nodes: usize) -> Sim {
     let nodes_arg = nodes.to_string();
     #[rustfmt::skip]

@@ -1,7 +1,6 @@
-//! Directed RPC over a real `nats-server` (spec/protocol.md §2, §5, §6.1), answered by the
-//! fleet simulator (`choria-fleet-sim`): healthy, dead, slow, malformed, bad-hash and
-//! foreign-lock nodes as go-choria servers in provisioning mode, whose report says what each
-//! node received and answered.
+//! Directed RPC over a real `nats-server`, answered by the fleet simulator (`choria-fleet-sim`):
+//! healthy, dead, slow, malformed, bad-hash and foreign-lock nodes as go-choria servers in
+//! provisioning mode, whose report says what each node received and answered.
 //!
 //! What the simulator cannot produce keeps a small hand-written node of its own, marked as
 //! such below: a node silent on the first try only, replies with a broken transport, a wrong
@@ -33,7 +32,7 @@ const PROVISIONER: &str = "provisioner.test";
 const TOKEN: &str = "s3cret";
 /// Bound on every wait for the simulator (boots, exit, late replies).
 const WAIT: Duration = Duration::from_secs(60);
-/// Part of every try's timeout (§5.2); short, as the DDL part is what the cases vary.
+/// Part of every try's timeout; short, as the DDL part is what the cases vary.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_millis(300);
 
 fn connect(server: &NatsServer, identity: &str) -> Connection {
@@ -94,7 +93,7 @@ fn recorded(
         .collect()
 }
 
-/// How long one try waits: `DISCOVERY_TIMEOUT` plus this DDL part (§5.2).
+/// How long one try waits: `DISCOVERY_TIMEOUT` plus this DDL part, as in Go.
 #[derive(Clone, Copy, Debug)]
 enum TryWait {
     /// 300 ms: well under the slow nodes' reply delay.
@@ -549,7 +548,7 @@ fn a_missed_try_is_retried_and_every_request_is_well_formed() {
             "{node_name}: rpc_time count"
         );
 
-        // Every try is a fresh, well-formed directed request (§2.3, §5.1).
+        // Every try is a fresh, well-formed directed request.
         let ids: BTreeSet<&str> = seen.iter().map(|r| r.request_id.as_str()).collect();
         assert_eq!(ids.len(), seen.len(), "{node_name}: fresh request ids");
         for request in &seen {

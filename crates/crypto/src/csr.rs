@@ -1,6 +1,6 @@
-//! CSR checks for `features.pki` (spec/crypto.md §4): the node's `gencsr` reply must carry a
-//! parsable PKCS#10 request whose last common name is the node's identity, and neither that
-//! name nor any DNS SAN may match the configured deny list.
+//! CSR checks for `features.pki` (provisioner host/host.go, validateCSR): the node's `gencsr` reply
+//! must carry a parsable PKCS#10 request whose last common name is the node's identity, and neither
+//! that name nor any DNS SAN may match the configured deny list.
 //!
 //! Go compatibility: the CSR's self-signature is not checked (Go does not); an entry written
 //! `/re/` loses all its leading and trailing slashes; patterns are unanchored searches; an
@@ -118,7 +118,8 @@ impl DenyList {
     }
 }
 
-/// Go: an entry matching `^/.+/$` has all leading and all trailing `/` trimmed (§4 step 5).
+/// Go: an entry matching `^/.+/$` has all leading and all trailing `/` trimmed (`TrimLeft` and
+/// `TrimRight` with cutset `/`).
 fn strip_slashes(entry: &str) -> &str {
     if entry.len() >= 3 && entry.starts_with('/') && entry.ends_with('/') {
         entry.trim_start_matches('/').trim_end_matches('/')

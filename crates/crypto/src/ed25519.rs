@@ -1,5 +1,6 @@
-//! The gen25519 proof (spec/crypto.md §3.1): the node signs the provisioner's nonce with its
-//! fresh ed25519 key, and we check that signature before issuing a server JWT for that key.
+//! The gen25519 proof (provisioner host/rpc.go, fetchEd25519PubKey): the node signs the
+//! provisioner's nonce with its fresh ed25519 key, and we check that signature before issuing a
+//! server JWT for that key.
 //!
 //! Go's `ed25519.Verify` panics on a public key that is not 32 bytes and the Go provisioner does
 //! not check first; here every length is checked and reported.
@@ -91,7 +92,8 @@ pub fn verify_nonce_signature(
     let key = VerifyingKey::from_bytes(&public_key).map_err(|_| NonceError::InvalidPublicKey {
         public_key: public_key_hex.to_string(),
     })?;
-    // Non-strict verify is closest to Go's ed25519.Verify (§7).
+    // Non-strict verify is closest to Go's ed25519.Verify (cofactorless, rejects a
+    // non-canonical S, accepts small-order keys).
     key.verify(nonce.as_bytes(), &Signature::from_bytes(&signature))
         .map_err(|_| NonceError::InvalidSignature {
             public_key: public_key_hex.to_string(),

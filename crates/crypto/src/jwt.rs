@@ -1,9 +1,9 @@
-//! Compact JWS for Choria tokens (spec/crypto.md §1, §2.3): loading the provisioning JWT's
-//! verify key, checking a node's provisioning JWT exactly as the Go provisioner does, and
-//! signing tokens (RS256 or EdDSA) with a `jwt_signing_key` file.
+//! Compact JWS for Choria tokens (choria-io/tokens tokens.go, provisioning.go): loading the
+//! provisioning JWT's verify key, checking a node's provisioning JWT exactly as the Go provisioner
+//! does, and signing tokens (RS256 or EdDSA) with a `jwt_signing_key` file.
 //!
 //! Hand-rolled over `rsa` and `ed25519-dalek` rather than `jsonwebtoken` because Choria needs
-//! exactness the crate's validator does not give (§7): `exp` optional but `exp == now` expired,
+//! exactness the crate's validator does not give: `exp` optional but `exp == now` expired,
 //! `nbf` enforced, no leeway, a trailing newline tolerated (Go's base64 skips `\r`/`\n`), and
 //! the algorithm allow-list chosen by key type with Go's error order.
 
@@ -23,9 +23,9 @@ use sha2::{Digest, Sha256, Sha384, Sha512};
 
 /// The purpose (and `sub`) of a provisioning token.
 pub const PROVISIONING_PURPOSE: &str = "choria_provisioning";
-/// The org a token gets when it names none (§1.3).
+/// The org a token gets when it names none (tokens provisioning.go, ParseProvisioningToken).
 pub const DEFAULT_OU: &str = "choria";
-/// `iss` prefix of chain-issued tokens (§2.5).
+/// `iss` prefix of chain-issued tokens (tokens standard.go, SetChainIssuer).
 pub const CHAIN_ISSUER_PREFIX: &str = "C-";
 
 /// Go's `base64.RawURLEncoding`: no padding, lenient trailing bits.
@@ -37,8 +37,8 @@ pub const B64URL: GeneralPurpose = GeneralPurpose::new(
         .with_decode_allow_trailing_bits(true),
 );
 
-/// What was wrong with a key, a token, or its claims. Display texts follow golang-jwt's where
-/// the spec records them (§1.4), so logs read like the Go daemon's.
+/// What was wrong with a key, a token, or its claims. Display texts follow golang-jwt's, so logs
+/// read like the Go daemon's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JwtError {
     /// The node sent no JWT.
@@ -71,7 +71,8 @@ pub enum JwtError {
     Expired { exp: i64, now: u64 },
     /// `now < nbf`.
     NotYetValid { nbf: i64, now: u64 },
-    /// A chain token (`tcs` set) whose issuer expiry rule fails (§1.4 step 6).
+    /// A chain token (`tcs` set) whose issuer expiry rule fails (tokens standard.go,
+    /// verifyIssuerExpiry).
     IssuerExpired { reason: String },
     /// Neither `sub` nor `purpose` is `choria_provisioning`.
     NotProvisioningToken { sub: String, purpose: String },
@@ -151,12 +152,13 @@ pub enum VerifyKey {
 }
 
 impl VerifyKey {
-    /// `jwt_verify_cert` as Go reads it (§1.4): a path that does not exist is itself the hex
-    /// ed25519 key (Org Issuer mode); an existing file starting with `-----BEGIN CERTIFICATE`
-    /// or `-----BEGIN PUBLIC KEY` is an RSA certificate or public key (first PEM block; SPKI,
-    /// then certificate without date checks, then PKCS#1); any other file is hex of a 32-byte
-    /// ed25519 key, not trimmed (a trailing newline fails, as in Go). Stricter than Go: the
-    /// inline hex must be 32 bytes here, not at first use.
+    /// `jwt_verify_cert` as Go reads it (provisioner host/host.go, validateJWT; tokens tokens.go,
+    /// readRSAOrED25519PublicData): a path that does not exist is itself the hex ed25519 key (Org
+    /// Issuer mode); an existing file starting with `-----BEGIN CERTIFICATE` or
+    /// `-----BEGIN PUBLIC KEY` is an RSA certificate or public key (first PEM block; SPKI, then
+    /// certificate without date checks, then PKCS#1); any other file is hex of a 32-byte ed25519
+    /// key, not trimmed (a trailing newline fails, as in Go). Stricter than Go: the inline hex must
+    /// be 32 bytes here, not at first use.
     pub fn load(jwt_verify_cert: &str, read: ReadFile) -> Result<VerifyKey, JwtError> {
         if jwt_verify_cert.is_empty() {
             return Err(JwtError::NoVerifyKey);
@@ -240,10 +242,10 @@ pub enum JwtSigner {
 }
 
 impl JwtSigner {
-    /// `jwt_signing_key` as tokens `SignTokenWithKeyFile` reads it (§2.3): a file starting
-    /// with `-----BEGIN RSA PRIVATE KEY` or `-----BEGIN PRIVATE KEY` is RSA (PKCS#1, then
-    /// PKCS#8); else a file of exactly 64 bytes is a hex ed25519 seed; anything else (a seed
-    /// with a trailing newline too) is unsupported.
+    /// `jwt_signing_key` as tokens `SignTokenWithKeyFile` (tokens.go) reads it: a file starting
+    /// with `-----BEGIN RSA PRIVATE KEY` or `-----BEGIN PRIVATE KEY` is RSA (PKCS#1, then PKCS#8);
+    /// else a file of exactly 64 bytes is a hex ed25519 seed; anything else (a seed with a trailing
+    /// newline too) is unsupported.
     pub fn from_key_file(path: &Path, read: ReadFile) -> Result<JwtSigner, JwtError> {
         let bytes = read(path).map_err(|e| JwtError::KeyFileRead {
             path: path.to_path_buf(),
@@ -511,8 +513,8 @@ fn bool_claim(claims: &Map<String, Value>, name: &str) -> Result<bool, JwtError>
     }
 }
 
-/// tokens `verifyIssuerExpiry(tcs != "")` (§1.4 step 6): a chain token must have a `C-`
-/// issuer and an `issexp`, and min(`exp`, `issexp`) must not have passed.
+/// tokens `verifyIssuerExpiry(tcs != "")` (standard.go): a chain token must have a `C-` issuer and
+/// an `issexp`, and min(`exp`, `issexp`) must not have passed.
 pub fn check_issuer_expiry(claims: &Map<String, Value>, now_unix: u64) -> Result<(), JwtError> {
     if string_claim(claims, "tcs")?.is_empty() {
         return Ok(());
@@ -540,11 +542,11 @@ pub fn check_issuer_expiry(claims: &Map<String, Value>, now_unix: u64) -> Result
     Ok(())
 }
 
-/// The claims as Go's `tokens.ProvisioningClaims` holds them and re-serialises them for the
-/// helper (§1.3): non-omitempty fields always present (`cht`, `chs`, `chpd`, `extensions`,
-/// `purpose`), omitempty ones only when set, `aud` as an array, times as integers, claims
-/// Go does not know dropped. A claim of the wrong type makes the token malformed, as Go's
-/// unmarshal does.
+/// The claims as Go's `tokens.ProvisioningClaims` holds them and re-serialises them for the helper
+/// (tokens provisioning.go, standard.go): non-omitempty fields always present (`cht`, `chs`,
+/// `chpd`, `extensions`, `purpose`), omitempty ones only when set, `aud` as an array, times as
+/// integers, claims Go does not know dropped. A claim of the wrong type makes the token malformed,
+/// as Go's unmarshal does.
 fn go_provisioning_claims(claims: &Map<String, Value>) -> Result<Map<String, Value>, JwtError> {
     let mut out = Map::new();
     for name in ["cht", "purpose"] {
@@ -612,10 +614,10 @@ fn go_provisioning_claims(claims: &Map<String, Value>) -> Result<Map<String, Val
     Ok(out)
 }
 
-/// Go `validateJWT` + `tokens.ParseProvisioningToken` (§1.4): signature by `key` directly (no
-/// trust chain for provisioning tokens), `exp` optional but enforced, `nbf` enforced, then
-/// `sub` or `purpose` must be `choria_provisioning`, `ou` defaults to `choria`, and the
-/// issuer-expiry rule for chain tokens. Returns the claims in Go's shape (for the helper's
+/// Go `validateJWT` (provisioner host/host.go) + `tokens.ParseProvisioningToken`: signature by
+/// `key` directly (no trust chain for provisioning tokens), `exp` optional but enforced, `nbf`
+/// enforced, then `sub` or `purpose` must be `choria_provisioning`, `ou` defaults to `choria`, and
+/// the issuer-expiry rule for chain tokens. Returns the claims in Go's shape (for the helper's
 /// `jwt` input). A trailing newline on the token is tolerated.
 pub fn verify_provisioning_jwt(
     token: &str,
@@ -721,7 +723,7 @@ mod tests {
             NOW,
         )
         .expect("valid");
-        // Go's output for this token (§1.3), compared as JSON values (key order aside).
+        // Go's output for this token, compared as JSON values (key order aside).
         let go: Value = serde_json::from_str(r#"{"cht":"x","chs":true,"chu":"nats://example:4222","chpd":true,"chrd":",","extensions":null,"ou":"choria","purpose":"choria_provisioning","iss":"ginkgo","sub":"choria_provisioning","exp":1971430977,"nbf":1656070977,"iat":1656070977}"#).expect("json");
         assert_eq!(Value::Object(claims), go);
     }

@@ -1,8 +1,8 @@
-//! Delivering a helper-made private key to a node (spec/crypto.md §3.2–§3.4): X25519 between
-//! the node's `jwt`-time ECDH key and a fresh key of ours, then legacy OpenSSL PEM encryption
-//! (RFC 1423, AES-256-CBC, `EVP_BytesToKey` with MD5) keyed by the raw 32-byte shared secret,
-//! exactly as Go's `x509.EncryptPEMBlock` writes it. The node side (decrypt) is here too, for
-//! the simulator and for self-checks.
+//! Delivering a helper-made private key to a node (provisioner host/host.go, encryptPrivateKey):
+//! X25519 between the node's `jwt`-time ECDH key and a fresh key of ours, then legacy OpenSSL PEM
+//! encryption (RFC 1423, AES-256-CBC, `EVP_BytesToKey` with MD5) keyed by the raw 32-byte shared
+//! secret, exactly as Go's `x509.EncryptPEMBlock` writes it. The node side (decrypt) is here too,
+//! for the simulator and for self-checks.
 
 use std::fmt;
 
@@ -12,7 +12,7 @@ use md5::{Digest, Md5};
 use rand::RngCore;
 use x25519_dalek::{PublicKey, StaticSecret};
 
-/// The PEM type Go writes (a PKCS#8 helper key is mislabelled this way too, as in Go; §3.3).
+/// The PEM type Go writes (a PKCS#8 helper key is mislabelled this way too, as in Go).
 const PEM_TYPE: &str = "RSA PRIVATE KEY";
 const AES_BLOCK: usize = 16;
 
@@ -101,8 +101,9 @@ pub fn ecdh_public(secret: &[u8; 32]) -> [u8; 32] {
     PublicKey::from(&StaticSecret::from(*secret)).to_bytes()
 }
 
-/// `X25519(our_secret, their_public)`: the raw 32 bytes, no KDF (§3.2). A low-order peer key
-/// (all-zero result) is refused, as Go's `curve25519.X25519` does.
+/// `X25519(our_secret, their_public)`: the raw 32 bytes, no KDF (go-choria choria/ecdh.go,
+/// ECDHSharedSecret). A low-order peer key (all-zero result) is refused, as Go's
+/// `curve25519.X25519` does.
 pub fn ecdh_shared(
     our_secret: &[u8; 32],
     their_public_hex: &str,
@@ -128,7 +129,8 @@ pub fn ecdh_shared(
     Ok(shared.to_bytes())
 }
 
-/// OpenSSL `EVP_BytesToKey(MD5, count=1)` for a 32-byte key with `salt = iv[0..8]` (§3.3).
+/// OpenSSL `EVP_BytesToKey(MD5, count=1)` for a 32-byte key with `salt = iv[0..8]`, as Go's
+/// `x509.EncryptPEMBlock` derives it.
 fn derive_aes_key(password: &[u8], salt: &[u8]) -> [u8; 32] {
     let mut key = [0u8; 32];
     let mut previous: Vec<u8> = Vec::new();
@@ -194,8 +196,9 @@ pub fn encrypt_private_key(
     Ok(go_pem_encode(PEM_TYPE, &headers, &ciphertext))
 }
 
-/// The node's side (go-choria `decryptPrivateKey`, §3.4): decrypts an encrypted PEM with the
-/// shared secret and returns the DER re-wrapped, without headers, as `RSA PRIVATE KEY`.
+/// The node's side (go-choria `decryptPrivateKey` in
+/// providers/agent/mcorpc/golang/provision/util.go): decrypts an encrypted PEM with the shared
+/// secret and returns the DER re-wrapped, without headers, as `RSA PRIVATE KEY`.
 pub fn decrypt_private_key(
     encrypted_pem: &str,
     shared: &[u8; 32],
@@ -227,7 +230,7 @@ pub fn decrypt_private_key_der(
             cipher: cipher.to_string(),
         });
     }
-    // Go decodes the IV hex in either case (§3.3).
+    // Go decodes the IV hex in either case.
     let iv: [u8; 16] = hex::decode(iv_hex)
         .ok()
         .and_then(|bytes| bytes.try_into().ok())
@@ -258,7 +261,8 @@ mod tests {
             .expect("32 bytes")
     }
 
-    // §6.2 inline X25519 vectors.
+    // The X25519 vectors of go-choria provision/provision_test.go and provisioner
+    // host/host_test.go.
     const SERVER_PRIVATE: &str = "67e4a9b3934a3030470ed7a30f89eeaf7dab7b492aa9ee02fb864d690b7e6eeb";
     const SERVER_PUBLIC: &str = "88a9a0ed27dc93c29466ea2bef99e078342b27e7a1d789fc35a9131f86c3a022";
     const PROVISIONER_PUBLIC: &str =

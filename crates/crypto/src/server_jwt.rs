@@ -1,7 +1,7 @@
-//! Server JWTs for `features.ed25519` (spec/crypto.md §2): the claims Go's
-//! `generateServerJWT` builds (collectives rules, helper `server_claims` overrides, the 1-hour
-//! floor), signed with `jwt_signing_key` (RS256 or EdDSA), or in chain-issuer mode (§2.5)
-//! issued under the provisioner's own org-issued client token T with issuer
+//! Server JWTs for `features.ed25519`: the claims Go's `generateServerJWT` (provisioner
+//! host/host.go) builds (collectives rules, helper `server_claims` overrides, the 1-hour floor),
+//! signed with `jwt_signing_key` (RS256 or EdDSA), or in chain-issuer mode (tokens standard.go,
+//! AddChainIssuerData) issued under the provisioner's own org-issued client token T with issuer
 //! `C-<T.jti>.<T.public_key>`, `issexp`, the `exp` clamp and the trust chain signature `tcs`.
 //!
 //! Stricter than Go, on purpose: T is refused at load (and at each issue) when it has
@@ -34,7 +34,7 @@ pub const CLIENT_ID_PURPOSE: &str = "choria_client_id";
 pub const PROVISIONER_ISSUER: &str = "Choria Provisioner";
 /// `iss` prefix of org-issued tokens (`I-<org public key hex>`).
 pub const ORG_ISSUER_PREFIX: &str = "I-";
-/// Validities at or under this are replaced by the configured one (§2.1).
+/// Validities at or under this are replaced by the configured one, as in Go.
 pub const MINIMUM_VALIDITY: Duration = Duration::from_secs(3600);
 
 /// What stopped a server JWT from being loaded, issued or verified.
@@ -237,7 +237,7 @@ pub struct ServerJwtIssuer {
     mode: IssuerMode,
 }
 
-/// The helper's `server_claims` fields Go uses (§2.1).
+/// The helper's `server_claims` fields Go uses.
 #[derive(Debug, Default)]
 struct ClaimOverrides {
     ou: String,
@@ -430,10 +430,9 @@ fn seed_from_file(
 }
 
 impl ServerJwtIssuer {
-    /// Loads `jwt_signing_key` (§2.3: RSA PEM or 64-hex seed), and with `jwt_signing_token`
-    /// the chain issuer token T (§2.5; the key must then be a seed). Refuses a T that has
-    /// expired at `now_unix`, whose `public_key` is not the seed's, or that its own named org
-    /// issuer did not sign.
+    /// Loads `jwt_signing_key` (RSA PEM or 64-hex seed), and with `jwt_signing_token` the chain
+    /// issuer token T (the key must then be a seed). Refuses a T that has expired at `now_unix`,
+    /// whose `public_key` is not the seed's, or that its own named org issuer did not sign.
     pub fn load(
         jwt_signing_key: &Path,
         jwt_signing_token: Option<&Path>,
@@ -468,7 +467,7 @@ impl ServerJwtIssuer {
         }
     }
 
-    /// Go `generateServerJWT` (§2.1–§2.5) at `now_unix`.
+    /// Go `generateServerJWT` at `now_unix`.
     pub fn issue(&self, req: &ServerJwtRequest, now_unix: u64) -> Result<String, ServerJwtError> {
         if req.identity.is_empty() {
             return Err(ServerJwtError::NoIdentity);
@@ -502,7 +501,7 @@ impl ServerJwtIssuer {
             collectives = vec!["choria".to_string()];
         }
         if let Some(list) = req.configuration.get("collectives") {
-            // Go splits without trimming whitespace (§2.1).
+            // Go splits without trimming whitespace.
             collectives = list.split(',').map(str::to_string).collect();
         }
         let configured_secs = i64::try_from(req.validity.as_secs()).unwrap_or(i64::MAX);
@@ -512,7 +511,7 @@ impl ServerJwtIssuer {
             ou = overrides.ou;
         }
         if let Some(exp) = overrides.exp.filter(|&e| e != 0) {
-            // An absolute time, not a duration (the helper docs' 157680000 is 1974, §2.1).
+            // An absolute time, not a duration (the helper docs' 157680000 is 1974).
             validity_secs = exp.saturating_sub(now);
         }
         if !overrides.collectives.is_empty() {
@@ -549,7 +548,8 @@ impl ServerJwtIssuer {
                         now: now_unix,
                     });
                 }
-                // SetChainIssuer, ChainIssuerData, SetChainUserTrustSignature (§2.5).
+                // tokens standard.go: SetChainIssuer, ChainIssuerData,
+                // SetChainUserTrustSignature.
                 claims.iss = format!("{CHAIN_ISSUER_PREFIX}{}.{}", issuer.jti, issuer.public_key);
                 claims.issexp = Some(issuer.exp);
                 claims.exp = claims.exp.min(issuer.exp);

@@ -1,8 +1,8 @@
 //! What a provisioning-mode go-choria server checks before it lets a request reach an agent
-//! (protocol.md §3.3): the transport protocol, the SecureRequest and Request JSON schemas
-//! (the upstream files, via `jsonschema`), the collective, the strict ±ttl time window, the
-//! filter (§4.1) and that the agent is loaded. Every failure is a `Drop` whose text is the
-//! violation recorded in the report. Pure functions over values; no I/O but loading schemas.
+//! (go-choria server/processor.go, handleRawMessage): the transport protocol, the SecureRequest and
+//! Request JSON schemas (the upstream files, via `jsonschema`), the collective, the strict ±ttl
+//! time window, the filter and that the agent is loaded. Every failure is a `Drop` whose text is
+//! the violation recorded in the report. Pure functions over values; no I/O but loading schemas.
 
 use std::fmt;
 use std::path::Path;
@@ -10,10 +10,11 @@ use std::path::Path;
 use jsonschema::JSONSchema;
 use serde_json::Value;
 
-/// The agents a provisioning-mode server loads, sorted (protocol.md §6.3).
+/// The agents a provisioning-mode server loads, sorted, as `rpcutil#inventory` lists them.
 pub const LOADED_AGENTS: [&str; 4] = ["choria_provision", "choria_util", "discovery", "rpcutil"];
 
-/// The only collective of a provisioning-mode server (§8.2).
+/// The only collective of a provisioning-mode server (go-choria choria/framework.go,
+/// ConfigureProvisioning).
 pub const COLLECTIVE: &str = "provisioning";
 
 /// Why a request was dropped without a reply.
@@ -34,7 +35,8 @@ pub enum Drop {
     },
     Filter(String),
     UnknownAgent(String),
-    /// The discovery agent got a payload without `ping` (§4.2).
+    /// The discovery agent got a payload without `ping` (go-choria
+    /// providers/agent/mcorpc/golang/discovery/discovery.go).
     DiscoveryPayload(String),
 }
 
@@ -164,7 +166,7 @@ impl Schemas {
     }
 }
 
-/// The transport must be JSON with `protocol == "choria:transport:1"` (§3.3 step 1).
+/// The transport must be JSON with `protocol == "choria:transport:1"` (the server's first check).
 pub fn check_transport(bytes: &[u8]) -> Result<(), Drop> {
     let value: Value =
         serde_json::from_slice(bytes).map_err(|e| Drop::Transport(format!("not JSON: {e}")))?;
@@ -183,7 +185,7 @@ pub fn check_collective(collective: &str) -> Result<(), Drop> {
     }
 }
 
-/// Strict on both sides: `now - ttl < time < now + ttl` (§3.3 step 7).
+/// Strict on both sides: `now - ttl < time < now + ttl`, as a Go server checks.
 pub fn check_time(time: i64, ttl: i64, now: i64) -> Result<(), Drop> {
     if time > now - ttl && time < now + ttl {
         Ok(())
@@ -256,9 +258,9 @@ fn fact_matches(facts: &serde_json::Map<String, Value>, fact: &Value) -> Result<
     })
 }
 
-/// go-choria `Filter.MatchServerRequest` for one node: every non-empty category must pass
-/// (§4.1). Identity is OR; agent, class and fact are AND. Compound filters are not simulated,
-/// so a non-empty compound filter is a drop.
+/// go-choria `Filter.MatchServerRequest` (protocol/filter.go) for one node: every non-empty
+/// category must pass. Identity is OR; agent, class and fact are AND. Compound filters are not
+/// simulated, so a non-empty compound filter is a drop.
 pub fn check_filter(
     filter: &Value,
     identity: &str,

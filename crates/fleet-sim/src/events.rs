@@ -1,12 +1,12 @@
-//! Lifecycle events as a provisioning-mode go-choria server publishes them (protocol.md §7):
+//! Lifecycle events as a provisioning-mode go-choria server publishes them (server/lifecycle.go):
 //! CloudEvents 1.0 wrapping the Choria event, component `provision_mode_server`, subject
-//! `choria.lifecycle.event.<type>.<component>`. Written here independently of the
-//! provisioner's own encoder, so the provisioner's parser is tested against a second reading
-//! of the spec rather than against itself.
+//! `choria.lifecycle.event.<type>.<component>`. Written here independently of the provisioner's own
+//! encoder, so the provisioner's parser is tested against a second reading of go-choria's
+//! `lifecycle` package rather than against itself.
 
 use serde_json::{json, Map, Value};
 
-/// The component of a server in provisioning mode (§7.3).
+/// The component of a server in provisioning mode.
 pub const COMPONENT: &str = "provision_mode_server";
 
 /// One event: its kind, and the fields it carries beyond the common ones.

@@ -1,6 +1,7 @@
-//! Real key material for the simulated nodes (protocol.md §6.2, crypto.md §3): RSA-2048 keys
-//! and SHA256-RSA CSRs for `gencsr`, ed25519 identities for `gen25519`, X25519 pairs for `jwt`,
-//! and the check that a transported private key is a valid RSA key matching its certificate.
+//! Real key material for the simulated nodes (go-choria
+//! providers/agent/mcorpc/golang/provision/*_action.go, choria/ecdh.go): RSA-2048 keys and
+//! SHA256-RSA CSRs for `gencsr`, ed25519 identities for `gen25519`, X25519 pairs for `jwt`, and the
+//! check that a transported private key is a valid RSA key matching its certificate.
 //!
 //! RSA key generation is slow, so `KeyPool` pre-generates keys on named threads while nodes
 //! boot; `gencsr` takes one from the pool, or makes one itself when the pool is empty.
@@ -62,7 +63,8 @@ fn escape_rdn(value: &str) -> String {
     out
 }
 
-/// The subject fields `gencsr` uses; `ST` is accepted by Go but ignored (§6.2), so it is not here.
+/// The subject fields `gencsr` uses; `ST` is accepted by Go but ignored (csr_action.go), so it
+/// is not here.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CsrSubject {
     pub cn: String,
@@ -73,7 +75,7 @@ pub struct CsrSubject {
 }
 
 /// The reply fields of `gencsr`: the CSR PEM, and the public key as Go sends it: PKCS#1
-/// RSAPublicKey DER under a `PUBLIC KEY` label (a Go quirk, §6.2).
+/// RSAPublicKey DER under a `PUBLIC KEY` label (a Go quirk of csr_action.go).
 pub struct Csr {
     pub csr_pem: String,
     pub public_key_pem: String,
@@ -148,14 +150,15 @@ pub fn generate_ed25519() -> (ed25519_dalek::SigningKey, String) {
     (key, public_hex)
 }
 
-/// Signs the raw nonce string bytes (crypto.md §3.1), as lowercase hex.
+/// Signs the raw nonce string bytes, not hex-decoded (as ed25519_action.go), as lowercase hex.
 pub fn sign_nonce(key: &ed25519_dalek::SigningKey, nonce: &str) -> String {
     use ed25519_dalek::Signer;
     hex::encode(key.sign(nonce.as_bytes()).to_bytes())
 }
 
 /// A fresh X25519 pair for the `jwt` action: (32 secret bytes, lowercase hex public key).
-/// The secret is 32 random bytes; clamping happens inside the scalar multiplication (§3.2).
+/// The secret is 32 random bytes; clamping happens inside the scalar multiplication (as
+/// go-choria choria/ecdh.go, ECDHKeyPair).
 pub fn generate_x25519() -> ([u8; 32], String) {
     let secret = x25519_dalek::StaticSecret::random_from_rng(rand::rngs::OsRng);
     let public = x25519_dalek::PublicKey::from(&secret);

@@ -1,7 +1,7 @@
-//! One simulated Choria Server: its state machine, its "files" (seed, server JWT, written
-//! config, CSR key, which survive a restart) and its process memory (ECDH secret, lock,
-//! which do not), and the `choria_provision` / `rpcutil` action logic with go-choria's
-//! check order, error texts and status codes (protocol.md §6). Pure: time comes in as
+//! One simulated Choria Server: its state machine, its "files" (seed, server JWT, written config,
+//! CSR key, which survive a restart) and its process memory (ECDH secret, lock, which do not), and
+//! the `choria_provision` / `rpcutil` action logic with go-choria's check order, error texts and
+//! status codes (providers/agent/mcorpc/golang/provision/, rpcutil/). Pure: time comes in as
 //! arguments; what to publish or schedule goes out in an `Outcome`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -92,9 +92,9 @@ pub struct NodeRecord {
     pub provisioned_times: u32,
     /// `<senderid>.<callerid>` of every caller whose `configure` succeeded.
     pub configured_by: BTreeSet<String>,
-    /// Why this node counts as provisioned twice (issue 4), if it does.
+    /// Why this node counts as provisioned twice (see `note_configured`), if it does.
     pub duplicate: Option<String>,
-    /// What decided the state after the last restart (§8.2).
+    /// What decided the state after the last restart (see `decide_mode`).
     pub last_boot_decision: Option<String>,
 }
 
@@ -119,7 +119,8 @@ impl Env {
             .unwrap_or(false)
     }
 
-    /// `plugin.choria.server.provision.allow_update`, from the JWT `update` claim (§8.2).
+    /// `plugin.choria.server.provision.allow_update`, from the JWT `update` claim (go-choria
+    /// choria/framework.go, ConfigureProvisioning).
     pub fn allow_update(&self) -> bool {
         self.jwt_claims
             .get("update")
@@ -131,8 +132,8 @@ impl Env {
 /// The crypto a node needs from the `crypto` module, behind a seam so the action logic can
 /// be tested with plain values.
 pub trait NodeCrypto: Send + Sync {
-    /// X25519(our_secret, their public) then the legacy PEM decrypt (crypto.md §3.4);
-    /// returns the `RSA PRIVATE KEY` PEM.
+    /// X25519(our_secret, their public) then the legacy PEM decrypt (go-choria provision/util.go,
+    /// decryptPrivateKey); returns the `RSA PRIVATE KEY` PEM.
     fn decrypt_key(
         &self,
         encrypted_pem: &str,
@@ -212,7 +213,8 @@ fn config_bool(text: &str) -> Option<bool> {
     }
 }
 
-/// The claims of a JWT, without verifying it (as the server's own checks do, §8.2).
+/// The claims of a JWT, without verifying it (as the server's own checks do: go-choria
+/// providers/provtarget/builddefaults/default.go, SetBuildBasedOnJWT).
 pub fn claims_unverified(token: &str) -> Result<Map<String, Value>, String> {
     use base64::Engine;
     let token = token.trim();
@@ -265,7 +267,8 @@ fn ok(action: &str, data: Value) -> Outcome {
 }
 
 /// Decodes an action's `data` as Go's `json.Unmarshal` into its input struct would: unknown
-/// keys ignored, `null` values leave the zero value; a wrong type is code 4 (§6.1 step 5).
+/// keys ignored, `null` values leave the zero value; a wrong type is code 4 (go-choria
+/// providers/agent/mcorpc/mcorpc.go, ParseRequestData).
 fn parse_input<T: for<'de> Deserialize<'de>>(action: &str, data: &Value) -> Result<T, Refusal> {
     let cleaned = match data {
         Value::Null => json!({}),
@@ -311,7 +314,7 @@ struct GenCsrInput {
     o: String,
     #[serde(rename = "OU")]
     ou: String,
-    // Accepted and ignored, as Go does (§6.2).
+    // Accepted and ignored, as Go does (csr_action.go).
     #[serde(rename = "ST")]
     _st: String,
 }
@@ -400,7 +403,8 @@ impl Node {
         }
     }
 
-    /// The §8.2 decision on a restart: (provisioning?, why).
+    /// Whether a restarted server provisions again (go-choria cmd/server_run.go,
+    /// choria/framework.go ProvisionMode): (provisioning?, why).
     pub fn decide_mode(&self, env: &Env, now_unix: i64) -> Result<(bool, String), String> {
         let config = &self.written_config;
         if config.get("plugin.security.provider").map(String::as_str) == Some("choria") {
@@ -436,7 +440,7 @@ impl Node {
             }
         }
         // `Framework.ProvisionMode()`: a server token naming another identity provisions,
-        // whatever the provider (§8.2).
+        // whatever the provider.
         if let Some(claims) = self
             .server_jwt
             .as_deref()
@@ -462,7 +466,8 @@ impl Node {
         Ok((env.chpd(), format!("provisioning JWT chpd={}", env.chpd())))
     }
 
-    /// The lock of §6.1: held per `<senderid>.<callerid>`, extended by each call of the holder.
+    /// The provisioning lock (go-choria provision/provision.go, lockedAction): held per
+    /// `<senderid>.<callerid>` for 2 minutes, extended by each call of the holder.
     fn take_lock(&mut self, env: &Env, call: &ActionCall, now: Instant) -> bool {
         if self.fault == Some(Fault::ForeignLock) {
             return false;
@@ -491,7 +496,7 @@ impl Node {
             .map(|l| l.key.as_str())
     }
 
-    /// `rpcutil#inventory` (§6.3).
+    /// `rpcutil#inventory` (go-choria providers/agent/mcorpc/golang/rpcutil/rpcutil.go).
     pub fn inventory(&self, env: &Env) -> Value {
         json!({
             "agents": super::check::LOADED_AGENTS,
@@ -571,7 +576,7 @@ impl Node {
     fn action_gen25519(&mut self, env: &Env, call: &ActionCall) -> Result<Outcome, Refusal> {
         let input: Gen25519Input = parse_input("gen25519", call.data)?;
         self.check_token(env, &input.token)?;
-        // Any existing server.jwt is deleted first (crypto.md §3.1).
+        // Any existing server.jwt is deleted first (ed25519_action.go): its key would not match.
         self.server_jwt = None;
         let (key, public_hex) = keys::generate_ed25519();
         let signed = if self.fault == Some(Fault::BadSignature) {
@@ -644,7 +649,7 @@ impl Node {
         // TLS files only when certificate, ssldir and ca are all given; else key is ignored.
         let tls_complete =
             !input.certificate.is_empty() && !input.ssldir.is_empty() && !input.ca.is_empty();
-        // Without all three the key is silently ignored (§6.2 configure step 1).
+        // Without all three the key is silently ignored (configure_action.go, writeTLS).
         if tls_complete && !input.key.is_empty() {
             let Some(secret) = self.ecdh_secret else {
                 return Err(refuse(1,
@@ -745,7 +750,7 @@ impl Node {
         }
     }
 
-    /// Duplicate accounting (issue 4): configured again after entering service, or by a
+    /// Duplicate accounting: configured again after entering service, or by a
     /// second caller. A retry within one boot by the same caller does not count.
     fn note_configured(&mut self, call: &ActionCall) {
         let caller = format!("{}.{}", call.sender_id, call.caller_id);
@@ -791,7 +796,7 @@ impl Node {
             a,
             json!({"message": format!("Restarting Choria Server after {delay}s")}),
         );
-        // A second restart is ignored while one is pending (§6.2).
+        // A second restart is ignored while one is pending (restart_action.go).
         if !self.restart_pending {
             self.restart_pending = true;
             outcome.events.push(Event::Shutdown);

@@ -16,7 +16,8 @@ pub struct Options {
     pub domain: String,
     pub nodes_per_connection: usize,
     pub boot_spread: Duration,
-    /// The provisioning token (`cht`); empty disables the token check (protocol.md §6.1).
+    /// The provisioning token (`cht`); empty disables the token check (go-choria
+    /// provision/util.go, checkToken).
     pub token: String,
     /// RSA PEM key (RS256) or 64-hex ed25519 seed (EdDSA) to mint the provisioning JWT with.
     pub jwt_key: Option<PathBuf>,

@@ -34,7 +34,7 @@ pub struct Totals {
     pub faults: BTreeMap<String, usize>,
     pub violations: usize,
     pub nodes_with_violations: usize,
-    /// Nodes provisioned twice (issue 4 definition).
+    /// Nodes provisioned twice: configured again after entering service, or by a second caller.
     pub duplicates: usize,
     pub actions: usize,
     pub configures_ok: usize,

@@ -271,7 +271,8 @@ fn bad_hash_reply(
         .into_bytes()
 }
 
-/// Checks done once per message, the same for every node that receives it (§3.3 1–4, 6, 7).
+/// Checks done once per message, the same for every node that receives it: transport, schemas,
+/// collective and time window.
 fn check_message(schemas: &Schemas, data: &[u8], now: i64) -> Result<Arc<IncomingRequest>, Drop> {
     check::check_transport(data)?;
     let request = server::decode_request(data).map_err(|e| Drop::Decode(e.to_string()))?;
@@ -282,7 +283,7 @@ fn check_message(schemas: &Schemas, data: &[u8], now: i64) -> Result<Arc<Incomin
     Ok(Arc::new(request))
 }
 
-/// The MCollective RPC request body (§2.6): (action, data).
+/// The MCollective RPC request body `{"agent","action","data"}`: (action, data).
 fn parse_rpc_body(payload: &[u8]) -> Result<(String, Value), String> {
     let body: Value = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
     let Value::Object(map) = body else {
@@ -381,7 +382,8 @@ fn handle_for_node(
     let fault = node.fault;
     let dead = fault == Some(Fault::Dead);
     if request.agent == "discovery" {
-        // §4.2: the decoded payload must contain "ping"; raw `ping` decodes to junk.
+        // The decoded payload must contain "ping" (go-choria discovery.go); raw `ping` is
+        // itself valid base64 and decodes to junk.
         if !request.payload.windows(4).any(|w| w == b"ping") {
             let drop = Drop::DiscoveryPayload(describe_payload(&request.payload));
             node.record_violation(now, subject, drop.to_string());
@@ -486,7 +488,7 @@ fn run_job(shared: &Shared, job: Job) {
     let fault = node.fault;
     drop(node);
     // go-choria publishes `provisioned`/`upgraded` inside the action, and a restart's
-    // `shutdown` asynchronously after replying (§6.2).
+    // `shutdown` asynchronously after replying (restart_action.go).
     let (after, before): (Vec<Event>, Vec<Event>) = outcome
         .events
         .into_iter()

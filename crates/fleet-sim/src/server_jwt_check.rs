@@ -14,12 +14,12 @@ use choria_crypto::server_jwt::{
 
 /// Checks a server JWT as a Choria broker or server would (tokens `ParseServerToken`).
 ///
-/// A chain token (`iss` starting `C-`) is checked against the org issuer key
-/// `org_issuer_or_signer` (§2.5 verifier steps 1–7: required claims, KSUID time = `iat`,
-/// `issexp`, the org signature over `<T.jti>.<T.public_key>`, the chain issuer's signature
-/// over `<jti>.<tcs0>`, the JWT signature by the chain issuer, `exp`/`nbf`, issuer expiry). Any
-/// other token must be signed by `org_issuer_or_signer` directly. The purpose must be
-/// `choria_server`. Returns the claims.
+/// A chain token (`iss` starting `C-`) is checked against the org issuer key `org_issuer_or_signer`
+/// (as tokens server.go ParseServerToken and standard.go IsSignedByIssuer check it: required
+/// claims, KSUID time = `iat`, `issexp`, the org signature over `<T.jti>.<T.public_key>`, the chain
+/// issuer's signature over `<jti>.<tcs0>`, the JWT signature by the chain issuer, `exp`/`nbf`,
+/// issuer expiry). Any other token must be signed by `org_issuer_or_signer` directly. The purpose
+/// must be `choria_server`. Returns the claims.
 pub fn verify_server_jwt(
     token: &str,
     org_issuer_or_signer: &VerifyKey,

@@ -1,6 +1,7 @@
 //! Every request the provisioner sends, validated layer by layer against the upstream go-choria
-//! protocol v1 JSON schemas (spec/protocol.md §2.5, §10), in insecure and in signed mode; plus
-//! negative cases proving the validation can fail on what a server would refuse.
+//! protocol v1 JSON schemas (internal/fs/schemas/choria/protocol/v1/, vendored in
+//! crates/fleet-sim/schemas/), in insecure and in signed mode; plus negative cases proving the
+//! validation can fail on what a server would refuse.
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -58,7 +59,7 @@ fn read_vector(path: &str) -> String {
     std::fs::read_to_string(vector_path(path)).unwrap()
 }
 
-/// Every (agent, action, data) the provisioner sends, with realistic values (§6.2, §6.3).
+/// Every (agent, action, data) the provisioner sends, with realistic values.
 fn rpc_requests() -> Vec<(&'static str, &'static str, Value)> {
     let token = "s3cret";
     let cert = read_vector("go-choria/providers/security/testdata/good/certs/rip.mcollective.pem");
@@ -148,7 +149,7 @@ fn every_request_we_send_validates_against_the_upstream_schemas() {
     let discovery_filter = Filter::agent("choria_provision");
     let mut checked = 0;
     for (mode, signer) in signers() {
-        // Discovery ping (§4.3).
+        // Discovery ping.
         let id = new_request_id();
         let spec = RequestSpec {
             agent: "discovery",
@@ -169,7 +170,7 @@ fn every_request_we_send_validates_against_the_upstream_schemas() {
         assert_eq!(request["message"], DISCOVERY_PING);
         checked += 1;
 
-        // Every directed RPC (§5.1): filter agent = target agent.
+        // Every directed RPC: filter agent = target agent, as Go's directed requests.
         for (agent, action, data) in rpc_requests() {
             let name = format!("{mode} {agent}#{action}");
             let filter = Filter::agent(agent);

@@ -48,9 +48,10 @@ pub fn temp_dir(prefix: &str) -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// The Choria Broker's provisioning-account wiring for the election, simulated on a plain
-/// `nats-server` as spec/election.md §5.3 shows: JetStream in account CHORIA, the bucket's
-/// stream info and key imported into PROVISIONING (user `provisioner`, password `s3cret`).
+/// The Choria Broker's provisioning-account wiring for the election (go-choria
+/// broker/network/network_accounts.go), simulated on a plain `nats-server`: JetStream in account
+/// CHORIA, the bucket's stream info and key imported into PROVISIONING (user `provisioner`,
+/// password `s3cret`).
 pub const PROVISIONING_ACCOUNTS_CONF: &str = r#"
 accounts {
   CHORIA: {

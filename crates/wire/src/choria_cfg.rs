@@ -1,6 +1,5 @@
-//! The Choria client configuration (`choria.cfg`, `key = value` lines) and what the daemon
-//! connects and signs with once Go's forced settings are applied (spec/protocol.md §3.4,
-//! issue 3 "Client configuration").
+//! The Choria client configuration (`choria.cfg`, `key = value` lines) and what the daemon connects
+//! and signs with once Go's forced settings are applied (provisioner cmd/provisioner.go, run).
 //!
 //! Only the keys the provisioner needs are read; other keys are kept out of the way, as Go's
 //! parser keeps unknown keys without complaint. Every error names the file, and where there is
@@ -15,7 +14,7 @@ use crate::signing::SecurityError;
 
 pub const KEY_MIDDLEWARE_HOSTS: &str = "plugin.choria.middleware_hosts";
 pub const KEY_IDENTITY: &str = "identity";
-/// go-choria's `DiscoveryTimeout` is the top-level `discovery_timeout` (§4.3).
+/// go-choria's `DiscoveryTimeout` is the top-level `discovery_timeout` (config/config.go).
 pub const KEY_DISCOVERY_TIMEOUT: &str = "discovery_timeout";
 pub const KEY_TTL: &str = "ttl";
 pub const KEY_PROVIDER: &str = "plugin.security.provider";
@@ -26,9 +25,11 @@ pub const KEY_CA: &str = "plugin.security.file.ca";
 /// go-choria defaults.
 pub const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_TTL: u64 = 60;
-/// The request schema's minimum `ttl` (§2.5): anything lower is refused by every server.
+/// The request schema's minimum `ttl` (go-choria protocol/v1 `request.json`, which servers
+/// enforce): anything lower is refused by every server.
 pub const MIN_TTL: u64 = 30;
-/// The NATS user the Go provisioner connects as with `broker_provisioning_password` (§3.4).
+/// The NATS user the Go provisioner connects as with `broker_provisioning_password`
+/// (provisioner cmd/provisioner.go).
 pub const PROVISIONER_USER: &str = "provisioner";
 
 /// What the provisioner read from `choria.cfg`.
@@ -318,7 +319,8 @@ impl ClientConfig {
         })
     }
 
-    /// `choria=<identity>`, the caller id of the `file` provider (§2.3).
+    /// `choria=<identity>`, the caller id of the `file` provider (go-choria
+    /// providers/security/filesec/file_security.go, CallerName).
     pub fn caller_id(&self) -> String {
         format!("choria={}", self.identity)
     }

@@ -6,7 +6,7 @@
 //! [`go_escape`] adds after serialisation.
 
 /// Go's `json.Marshal` HTML-safe escaping, applied to already serialised compact JSON.
-/// Safe on whole documents: in JSON these characters can only occur inside strings (§2).
+/// Safe on whole documents: in JSON these characters can only occur inside strings.
 pub fn go_escape(json: String) -> String {
     let needs = json
         .chars()

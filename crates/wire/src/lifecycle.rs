@@ -1,7 +1,7 @@
-//! Choria lifecycle events (spec/protocol.md §7): parsing both wire formats a server may send
+//! Choria lifecycle events (go-choria lifecycle/): parsing both wire formats a server may send
 //! (the Choria format and CloudEvents 1.0 wrapping it), and encoding our own.
 //!
-//! Pure: the listener thread and the publisher live in `choria::listener`; this module only
+//! Pure: the listener thread and the publisher live in `choria_broker::listener`; this module only
 //! turns bytes into a [`LifecycleEvent`] and back, the way go-choria's `lifecycle` package does.
 
 use std::fmt;
@@ -15,7 +15,7 @@ const PROTOCOL_PREFIX: &str = "io.choria.lifecycle.v1.";
 /// CloudEvents `source` for Choria lifecycle events.
 const CLOUDEVENT_SOURCE: &str = "io.choria.lifecycle";
 
-/// The event types go-choria knows (§1.3).
+/// The event types go-choria knows (lifecycle/lifecycle.go).
 pub const KINDS: [&str; 6] = [
     "startup",
     "shutdown",
@@ -25,7 +25,8 @@ pub const KINDS: [&str; 6] = [
     "upgraded",
 ];
 
-/// Types whose Choria-format body carries `version` (§7.1).
+/// Types whose Choria-format body carries `version` (lifecycle/startup.go, alive.go,
+/// upgraded.go).
 const KINDS_WITH_VERSION: [&str; 3] = ["startup", "alive", "upgraded"];
 
 /// One lifecycle event, whichever format it came in.
@@ -86,13 +87,13 @@ impl fmt::Display for EventError {
 
 impl std::error::Error for EventError {}
 
-/// `choria.lifecycle.event.<kind>.<component>` (§7.1).
+/// `choria.lifecycle.event.<kind>.<component>` (go-choria lifecycle/basic.go, Target).
 pub fn event_subject(kind: &str, component: &str) -> String {
     format!("choria.lifecycle.event.{kind}.{component}")
 }
 
 /// The event type named by a Choria-format protocol string, current or legacy
-/// (`io.choria.lifecycle.v1.<type>` or `choria:lifecycle:<type>:1`, §7.1).
+/// (`io.choria.lifecycle.v1.<type>` or `choria:lifecycle:<type>:1`).
 fn kind_of_protocol(protocol: &str) -> Option<&str> {
     let kind = if let Some(kind) = protocol.strip_prefix(PROTOCOL_PREFIX) {
         kind
@@ -161,7 +162,7 @@ fn parse_choria(map: &Map<String, Value>) -> Result<LifecycleEvent, EventError> 
     })
 }
 
-/// Parse an event in either format, detected as go-choria's `EventFormatFromJSON` does (§7.2).
+/// Parse an event in either format, detected as go-choria's `EventFormatFromJSON` does.
 pub fn parse_event(bytes: &[u8]) -> Result<LifecycleEvent, EventError> {
     let map = match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(map)) => map,
@@ -203,7 +204,7 @@ pub fn new_event_id() -> String {
 }
 
 /// The Choria-format body, as Go writes it: protocol, id, identity, component, timestamp,
-/// then `version` for the types that carry one (§7.1).
+/// then `version` for the types that carry one.
 fn choria_body(
     kind: &str,
     identity: &str,
@@ -227,7 +228,8 @@ fn choria_body(
     go_escape(out)
 }
 
-/// Our own event in the Choria format (what the Go provisioner publishes, §7.4), fresh id.
+/// Our own event in the Choria format (what the Go provisioner publishes: hosts/hosts.go,
+/// publishStartupEvent), fresh id.
 pub fn encode_choria_event(
     kind: &str,
     identity: &str,
@@ -257,7 +259,7 @@ pub fn encode_choria_event_with_id(
     choria_body(kind, identity, component, version, timestamp, id).into_bytes()
 }
 
-/// An event as a CloudEvent 1.0 (what provisioning-mode servers publish, §7.3), fresh id.
+/// An event as a CloudEvent 1.0 (what provisioning-mode servers publish), fresh id.
 pub fn encode_cloudevent(
     kind: &str,
     identity: &str,
@@ -323,12 +325,13 @@ mod tests {
     use super::*;
     use choria_testkit::vector_path;
 
-    // §7.2, exact bytes from go-choria's lifecycle tests.
+    // Exact bytes from go-choria's lifecycle/lifecycle_test.go and
+    // lifecycle/testdata/choriaFormatShutdown.json.
     const CLOUD_STARTUP: &str = r#"{"specversion":"1.0","id":"01e72410-d734-4611-9485-8c6a2dd2579b","source":"io.choria.lifecycle","type":"io.choria.lifecycle.v1.startup","subject":"ginkgo.example.net","datacontenttype":"application/json","time":"2018-08-24T10:36:13Z","data":{"protocol":"io.choria.lifecycle.v1.startup","id":"01e72410-d734-4611-9485-8c6a2dd2579b","identity":"ginkgo.example.net","component":"ginkgo","timestamp":1535106973,"version":"1.2.3"}}"#;
     const CHORIA_SHUTDOWN: &str = r#"{"protocol":"io.choria.lifecycle.v1.shutdown","id":"cb6f1dbc-d65b-49b9-907e-e4a51bee75f8","identity":"dev1.devco.net","component":"server","timestamp":1575482338}"#;
-    // §7.3.
+    // A provisioning-mode server's startup event.
     const SERVER_STARTUP: &str = r#"{"specversion":"1.0","id":"5c0d6a1e-4b1b-4a53-9a8e-1f7d1e2c3b4a","source":"io.choria.lifecycle","type":"io.choria.lifecycle.v1.startup","subject":"node1.example.net","datacontenttype":"application/json","time":"2023-11-14T22:13:20Z","data":{"protocol":"io.choria.lifecycle.v1.startup","id":"5c0d6a1e-4b1b-4a53-9a8e-1f7d1e2c3b4a","identity":"node1.example.net","component":"provision_mode_server","timestamp":1700000000,"version":"0.30.2"}}"#;
-    // §7.4, with the <uuid> placeholder filled.
+    // The Go provisioner's own startup event.
     const PROVISIONER_STARTUP: &str = r#"{"protocol":"io.choria.lifecycle.v1.startup","id":"9a0c6b1e-4b1b-4a53-9a8e-1f7d1e2c3b4a","identity":"provisioner.example.net","component":"provisioner","timestamp":1700000000,"version":"0.16.0"}"#;
 
     fn event(
@@ -370,7 +373,7 @@ mod tests {
         );
         let cases: Vec<(&str, &[u8], LifecycleEvent)> = vec![
             (
-                "§7.2 cloud startup",
+                "lifecycle_test.go cloud startup",
                 CLOUD_STARTUP.as_bytes(),
                 event(
                     "startup",
@@ -382,12 +385,12 @@ mod tests {
                 ),
             ),
             (
-                "§7.2 choria shutdown",
+                "choria-format shutdown",
                 CHORIA_SHUTDOWN.as_bytes(),
                 dev1.clone(),
             ),
             (
-                "§7.3 server startup",
+                "provisioning-mode server startup",
                 SERVER_STARTUP.as_bytes(),
                 event(
                     "startup",
@@ -399,7 +402,7 @@ mod tests {
                 ),
             ),
             (
-                "§7.4 provisioner startup",
+                "provisioner startup",
                 PROVISIONER_STARTUP.as_bytes(),
                 event(
                     "startup",
@@ -523,7 +526,7 @@ mod tests {
             "9a0c6b1e-4b1b-4a53-9a8e-1f7d1e2c3b4a",
         );
         assert_eq!(String::from_utf8(ours).unwrap(), PROVISIONER_STARTUP);
-        // shutdown carries no version, even if one is passed (§7.1).
+        // shutdown carries no version, even if one is passed (lifecycle/shutdown.go).
         let shutdown = encode_choria_event_with_id(
             "shutdown",
             "dev1.devco.net",

@@ -1,6 +1,7 @@
-//! Request signing for protocol v1 (spec/protocol.md §3.1, crypto.md §5): the x509 `file`
-//! security provider signs the exact Request JSON bytes with RSA PKCS#1 v1.5 over SHA-256 and
-//! sends the certificate PEM verbatim; insecure mode sends `"insecure"` for both.
+//! Request signing for protocol v1 (go-choria protocol/v1/security_request.go,
+//! providers/security/filesec/file_security.go SignBytes): the x509 `file` security provider signs
+//! the exact Request JSON bytes with RSA PKCS#1 v1.5 over SHA-256 and sends the certificate PEM
+//! verbatim; insecure mode sends `"insecure"` for both.
 //!
 //! Keys are loaded and checked once, at start, so signing a request cannot fail later.
 
@@ -15,7 +16,8 @@ use rsa::traits::PublicKeyParts;
 use rsa::{BigUint, Pkcs1v15Sign, RsaPrivateKey};
 use sha2::{Digest, Sha256};
 
-/// What goes into `signature` and `pubcert` when requests are not signed (§3.2).
+/// What goes into `signature` and `pubcert` when requests are not signed (`protocol.Secure`
+/// is "false").
 pub const INSECURE: &str = "insecure";
 
 /// How requests are signed.
@@ -218,7 +220,9 @@ mod tests {
         vector_path(&format!("{GOOD}/{path}"))
     }
 
-    // §2.7 C.
+    // A `choria_provision#jwt` request signed with go-choria's test key
+    // providers/security/testdata/good/private_keys/rip.mcollective.pem (PKCS#1 v1.5 is
+    // deterministic, so the signature is a known answer).
     const C_REQUEST: &str = r#"{"protocol":"choria:request:1","message":"{\"agent\":\"choria_provision\",\"action\":\"jwt\",\"data\":{\"token\":\"s3cret\"}}","envelope":{"requestid":"0f1e2d3c4b5a69788796a5b4c3d2e1f0","senderid":"rip.mcollective","callerid":"choria=rip.mcollective","collective":"provisioning","agent":"choria_provision","ttl":60,"time":1700000000,"filter":{"fact":[],"cf_class":[],"agent":["choria_provision"],"identity":[],"compound":[]}}}"#;
     const C_SHA256: &str = "oFs4UYXAif/cfvoB8WGakz9Z4SJ8mrpgtWQbgtBuf/4=";
     const C_SIGNATURE: &str = "kJ1E0MXcs9r2m3VW7TyrHonRPKgC5kRHXFJ6hJIldTGeqx5sbcQmgkZXgteIcH9w3OHSVoPkRV4rfO2KowdW9NuLvl/NruNNhwsTkVoFHWLzfrJ2irr3Breahl/+mQnKZH5xYlwpyAkHq4HqVRWcaFHSzUIkY9OjQg6NnulC8rfvYGQ9N/V/Dmctz4SgTP1wY/h68RCJtw9/fcGowyqG89aUvmQufCORJUXk7ZT1SasUA6/l3yVqsdOKP3BrRdMg2BJTuXnJ7nOB3XauBVtoWBufNKhIbXrYWvkN8oaWQJ7KZ9S8qW9l1NU6vgouAB4KoE1EVtbi6SBRAP/XzC5P0CNhjJGVWXPPOArScJ3iuHE/q62NCxRrUKK/o5+ZoGguofarqkgLdqLaGxPCb+Er01zStg8Rsa4xoUOjgj2hB5H3/dL6aky+GVfJKn8MrLWfprUSbxmip+nZqk/7K44N7XmMNZG9QyK+yFK/LVT5uvjjKC/h4UHEFUFnM/lDGdYk7IWSgtnMA9dqljWhE4Q7YAQlGn712ZK8vWWWNFbv5ae6o0H3ChbmZCaRCXh313bVAwgFU9yGCVoxoBsRcu7sBCzzdUMnLfKgYYNv2JU0fqvmIgGcY6z/SE4wO+EaVzsloQ4/WRgId+KYJSZQDPPYGzY0t1wGXnG8kfr+I1mRzEg=";
@@ -276,9 +280,10 @@ mod tests {
         }
     }
 
-    /// go-choria's own known answer over `too many secrets` (§2.7 C, last bullet). The spec
-    /// gives the SHA-256 in full and the signature's first characters; the signature is also
-    /// checked to verify under the certificate's public key.
+    /// go-choria's own known answer over `too many secrets`, from its
+    /// providers/security/filesec/file_security_test.go: the SHA-256 in full and the signature's
+    /// first characters; the signature is also checked to verify under the certificate's public
+    /// key.
     #[test]
     fn too_many_secrets_known_answer() {
         let bytes = b"too many secrets";

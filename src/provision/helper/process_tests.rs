@@ -1,5 +1,5 @@
 //! `provision::helper::run_helper` against real helper processes: small scripts written to a
-//! temp dir, each showing one behaviour of the helper contract (spec/landscape.md §2.3).
+//! temp dir, each showing one behaviour of the helper contract (provisioner host/helper.go).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

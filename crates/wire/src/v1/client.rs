@@ -77,7 +77,8 @@ pub fn request_json(spec: &RequestSpec) -> Result<String, ProtocolError> {
     )
 }
 
-/// The SecureRequest JSON wrapping `request_json`, signed by `signer` (§2.2, §3.1).
+/// The SecureRequest JSON wrapping `request_json`, signed by `signer` (go-choria
+/// protocol/v1/security_request.go).
 pub fn secure_request_json(request_json: &str, signer: &Signer) -> Result<String, ProtocolError> {
     let (signature, pubcert) = signer.sign(request_json.as_bytes());
     go_json(
@@ -102,8 +103,9 @@ pub fn encode_request(
 }
 
 /// Transport bytes of a request as Go's connector publishes it: one `seen-by` hop
-/// `[connected_server, sender_id, connected_server]` (§2.1). `connected_server` is the URL of
-/// the broker the connection is on, e.g. `nats://broker.example.net:4222`.
+/// `[connected_server, sender_id, connected_server]` (protocol/v1/transport.go, RecordNetworkHop).
+/// `connected_server` is the URL of the broker the connection is on, e.g.
+/// `nats://broker.example.net:4222`.
 pub fn encode_request_via(
     spec: &RequestSpec,
     reply_to: &str,
@@ -129,8 +131,8 @@ fn encode_request_hops(
     transport_json(&secure, reply_to, spec.sender_id, seen_by.to_vec())
 }
 
-/// The MCollective RPC request body `{"agent","action","data"}` (§2.6), `data` keys sorted
-/// as Go's map, Go-escaped. A `null` data is sent as `{}` as the Go client does.
+/// The MCollective RPC request body `{"agent","action","data"}`, `data` keys sorted as Go's map,
+/// Go-escaped. A `null` data is sent as `{}` as the Go client does.
 pub fn rpc_request_body(agent: &str, action: &str, data: &Value) -> String {
     let data_json = match data {
         Value::Null => "{}".to_string(),
@@ -153,7 +155,7 @@ pub struct Reply {
     pub message: String,
 }
 
-/// A parsed RPC reply body (§2.6).
+/// A parsed RPC reply body (go-choria providers/agent/mcorpc/mcorpc.go, Reply).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RpcReply {
     pub action: String,
@@ -162,7 +164,8 @@ pub struct RpcReply {
     pub data: Value,
 }
 
-/// `headers.mc_sender` of a transport: all broadcast discovery reads of a reply (§4.3).
+/// `headers.mc_sender` of a transport: all broadcast discovery reads of a reply (go-choria
+/// providers/discovery/broadcast/broadcast.go).
 pub fn transport_sender(transport: &[u8]) -> Result<String, ProtocolError> {
     let layer = Layer::Transport;
     let map = parse_object(transport, layer)?;
@@ -180,7 +183,8 @@ pub fn transport_sender(transport: &[u8]) -> Result<String, ProtocolError> {
 }
 
 /// Decode a reply transport, checking every protocol string, the base64 `data`, the JSON of
-/// each layer and the secure reply's `hash` (§2.4, §5.2).
+/// each layer and the secure reply's `hash` (base64 SHA-256 of `message`, which Go's RPC client
+/// checks too).
 pub fn decode_reply(transport: &[u8]) -> Result<Reply, ProtocolError> {
     let outer = decode_transport(transport)?;
 
@@ -211,7 +215,7 @@ pub fn decode_reply(transport: &[u8]) -> Result<Reply, ProtocolError> {
     })
 }
 
-/// Parse an RPC reply body (§2.6). `action` and `statusmsg` may be absent (read as "");
+/// Parse an RPC reply body. `action` and `statusmsg` may be absent (read as "");
 /// `statuscode` must be an integer 0–255; an absent `data` reads as `null`.
 pub fn parse_rpc_reply(message: &str) -> Result<RpcReply, ProtocolError> {
     let layer = Layer::RpcReply;

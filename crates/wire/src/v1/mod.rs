@@ -1,13 +1,13 @@
-//! Choria protocol v1 message layers (spec/protocol.md §2): transport → secure request →
+//! Choria protocol v1 message layers (go-choria protocol/v1/): transport → secure request →
 //! request on the way out, transport → secure reply → reply on the way back, plus the
 //! MCollective RPC payloads inside them.
 //!
 //! Two ideas are needed to read this module:
-//! - Every layer is written exactly as Go's `encoding/json` writes it, because the bytes are
-//!   signed and hashed and because a Choria Server must not be able to tell us from the Go
-//!   client: keys in struct-field order, compact, standard padded base64 for `[]byte`, and
-//!   `<`, `>`, `&`, U+2028, U+2029 escaped (§2). Serde structs below keep Go's field order;
-//!   [`go_escape`] adds Go's escaping after serialisation.
+//! - Every layer is written exactly as Go's `encoding/json` writes it, because the bytes are signed
+//!   and hashed and because a Choria Server must not be able to tell us from the Go client: keys in
+//!   struct-field order, compact, standard padded base64 for `[]byte`, and `<`, `>`, `&`, U+2028,
+//!   U+2029 escaped. Serde structs below keep Go's field order; [`go_escape`] adds Go's escaping
+//!   after serialisation.
 //! - Decoding never panics and never trusts the input: every failure is a [`ProtocolError`]
 //!   naming the layer and the field that was wrong.
 //!
@@ -29,7 +29,8 @@ use crate::json::go_escape;
 pub mod client;
 pub mod server;
 
-/// The only collective a provisioning-mode server is in (§0).
+/// The only collective a provisioning-mode server is in (go-choria choria/framework.go,
+/// ConfigureProvisioning).
 pub const COLLECTIVE: &str = "provisioning";
 
 pub const TRANSPORT_V1: &str = "choria:transport:1";
@@ -38,7 +39,8 @@ pub const REQUEST_V1: &str = "choria:request:1";
 pub const SECURE_REPLY_V1: &str = "choria:secure:reply:1";
 pub const REPLY_V1: &str = "choria:reply:1";
 
-/// The discovery agent's request payload: base64("ping"), never the raw string (§2.3).
+/// The discovery agent's request payload: base64("ping"), never the raw string, which is valid
+/// base64 itself and decodes to junk on the server.
 pub const DISCOVERY_PING: &str = "cGluZw==";
 
 /// Go's `base64.StdEncoding` on decode: padding required, non-zero trailing bits tolerated
@@ -182,7 +184,8 @@ pub(crate) fn go_value_json(value: &Value) -> String {
     go_escape(serde_json::to_string(&sorted_value(value)).unwrap_or_default())
 }
 
-/// The request filter (§4.1). Field order is Go's: fact, cf_class, agent, identity, compound.
+/// The request filter (go-choria protocol/filter.go). Field order is Go's: fact, cf_class,
+/// agent, identity, compound.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Filter {
     #[serde(default)]
@@ -224,7 +227,8 @@ pub(crate) struct TransportHeadersOut<'a> {
     pub(crate) seen_by: Vec<[&'a str; 3]>,
 }
 
-/// A fresh request id: a UUID v4 without dashes, 32 lowercase hex characters (§2.3).
+/// A fresh request id: a UUID v4 without dashes, 32 lowercase hex characters (go-choria
+/// choria/util.go, NewRequestID).
 pub fn new_request_id() -> String {
     let mut bytes: [u8; 16] = rand::random();
     bytes[6] = (bytes[6] & 0x0f) | 0x40; // version 4
@@ -232,7 +236,8 @@ pub fn new_request_id() -> String {
     hex::encode(bytes)
 }
 
-/// `<collective>.reply.<md5hex(callerid)>.<requestid>`, the subject Go clients use (§1.1).
+/// `<collective>.reply.<md5hex(callerid)>.<requestid>`, the subject Go clients use (go-choria
+/// choria/connection.go, ReplyTarget).
 pub fn reply_subject(collective: &str, caller_id: &str, request_id: &str) -> String {
     let digest = Md5::digest(caller_id.as_bytes());
     format!("{collective}.reply.{}.{request_id}", hex::encode(digest))
@@ -434,7 +439,8 @@ mod tests {
     const IDENTITY: &str = "provisioner.example.net";
     const BROKER: &str = "nats://broker.example.net:4222";
 
-    // §2.7 A, byte for byte.
+    // Broadcast discovery in insecure mode and its reply, byte for byte as Go's encoder writes
+    // them.
     const A_REQUEST: &str = r#"{"protocol":"choria:request:1","message":"cGluZw==","envelope":{"requestid":"a2f0ca717c694f2086cfa81b6c494648","senderid":"provisioner.example.net","callerid":"choria=provisioner.example.net","collective":"provisioning","agent":"discovery","ttl":60,"time":1700000000,"filter":{"fact":[],"cf_class":[],"agent":["choria_provision"],"identity":[],"compound":[]}}}"#;
     const A_SECURE: &str = r#"{"protocol":"choria:secure:request:1","message":"{\"protocol\":\"choria:request:1\",\"message\":\"cGluZw==\",\"envelope\":{\"requestid\":\"a2f0ca717c694f2086cfa81b6c494648\",\"senderid\":\"provisioner.example.net\",\"callerid\":\"choria=provisioner.example.net\",\"collective\":\"provisioning\",\"agent\":\"discovery\",\"ttl\":60,\"time\":1700000000,\"filter\":{\"fact\":[],\"cf_class\":[],\"agent\":[\"choria_provision\"],\"identity\":[],\"compound\":[]}}}","signature":"insecure","pubcert":"insecure"}"#;
     const A_TRANSPORT: &str = r#"{"protocol":"choria:transport:1","data":"eyJwcm90b2NvbCI6ImNob3JpYTpzZWN1cmU6cmVxdWVzdDoxIiwibWVzc2FnZSI6IntcInByb3RvY29sXCI6XCJjaG9yaWE6cmVxdWVzdDoxXCIsXCJtZXNzYWdlXCI6XCJjR2x1Wnc9PVwiLFwiZW52ZWxvcGVcIjp7XCJyZXF1ZXN0aWRcIjpcImEyZjBjYTcxN2M2OTRmMjA4NmNmYTgxYjZjNDk0NjQ4XCIsXCJzZW5kZXJpZFwiOlwicHJvdmlzaW9uZXIuZXhhbXBsZS5uZXRcIixcImNhbGxlcmlkXCI6XCJjaG9yaWE9cHJvdmlzaW9uZXIuZXhhbXBsZS5uZXRcIixcImNvbGxlY3RpdmVcIjpcInByb3Zpc2lvbmluZ1wiLFwiYWdlbnRcIjpcImRpc2NvdmVyeVwiLFwidHRsXCI6NjAsXCJ0aW1lXCI6MTcwMDAwMDAwMCxcImZpbHRlclwiOntcImZhY3RcIjpbXSxcImNmX2NsYXNzXCI6W10sXCJhZ2VudFwiOltcImNob3JpYV9wcm92aXNpb25cIl0sXCJpZGVudGl0eVwiOltdLFwiY29tcG91bmRcIjpbXX19fSIsInNpZ25hdHVyZSI6Imluc2VjdXJlIiwicHViY2VydCI6Imluc2VjdXJlIn0=","headers":{"reply-to":"provisioning.reply.6079c8d10a2ceceb5904de01a22e9b41.a2f0ca717c694f2086cfa81b6c494648","mc_sender":"provisioner.example.net","seen-by":[["nats://broker.example.net:4222","provisioner.example.net","nats://broker.example.net:4222"]]}}"#;
@@ -442,10 +448,10 @@ mod tests {
     const A_SECURE_REPLY: &str = r#"{"protocol":"choria:secure:reply:1","message":"{\"protocol\":\"choria:reply:1\",\"message\":\"pong\",\"envelope\":{\"requestid\":\"a2f0ca717c694f2086cfa81b6c494648\",\"senderid\":\"node1.example.net\",\"agent\":\"discovery\",\"time\":1700000001}}","hash":"puj3uCmCyI6iHI45luvNNsggmHLAqceEjymm9//Wd+o="}"#;
     const A_REPLY_TRANSPORT: &str = r#"{"protocol":"choria:transport:1","data":"eyJwcm90b2NvbCI6ImNob3JpYTpzZWN1cmU6cmVwbHk6MSIsIm1lc3NhZ2UiOiJ7XCJwcm90b2NvbFwiOlwiY2hvcmlhOnJlcGx5OjFcIixcIm1lc3NhZ2VcIjpcInBvbmdcIixcImVudmVsb3BlXCI6e1wicmVxdWVzdGlkXCI6XCJhMmYwY2E3MTdjNjk0ZjIwODZjZmE4MWI2YzQ5NDY0OFwiLFwic2VuZGVyaWRcIjpcIm5vZGUxLmV4YW1wbGUubmV0XCIsXCJhZ2VudFwiOlwiZGlzY292ZXJ5XCIsXCJ0aW1lXCI6MTcwMDAwMDAwMX19IiwiaGFzaCI6InB1ajN1Q21DeUk2aUhJNDVsdXZOTnNnZ21ITEFxY2VFanltbTkvL1dkK289In0=","headers":{"mc_sender":"node1.example.net","seen-by":[["nats://broker.example.net:4222","node1.example.net","nats://broker.example.net:4222"]]}}"#;
 
-    // §2.7 B.
+    // A directed `rpcutil#inventory`.
     const B_REQUEST: &str = r#"{"protocol":"choria:request:1","message":"{\"agent\":\"rpcutil\",\"action\":\"inventory\",\"data\":{}}","envelope":{"requestid":"5b9c3c3b0ad94f3d8b0a0f4e2c1d6e7f","senderid":"provisioner.example.net","callerid":"choria=provisioner.example.net","collective":"provisioning","agent":"rpcutil","ttl":60,"time":1700000000,"filter":{"fact":[],"cf_class":[],"agent":["rpcutil"],"identity":[],"compound":[]}}}"#;
 
-    // §2.7 D.
+    // The successful reply to a `choria_provision#jwt` request.
     const D_REPLY: &str = r#"{"protocol":"choria:reply:1","message":"{\"action\":\"jwt\",\"statuscode\":0,\"statusmsg\":\"OK\",\"data\":{\"jwt\":\"eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9.eyJjaHQiOi...\",\"ecdh_public\":\"3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29\"}}","envelope":{"requestid":"0f1e2d3c4b5a69788796a5b4c3d2e1f0","senderid":"node1.example.net","agent":"choria_provision","time":1700000001}}"#;
     const D_HASH: &str = "POEiqzOHTeip4Qo+uOJkntztyxLH9Eh3TmcQG8nd+ic=";
 
@@ -564,8 +570,8 @@ mod tests {
             "jwt": "eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9.eyJjaHQiOi...",
             "ecdh_public": "3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29"
         });
-        // Go's struct order for the jwt action output is jwt, ecdh_public (§6.2), not sorted:
-        // the simulator passes such bodies pre-serialised; here we build it by hand.
+        // Go's struct order for the jwt action output is jwt, ecdh_public (jwt_action.go), not
+        // sorted: the simulator passes such bodies pre-serialised; here we build it by hand.
         let body = r#"{"action":"jwt","statuscode":0,"statusmsg":"OK","data":{"jwt":"eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9.eyJjaHQiOi...","ecdh_public":"3b6a27bcceb6a42d62a3a8d02a6f0d73653215771de243a63ac048a18b59da29"}}"#;
         let id = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
         let reply = reply_json(

@@ -35,7 +35,7 @@ struct SecureReplyOut<'a> {
     hash: &'a str,
 }
 
-/// The RPC reply body `{"action","statuscode","statusmsg","data"}` a node sends (§2.6).
+/// The RPC reply body `{"action","statuscode","statusmsg","data"}` a node sends.
 pub fn encode_rpc_reply(action: &str, statuscode: u8, statusmsg: &str, data: &Value) -> String {
     let data_json = match data {
         Value::Null => "{}".to_string(),
@@ -66,12 +66,13 @@ pub struct IncomingRequest {
     pub ttl: i64,
     pub time: i64,
     pub filter: Value,
-    /// Request.message base64-decoded if it decodes, else its raw bytes (§2.3).
+    /// Request.message base64-decoded if it decodes, else its raw bytes (go-choria
+    /// message/message.go, NewMessageFromRequest ignores the decode error).
     pub payload: Vec<u8>,
 }
 
-/// Decode a request transport as a server does (§3.3 steps 1–2, without the schema checks,
-/// which the simulator runs itself).
+/// Decode a request transport as a server does (go-choria server/processor.go, without the schema
+/// checks, which the simulator runs itself).
 pub fn decode_request(transport: &[u8]) -> Result<IncomingRequest, ProtocolError> {
     let outer = decode_transport(transport)?;
 
@@ -85,7 +86,8 @@ pub fn decode_request(transport: &[u8]) -> Result<IncomingRequest, ProtocolError
     check_protocol(&request, layer, REQUEST_V1)?;
     let message = get_str(&request, layer, "message")?;
     let envelope = get_object(&request, layer, "envelope")?;
-    // §2.3: a message that base64-decodes is replaced by its decoding; otherwise raw.
+    // As Go's NewMessageFromRequest: a message that base64-decodes is replaced by its decoding;
+    // otherwise raw.
     let payload = go_base64_decode(message).unwrap_or_else(|_| message.as_bytes().to_vec());
     let incoming = IncomingRequest {
         reply_to: outer.reply_to,
@@ -125,7 +127,8 @@ pub fn reply_json(request_id: &str, sender: &str, agent: &str, message: &str, ti
     .unwrap_or_default()
 }
 
-/// The SecureReply JSON wrapping `reply_json`, with its `hash` (§2.4).
+/// The SecureReply JSON wrapping `reply_json`, with its `hash` (go-choria
+/// protocol/v1/security_reply.go).
 pub fn secure_reply_json(reply_json: &str) -> String {
     let hash = STANDARD.encode(Sha256::digest(reply_json.as_bytes()));
     go_json(
@@ -152,7 +155,7 @@ pub fn encode_reply(
 }
 
 /// As [`encode_reply`], with the `seen-by` hop `[connected_server, sender, connected_server]`
-/// a Go server's connector records on publish (§2.1).
+/// a Go server's connector records on publish (protocol/v1/transport.go, RecordNetworkHop).
 pub fn encode_reply_via(
     request_id: &str,
     sender: &str,
