@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use choria_broker::clock::SystemClock;
 use choria_broker::gate::Gate;
-use choria_provisioner::fleet::{Admission, Fleet, FleetSettings, Source, SystemClock};
+use choria_provisioner::fleet::{Admission, Fleet, FleetSettings, Source};
 use choria_provisioner::Metrics;
 
 fn rss_kib() -> Option<u64> {

@@ -18,9 +18,10 @@ use choria_broker::rpc::RpcClient;
 use crate::cli::RunArgs;
 use crate::client_config::{self, connect_settings};
 use crate::config::Config;
-use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source, SystemClock};
+use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source};
 use crate::metrics::{Metrics, MetricsServer};
 use crate::provision::Cycle;
+use choria_broker::clock::SystemClock;
 
 /// How long in-flight cycles get to end after SIGINT/SIGTERM.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -286,7 +287,8 @@ pub fn apply_election_event(fleet: &Fleet, trigger: &Sender<()>, event: Election
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::{Admission, ManualClock};
+    use crate::fleet::Admission;
+    use choria_broker::clock::ManualClock;
 
     #[test]
     fn election_events_pause_forget_and_resume_with_an_immediate_discovery() {

@@ -9,10 +9,9 @@
 //! identities only). Admission is the only writer of the queue and never blocks.
 //!
 //! Invariant: `fleet` never touches the network; discovery and the provisioning cycle reach
-//! it through the [`Discover`] and [`ProvisionCycle`] traits, and time through [`Clock`].
+//! it through the [`Discover`] and [`ProvisionCycle`] traits, and time through a `Clock`.
 
 use std::collections::{BinaryHeap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -21,6 +20,7 @@ use crossbeam_channel::{bounded, select, Receiver, RecvTimeoutError, Sender, Try
 use parking_lot::Mutex;
 
 use crate::metrics::Metrics;
+use choria_broker::clock::Clock;
 use choria_broker::gate::Gate;
 
 /// How one provisioning cycle ended.
@@ -51,50 +51,6 @@ pub trait Discover: Send + Sync {
 impl Discover for choria_broker::discovery::Discovery {
     fn discover(&self, gate: &Gate) -> Result<Vec<String>, String> {
         choria_broker::discovery::Discovery::discover(self, gate)
-    }
-}
-
-/// The time source, injectable so tests drive time without sleeping.
-pub trait Clock: Send + Sync {
-    fn now(&self) -> Instant;
-}
-
-/// The real monotonic clock.
-#[derive(Debug, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> Instant {
-        Instant::now()
-    }
-}
-
-/// A clock that moves only when told to.
-#[derive(Debug)]
-pub struct ManualClock {
-    base: Instant,
-    offset_nanos: AtomicU64,
-}
-
-impl Default for ManualClock {
-    fn default() -> Self {
-        ManualClock {
-            base: Instant::now(),
-            offset_nanos: AtomicU64::new(0),
-        }
-    }
-}
-
-impl ManualClock {
-    pub fn advance(&self, by: Duration) {
-        self.offset_nanos
-            .fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> Instant {
-        self.base + Duration::from_nanos(self.offset_nanos.load(Ordering::SeqCst))
     }
 }
 
@@ -700,8 +656,9 @@ fn run_releaser(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use choria_broker::clock::ManualClock;
     use std::collections::HashSet;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     const INTERVAL: Duration = Duration::from_secs(60);
 

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use choria_wire::v1::client::{self, RequestSpec};
 use choria_wire::v1::{self, Filter};
 
+use crate::clock::unix_now;
 use crate::connection::Connection;
 use crate::gate::Gate;
 use crate::observe::Observer;
-use crate::rpc::unix_now;
 
 /// The subject every provisioning-mode server's discovery agent listens on.
 pub const DISCOVERY_SUBJECT: &str = "provisioning.broadcast.agent.discovery";

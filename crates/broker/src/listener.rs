@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use choria_wire::lifecycle;
 
+use crate::clock::unix_now;
 use crate::connection::{Connection, ConnectionError, Subscription};
 use crate::gate::Gate;
 use crate::observe::Observer;
-use crate::rpc::unix_now;
 
 /// `malformed_messages{kind}` for an event that does not parse.
 pub const MALFORMED_EVENT: &str = "lifecycle_event";

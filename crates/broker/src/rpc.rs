@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use choria_wire::v1::client::{self, RequestSpec};
 use choria_wire::v1::{self, Filter};
 
+use crate::clock::unix_now;
 use crate::connection::{Connection, ReplyWaiter};
 use crate::gate::{Gate, Halt};
 use crate::observe::Observer;
@@ -306,14 +307,6 @@ impl NodeRpc for RpcClient {
         }
         outcome
     }
-}
-
-/// Seconds since the Unix epoch, for request `time` fields (0 if the clock is before 1970).
-pub fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }
 
 /// go-choria's `backoff.FiveSec` steps in ms (backoff/backoff.go), the provisioner's policy

@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
@@ -66,12 +66,7 @@ impl fmt::Display for SimError {
 
 impl std::error::Error for SimError {}
 
-pub fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
+pub use choria_broker::clock::unix_now;
 
 /// The crate's crypto behind the node's seam.
 struct CryptoBridge {

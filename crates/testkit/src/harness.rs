@@ -16,7 +16,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use choria_broker::connection::{ConnectSettings, Connection};
 use choria_fleet_sim::node::ActionRecord;
@@ -79,12 +79,7 @@ pub fn wait_for<T>(
 }
 
 /// Seconds since the Unix epoch (the simulator's report uses the same clock).
-pub fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
+pub use choria_broker::clock::unix_now;
 
 /// Insecure connection settings to a test broker for `identity` (caller `choria=<identity>`).
 pub fn insecure_settings(
