@@ -8,6 +8,7 @@ use choria_broker::clock::SystemClock;
 use choria_broker::gate::Gate;
 use choria_provisioner::fleet::{Admission, Fleet, FleetSettings, Source};
 use choria_provisioner::Metrics;
+use choria_wire::identity::Identity;
 
 fn rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -33,8 +34,8 @@ fn main() {
         Arc::new(Metrics::new("bench")),
         Arc::new(SystemClock),
     );
-    let names: Vec<String> = (0..NODES)
-        .map(|n| format!("node-{n:05}.example.net"))
+    let names: Vec<Identity> = (0..NODES)
+        .filter_map(|n| Identity::parse(&format!("node-{n:05}.example.net")).ok())
         .collect();
     let names = Arc::new(names);
 

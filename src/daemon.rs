@@ -289,6 +289,11 @@ mod tests {
     use super::*;
     use crate::fleet::Admission;
     use choria_broker::clock::ManualClock;
+    use choria_wire::identity::Identity;
+
+    fn id(text: &str) -> Identity {
+        Identity::parse(text).expect("a valid test identity")
+    }
 
     #[test]
     fn election_events_pause_forget_and_resume_with_an_immediate_discovery() {
@@ -305,7 +310,7 @@ mod tests {
         );
         let (trigger, triggered) = bounded::<()>(1);
         assert_eq!(
-            fleet.admit("n1", Source::Event),
+            fleet.admit(&id("n1"), Source::Event),
             Admission::Refused,
             "standby starts paused"
         );
@@ -318,11 +323,11 @@ mod tests {
             "a new leader discovers at once"
         );
         assert!(matches!(
-            fleet.admit("n1", Source::Event),
+            fleet.admit(&id("n1"), Source::Event),
             Admission::Admitted(_)
         ));
         assert!(matches!(
-            fleet.admit("n2", Source::Event),
+            fleet.admit(&id("n2"), Source::Event),
             Admission::Admitted(_)
         ));
 

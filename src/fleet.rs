@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use crate::metrics::Metrics;
 use choria_broker::clock::Clock;
 use choria_broker::gate::Gate;
+use choria_wire::identity::Identity;
 
 /// How one provisioning cycle ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,17 +40,17 @@ pub enum ProvisionOutcome {
 
 /// One node's provisioning cycle (the `provision` module implements it).
 pub trait ProvisionCycle: Send + Sync {
-    fn provision(&self, identity: &str, gate: &Gate) -> ProvisionOutcome;
+    fn provision(&self, identity: &Identity, gate: &Gate) -> ProvisionOutcome;
 }
 
 /// Broadcast discovery (`choria_broker::discovery::Discovery` implements it).
 pub trait Discover: Send + Sync {
     /// The identities that answered one discovery round.
-    fn discover(&self, gate: &Gate) -> Result<Vec<String>, String>;
+    fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, String>;
 }
 
 impl Discover for choria_broker::discovery::Discovery {
-    fn discover(&self, gate: &Gate) -> Result<Vec<String>, String> {
+    fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, String> {
         choria_broker::discovery::Discovery::discover(self, gate)
     }
 }
@@ -64,7 +65,7 @@ pub enum Source {
 /// One admission of one identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ticket {
-    pub identity: Arc<str>,
+    pub identity: Identity,
     pub number: u64,
     pub admitted: Instant,
 }
@@ -100,7 +101,7 @@ struct Entry {
 
 #[derive(Debug, Default)]
 struct Admissions {
-    entries: HashMap<Arc<str>, Entry>,
+    entries: HashMap<Identity, Entry>,
     last_number: u64,
 }
 
@@ -159,14 +160,14 @@ impl Fleet {
     }
 
     /// Admits a sighting of `identity`. Never blocks.
-    pub fn admit(&self, identity: &str, source: Source) -> Admission {
+    pub fn admit(&self, identity: &Identity, source: Source) -> Admission {
         if self.gate.check().is_err() {
             return Admission::Refused;
         }
         let now = self.clock.now();
         let mut admissions = self.admissions.lock();
         let mut readmission = false;
-        if let Some(entry) = admissions.entries.get(identity) {
+        if let Some(entry) = admissions.entries.get(identity.as_str()) {
             // One cycle per node at a time: a second cycle would share the node's provisioning
             // lock and its `jwt` call would replace the ECDH key under the first.
             if entry.stage != Stage::Held {
@@ -182,7 +183,6 @@ impl Fleet {
         }
         admissions.last_number += 1;
         let number = admissions.last_number;
-        let identity: Arc<str> = Arc::from(identity);
         let ticket = Ticket {
             identity: identity.clone(),
             number,
@@ -208,7 +208,7 @@ impl Fleet {
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 // Forget the fresh ticket so a later sighting can admit the node again
                 // (provisioner #190: a known-but-unqueued node was never provisioned).
-                admissions.entries.remove(&identity);
+                admissions.entries.remove(identity);
                 self.metrics.work_queue_dropped.inc();
                 log::error!(
                     "work queue is full ({} entries): dropped {identity} from {source:?}; it will be admitted again on its next sighting",
@@ -660,6 +660,10 @@ mod tests {
     use std::collections::HashSet;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    fn id(text: &str) -> Identity {
+        Identity::parse(text).expect("a valid test identity")
+    }
+
     const INTERVAL: Duration = Duration::from_secs(60);
 
     fn fleet_with(queue: usize) -> (Arc<Fleet>, Arc<ManualClock>, Arc<Metrics>) {
@@ -687,14 +691,17 @@ mod tests {
     #[test]
     fn a_node_is_queued_once_while_queued_or_in_flight() {
         let (fleet, clock, _) = fleet_with(10);
-        assert_eq!(fleet.admit("n1", Source::Discovery), Admission::Admitted(1));
-        assert_eq!(fleet.admit("n1", Source::Event), Admission::Ignored);
+        assert_eq!(
+            fleet.admit(&id("n1"), Source::Discovery),
+            Admission::Admitted(1)
+        );
+        assert_eq!(fleet.admit(&id("n1"), Source::Event), Admission::Ignored);
         let ticket = pop(&fleet);
         assert_eq!(fleet.start(&ticket), Start::Provision);
         assert_eq!(fleet.stage_of("n1"), Some((Stage::InFlight, 1)));
         clock.advance(INTERVAL * 3);
         assert_eq!(
-            fleet.admit("n1", Source::Event),
+            fleet.admit(&id("n1"), Source::Event),
             Admission::Ignored,
             "in flight"
         );
@@ -705,21 +712,21 @@ mod tests {
     fn a_full_queue_drops_the_fresh_ticket_counts_it_and_does_not_block() {
         let (fleet, _, metrics) = fleet_with(2);
         assert!(matches!(
-            fleet.admit("a", Source::Discovery),
+            fleet.admit(&id("a"), Source::Discovery),
             Admission::Admitted(_)
         ));
         assert!(matches!(
-            fleet.admit("b", Source::Discovery),
+            fleet.admit(&id("b"), Source::Discovery),
             Admission::Admitted(_)
         ));
-        assert_eq!(fleet.admit("c", Source::Discovery), Admission::Dropped);
+        assert_eq!(fleet.admit(&id("c"), Source::Discovery), Admission::Dropped);
         assert_eq!(metrics.work_queue_dropped.get(), 1);
         assert_eq!(fleet.stage_of("c"), None, "the dropped node is forgotten");
         assert_eq!(metrics.waiting_nodes.get(), 2.0);
         assert_eq!(metrics.work_queue_entries.get(), 2.0);
         pop(&fleet);
         assert!(
-            matches!(fleet.admit("c", Source::Event), Admission::Admitted(_)),
+            matches!(fleet.admit(&id("c"), Source::Event), Admission::Admitted(_)),
             "a later sighting admits it again"
         );
     }
@@ -727,14 +734,17 @@ mod tests {
     #[test]
     fn a_held_node_is_readmitted_only_when_admitted_more_than_an_interval_ago() {
         let (fleet, clock, _) = fleet_with(10);
-        fleet.admit("n1", Source::Discovery);
+        fleet.admit(&id("n1"), Source::Discovery);
         let first = pop(&fleet);
         assert_eq!(fleet.start(&first), Start::Provision);
         fleet.hold(&first);
         clock.advance(INTERVAL / 2);
-        assert_eq!(fleet.admit("n1", Source::Event), Admission::Ignored);
+        assert_eq!(fleet.admit(&id("n1"), Source::Event), Admission::Ignored);
         clock.advance(INTERVAL);
-        assert_eq!(fleet.admit("n1", Source::Event), Admission::Readmitted(2));
+        assert_eq!(
+            fleet.admit(&id("n1"), Source::Event),
+            Admission::Readmitted(2)
+        );
         // The first ticket's late release must not remove the new admission.
         assert!(!fleet.finish(&first));
         assert_eq!(fleet.stage_of("n1"), Some((Stage::Queued, 2)));
@@ -743,9 +753,9 @@ mod tests {
     #[test]
     fn a_stale_ticket_is_skipped_and_never_removes_a_newer_admission() {
         let (fleet, _, _) = fleet_with(10);
-        fleet.admit("n1", Source::Discovery);
+        fleet.admit(&id("n1"), Source::Discovery);
         fleet.remove_all();
-        fleet.admit("n1", Source::Discovery);
+        fleet.admit(&id("n1"), Source::Discovery);
         let second = pop(&fleet);
         assert_eq!(second.number, 2, "remove_all drained the first ticket");
         let first = Ticket {
@@ -763,12 +773,12 @@ mod tests {
     #[test]
     fn a_ticket_older_than_two_intervals_is_refused() {
         let (fleet, clock, _) = fleet_with(10);
-        fleet.admit("n1", Source::Discovery);
+        fleet.admit(&id("n1"), Source::Discovery);
         clock.advance(INTERVAL * 2 + Duration::from_secs(1));
         let ticket = pop(&fleet);
         assert_eq!(fleet.start(&ticket), Start::Expired);
         assert_eq!(fleet.len(), 0);
-        fleet.admit("n2", Source::Discovery);
+        fleet.admit(&id("n2"), Source::Discovery);
         clock.advance(INTERVAL * 2);
         assert_eq!(
             fleet.start(&pop(&fleet)),
@@ -783,11 +793,11 @@ mod tests {
         assert_eq!(metrics.paused.get(), 0.0);
         fleet.pause();
         assert_eq!(metrics.paused.get(), 1.0);
-        assert_eq!(fleet.admit("n1", Source::Event), Admission::Refused);
+        assert_eq!(fleet.admit(&id("n1"), Source::Event), Admission::Refused);
         fleet.resume();
         assert_eq!(metrics.paused.get(), 0.0);
         assert!(matches!(
-            fleet.admit("n1", Source::Event),
+            fleet.admit(&id("n1"), Source::Event),
             Admission::Admitted(_)
         ));
     }
@@ -796,7 +806,7 @@ mod tests {
     fn remove_all_empties_the_map_and_the_queue() {
         let (fleet, _, metrics) = fleet_with(100);
         for n in 0..10 {
-            fleet.admit(&format!("n{n}"), Source::Discovery);
+            fleet.admit(&id(&format!("n{n}")), Source::Discovery);
         }
         assert_eq!(metrics.waiting_nodes.get(), 10.0);
         fleet.remove_all();
@@ -819,7 +829,7 @@ mod tests {
                     let mut admitted = 0;
                     for n in from..to {
                         if let Admission::Admitted(_) =
-                            fleet.admit(&format!("node-{n}"), Source::Event)
+                            fleet.admit(&id(&format!("node-{n}")), Source::Event)
                         {
                             admitted += 1;
                         }
@@ -843,7 +853,10 @@ mod tests {
             assert!(identities.insert(ticket.identity.clone()));
         }
         assert_eq!(numbers.len(), 50_000);
-        assert_eq!(fleet.admit("node-1", Source::Event), Admission::Ignored);
+        assert_eq!(
+            fleet.admit(&id("node-1"), Source::Event),
+            Admission::Ignored
+        );
     }
 
     /// A cycle whose outcome per identity is scripted; it records every call.
@@ -853,7 +866,7 @@ mod tests {
     }
 
     impl ProvisionCycle for ScriptedCycle {
-        fn provision(&self, identity: &str, gate: &Gate) -> ProvisionOutcome {
+        fn provision(&self, identity: &Identity, gate: &Gate) -> ProvisionOutcome {
             if gate.check().is_err() {
                 return ProvisionOutcome::Halted;
             }
@@ -863,12 +876,12 @@ mod tests {
     }
 
     struct FixedDiscovery {
-        identities: Vec<String>,
+        identities: Vec<Identity>,
         rounds: AtomicUsize,
     }
 
     impl Discover for FixedDiscovery {
-        fn discover(&self, _gate: &Gate) -> Result<Vec<String>, String> {
+        fn discover(&self, _gate: &Gate) -> Result<Vec<Identity>, String> {
             self.rounds.fetch_add(1, Ordering::SeqCst);
             Ok(self.identities.clone())
         }
@@ -899,9 +912,7 @@ mod tests {
             outcome: outcome_by_name,
         });
         let discovery = Arc::new(FixedDiscovery {
-            identities: ["ok", "fails", "upgraded", "foreign"]
-                .map(String::from)
-                .to_vec(),
+            identities: ["ok", "fails", "upgraded", "foreign"].map(id).to_vec(),
             rounds: AtomicUsize::new(0),
         });
         let threads =

@@ -18,6 +18,7 @@ use choria_crypto::jwt::VerifyKey;
 use choria_crypto::key_transport::{decrypt_private_key, ecdh_shared};
 use choria_fleet_sim::server_jwt_check::verify_server_jwt;
 use choria_testkit::vector_path;
+use choria_wire::identity::Identity;
 
 use crate::config::Config;
 use crate::fleet::{ProvisionCycle, ProvisionOutcome};
@@ -25,6 +26,10 @@ use crate::metrics::Metrics;
 use crate::provision::Cycle;
 
 const IDENTITY: &str = "rip.mcollective";
+
+fn node_identity() -> Identity {
+    Identity::parse(IDENTITY).expect("a valid identity")
+}
 /// The X25519 pair of the node (go-choria provision/provision_test.go, provisioner
 /// host/host_test.go).
 const NODE_ECDH_SECRET: &str = "67e4a9b3934a3030470ed7a30f89eeaf7dab7b492aa9ee02fb864d690b7e6eeb";
@@ -89,7 +94,7 @@ fn server_seed() -> [u8; 32] {
 impl NodeRpc for ScriptedNode {
     fn call(
         &self,
-        identity: &str,
+        identity: &Identity,
         agent: &str,
         action: &str,
         data: Value,
@@ -427,11 +432,15 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
         case("paused before the helper", Plain, "", ok(), vec![(I, Reply::OkThenPause(json!({"version": "0.29.4"})))], Want::Halted, &[I]),
         case("inventory not an object", Plain, "", ok(), vec![(I, Reply::Ok(json!(["x"])))], Want::Failed("rpcutil#inventory reply data is not an object"), &[I]),
         case("helper answers nonsense", Plain, "", json!({"defer": "maybe"}), vec![], Want::Failed("field defer"), &[I]),
+        case("server_claims name the node", Ed25519, "", with(ok(), json!({"server_claims": {"identity": IDENTITY}})), vec![], Want::Provisioned { hold: true }, &[J, G, I, CF, R]),
+        case("server_claims name another node", Ed25519, "", with(ok(), json!({"server_claims": {"identity": "other.example.net"}})), vec![], Want::Failed("server_claims name identity other.example.net, not this node"), &[J, G, I]),
+        case("server_claims name a hostile identity", Ed25519, "", with(ok(), json!({"server_claims": {"identity": "x\r\nPUB evil 1"}})), vec![], Want::Failed("server_claims identity \"x\\r\\nPUB evil 1\" is refused"), &[J, G, I]),
+        case("server_claims identity not a string", Ed25519, "", with(ok(), json!({"server_claims": {"identity": 5}})), vec![], Want::Failed("server_claims identity is not a string"), &[J, G, I]),
     ];
     let mut failures = Vec::new();
     for c in cases {
         let h = harness(c.mode, c.yaml, &c.answer, &c.overrides);
-        let outcome = h.cycle.provision(IDENTITY, &Gate::new(false));
+        let outcome = h.cycle.provision(&node_identity(), &Gate::new(false));
         let calls = h.node.calls();
         if !check(&outcome, &c.want) || calls != c.calls {
             failures.push(format!(
@@ -449,6 +458,73 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
         }
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[test]
+fn hostile_identities_from_a_csr_or_the_helper_are_counted_as_malformed() {
+    let hostile_csr = make_csr_with_cn("x\\0D\\0APUB evil 1");
+    type Overrides = Vec<(&'static str, Reply)>;
+    let cases: Vec<(&str, Mode, Value, Overrides, &str)> = vec![
+        (
+            "csr common name",
+            Mode::Pki,
+            configuration_answer(),
+            vec![(C, Reply::Ok(json!({"csr": hostile_csr, "ssldir": "/s"})))],
+            "csr_common_name",
+        ),
+        (
+            "server_claims identity",
+            Mode::Ed25519,
+            with(
+                configuration_answer(),
+                json!({"server_claims": {"identity": ">"}}),
+            ),
+            vec![],
+            "helper_identity",
+        ),
+    ];
+    for (name, mode, answer, overrides, kind) in cases {
+        let h = harness(mode, "", &answer, &overrides);
+        let outcome = h.cycle.provision(&node_identity(), &Gate::new(false));
+        assert!(
+            matches!(outcome, ProvisionOutcome::Failed(_)),
+            "{name}: {outcome:?}"
+        );
+        if let ProvisionOutcome::Failed(reason) = &outcome {
+            assert!(!reason.contains(['\r', '\n']), "{name}: {reason}");
+        }
+        assert_eq!(
+            h.metrics
+                .malformed_messages
+                .with_label_values(&[kind])
+                .get(),
+            1,
+            "{name}"
+        );
+        assert!(
+            !h.node.calls().contains(&CF.to_string()),
+            "{name}: configured"
+        );
+    }
+}
+
+/// A CSR whose subject is `CN=<cn>` (RFC 4514 text), signed with a vector key.
+fn make_csr_with_cn(cn: &str) -> String {
+    use std::str::FromStr;
+    use x509_cert::builder::{Builder, RequestBuilder};
+    use x509_cert::der::EncodePem;
+    let key_pem = vector("tokens/testdata/rsa/signer-key.pem");
+    let key = <rsa::RsaPrivateKey as rsa::pkcs1::DecodeRsaPrivateKey>::from_pkcs1_pem(&key_pem)
+        .expect("test key");
+    let signer = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key);
+    let name = x509_cert::name::Name::from_str(&format!("CN={cn}")).expect("subject");
+    let builder = RequestBuilder::new(name, &signer).expect("builder");
+    let request = builder
+        .build::<rsa::pkcs1v15::Signature>()
+        .expect("build csr");
+    request
+        .to_pem(x509_cert::der::pem::LineEnding::LF)
+        .expect("csr to pem")
 }
 
 #[test]
@@ -478,7 +554,7 @@ fn a_refused_lock_at_any_step_leaves_the_node_to_its_owner_at_once() {
     for (mode, yaml, answer, actions) in runs {
         for (at, action) in actions.iter().enumerate() {
             let h = harness(mode, yaml, &answer, &[(action, Reply::Lock)]);
-            let outcome = h.cycle.provision(IDENTITY, &Gate::new(false));
+            let outcome = h.cycle.provision(&node_identity(), &Gate::new(false));
             assert_eq!(
                 outcome,
                 ProvisionOutcome::OwnedElsewhere,
@@ -498,7 +574,10 @@ fn a_refused_lock_at_any_step_leaves_the_node_to_its_owner_at_once() {
 fn a_closed_gate_stops_the_cycle_before_anything_starts() {
     let h = harness(Mode::Plain, "", &configuration_answer(), &[]);
     let gate = Gate::new(true);
-    assert_eq!(h.cycle.provision(IDENTITY, &gate), ProvisionOutcome::Halted);
+    assert_eq!(
+        h.cycle.provision(&node_identity(), &gate),
+        ProvisionOutcome::Halted
+    );
     assert!(h.node.calls().is_empty());
     assert_eq!(
         h.metrics.helper_time.get(&[]).1,
@@ -512,7 +591,7 @@ fn the_helper_sees_the_node_as_go_describes_it() {
     // PKI + JWT: csr and jwt set, ed25519_pubkey null.
     let h = harness(Mode::PkiJwt, "", &configuration_answer(), &[]);
     assert_eq!(
-        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        h.cycle.provision(&node_identity(), &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     let text = std::fs::read_to_string(&h.stdin_record).expect("helper stdin recorded");
@@ -547,7 +626,7 @@ fn the_helper_sees_the_node_as_go_describes_it() {
     // ed25519: the gen25519 reply goes to the helper.
     let h = harness(Mode::Ed25519, "", &configuration_answer(), &[]);
     assert_eq!(
-        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        h.cycle.provision(&node_identity(), &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     let input: Value =
@@ -570,7 +649,7 @@ fn requests_carry_what_go_sends() {
         &[],
     );
     assert_eq!(
-        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        h.cycle.provision(&node_identity(), &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     assert_eq!(h.node.data_of(I), json!({}));
@@ -627,7 +706,7 @@ fn requests_carry_what_go_sends() {
         &[],
     );
     assert_eq!(
-        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        h.cycle.provision(&node_identity(), &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     assert_eq!(h.node.data_of(CF)["ssldir"], "/helper/ssl");
@@ -644,7 +723,7 @@ fn requests_carry_what_go_sends() {
         &[],
     );
     assert_eq!(
-        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        h.cycle.provision(&node_identity(), &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: false }
     );
     assert_eq!(
@@ -661,7 +740,7 @@ fn chain_issued_server_jwt_verifies_under_the_org_issuer() {
     );
     let h = harness(Mode::Ed25519, "", &answer, &[]);
     assert_eq!(
-        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        h.cycle.provision(&node_identity(), &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     let token = h.node.data_of(CF)["server_jwt"]
@@ -693,7 +772,7 @@ fn a_helper_key_reaches_the_node_encrypted_for_it_alone() {
     );
     let h = harness(Mode::PkiJwt, "", &answer, &[]);
     assert_eq!(
-        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        h.cycle.provision(&node_identity(), &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     let configure = h.node.data_of(CF);
@@ -716,7 +795,7 @@ fn a_helper_key_reaches_the_node_encrypted_for_it_alone() {
     // A fresh pair per run: a second run sends another public key and ciphertext.
     let again = harness(Mode::PkiJwt, "", &answer, &[]);
     assert_eq!(
-        again.cycle.provision(IDENTITY, &Gate::new(false)),
+        again.cycle.provision(&node_identity(), &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     assert_ne!(
@@ -731,14 +810,14 @@ fn helper_metrics_count_as_go_does() {
     // A helper that cannot be started counts a helper error; defer does not.
     let h = harness(Mode::Plain, "", &json!({"defer": true}), &[]);
     assert!(matches!(
-        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        h.cycle.provision(&node_identity(), &Gate::new(false)),
         ProvisionOutcome::Failed(_)
     ));
     assert_eq!(h.metrics.helper_errors.get(), 0);
     assert_eq!(h.metrics.helper_time.get(&[]).1, 1);
 
     let h = harness(Mode::Plain, "", &json!("not an object"), &[]);
-    match h.cycle.provision(IDENTITY, &Gate::new(false)) {
+    match h.cycle.provision(&node_identity(), &Gate::new(false)) {
         ProvisionOutcome::Failed(reason) => assert!(
             reason.contains("cannot decode the output of helper"),
             "{reason}"
@@ -749,7 +828,7 @@ fn helper_metrics_count_as_go_does() {
 
     let h = harness(Mode::Plain, "", &json!({"shutdown": true}), &[]);
     assert_eq!(
-        h.cycle.provision(IDENTITY, &Gate::new(false)),
+        h.cycle.provision(&node_identity(), &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     assert_eq!(h.metrics.helper_shutdown_requests.get(), 1);

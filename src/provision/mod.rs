@@ -40,6 +40,8 @@ use choria_crypto::ed25519::verify_nonce_signature;
 use choria_crypto::jwt::{verify_provisioning_jwt, JwtError, VerifyKey};
 use choria_crypto::key_transport::{ecdh_keypair, ecdh_shared, encrypt_private_key, random_iv};
 use choria_crypto::server_jwt::{ServerJwtError, ServerJwtIssuer, ServerJwtRequest};
+use choria_wire::identity::Identity;
+use choria_wire::text::escape;
 
 use helper::{go_escape, run_helper, split_command, CsrReply, Ed25519Reply, HelperError};
 use helper::{HelperInput, HelperOutput};
@@ -96,9 +98,8 @@ pub struct Cycle {
 }
 
 /// What the cycle learned about one node so far.
-#[derive(Default)]
 struct Node {
-    identity: String,
+    identity: Identity,
     claims: Option<Map<String, Value>>,
     /// The node's X25519 public key from the `jwt` action (hex).
     server_ecdh_public: String,
@@ -108,6 +109,12 @@ struct Node {
     upgradable: bool,
     csr: Option<CsrReply>,
 }
+
+/// `malformed_messages{kind}` for a CSR whose common name is not a valid identity.
+pub const MALFORMED_CSR_COMMON_NAME: &str = "csr_common_name";
+
+/// `malformed_messages{kind}` for a helper answer whose `server_claims` identity is not valid.
+pub const MALFORMED_HELPER_IDENTITY: &str = "helper_identity";
 
 /// Short-circuits a step: the cycle ends with this outcome.
 type Step<T> = Result<T, ProvisionOutcome>;
@@ -190,7 +197,7 @@ impl Cycle {
     fn call(
         &self,
         gate: &Gate,
-        identity: &str,
+        identity: &Identity,
         agent: &str,
         action: &str,
         data: Value,
@@ -202,7 +209,10 @@ impl Cycle {
             RpcOutcome::Halted(_) => Err(ProvisionOutcome::Halted),
             RpcOutcome::Status { code, message } => Err(failed(
                 identity,
-                format!("{agent}#{action} failed: the node answered status {code}: {message}"),
+                format!(
+                    "{agent}#{action} failed: the node answered status {code}: {}",
+                    escape(&message)
+                ),
             )),
             RpcOutcome::Timeout => Err(failed(
                 identity,
@@ -217,18 +227,24 @@ impl Cycle {
     fn provision_call(
         &self,
         gate: &Gate,
-        identity: &str,
+        identity: &Identity,
         action: &str,
         data: Value,
     ) -> Step<Value> {
         self.call(gate, identity, "choria_provision", action, data)
     }
 
-    fn run(&self, identity: &str, gate: &Gate) -> Step<ProvisionOutcome> {
+    fn run(&self, identity: &Identity, gate: &Gate) -> Step<ProvisionOutcome> {
         let config = &self.config;
         let mut node = Node {
-            identity: identity.to_string(),
-            ..Node::default()
+            identity: identity.clone(),
+            claims: None,
+            server_ecdh_public: String::new(),
+            ed25519: None,
+            inventory_json: String::new(),
+            version: String::new(),
+            upgradable: false,
+            csr: None,
         };
         if config.features.jwt {
             self.fetch_jwt(gate, &mut node)?;
@@ -242,11 +258,12 @@ impl Cycle {
         }
 
         let answer = self.ask_helper(gate, &node)?;
+        self.check_claimed_identity(&node, &answer)?;
         if answer.defer {
             // Go: "configuration defered: <msg>".
             return Err(failed(
                 identity,
-                format!("the helper deferred provisioning: {}", answer.msg),
+                format!("the helper deferred provisioning: {}", escape(&answer.msg)),
             ));
         }
         if answer.shutdown {
@@ -275,7 +292,7 @@ impl Cycle {
                 Err(ProvisionOutcome::Failed(reason)) if config.upgrades_optional => {
                     log::warn!(
                         "{identity}: could not upgrade to {}, continuing as upgrades_optional is set: {reason}",
-                        answer.upgrade
+                        escape(&answer.upgrade)
                     );
                 }
                 Err(outcome) => return Err(outcome),
@@ -295,7 +312,7 @@ impl Cycle {
         )?;
         log::info!(
             "{identity}: restart response: {}",
-            reply_string(&restarted, "message", "restart").unwrap_or_default()
+            escape(&reply_string(&restarted, "message", "restart").unwrap_or_default())
         );
         Ok(ProvisionOutcome::Provisioned { hold: true })
     }
@@ -397,8 +414,15 @@ impl Cycle {
         if csr.csr.is_empty() {
             return Err(failed(&identity, "no CSR received"));
         }
-        validate_csr(&csr.csr, &identity, &self.deny_list)
-            .map_err(|e| failed(&identity, format!("CSR refused: {e}")))?;
+        validate_csr(&csr.csr, &identity, &self.deny_list).map_err(|e| {
+            if matches!(e, CsrError::InvalidCommonName { .. }) {
+                self.metrics
+                    .malformed_messages
+                    .with_label_values(&[MALFORMED_CSR_COMMON_NAME])
+                    .inc();
+            }
+            failed(&identity, format!("CSR refused: {e}"))
+        })?;
         node.csr = Some(csr);
         Ok(())
     }
@@ -410,7 +434,7 @@ impl Cycle {
             return Err(ProvisionOutcome::Halted);
         }
         let input = HelperInput {
-            identity: node.identity.clone(),
+            identity: node.identity.to_string(),
             csr: node.csr.clone(),
             ed25519_pubkey: node.ed25519.clone(),
             inventory: node.inventory_json.clone(),
@@ -432,12 +456,57 @@ impl Cycle {
         })
     }
 
+    /// An `identity` in the helper's `server_claims` must be a valid identity and the node's
+    /// own: the token is always issued to the node (Go ignores the field), so anything else
+    /// means the helper is confused or was fed something hostile.
+    fn check_claimed_identity(&self, node: &Node, answer: &HelperOutput) -> Step<()> {
+        let identity = &node.identity;
+        let claimed = match answer
+            .server_claims
+            .as_ref()
+            .and_then(|c| c.get("identity"))
+        {
+            None | Some(Value::Null) => return Ok(()),
+            Some(Value::String(claimed)) if claimed.is_empty() => return Ok(()),
+            Some(Value::String(claimed)) => claimed,
+            Some(other) => {
+                return Err(failed(
+                    identity,
+                    format!("the helper's server_claims identity is not a string: {other}"),
+                ))
+            }
+        };
+        match Identity::parse(claimed) {
+            Err(err) => {
+                self.metrics
+                    .malformed_messages
+                    .with_label_values(&[MALFORMED_HELPER_IDENTITY])
+                    .inc();
+                Err(failed(
+                    identity,
+                    format!(
+                        "the helper's server_claims identity {} is refused: {err}",
+                        escape(claimed)
+                    ),
+                ))
+            }
+            Ok(claimed) if claimed != *identity => Err(failed(
+                identity,
+                format!("the helper's server_claims name identity {claimed}, not this node"),
+            )),
+            Ok(_) => Ok(()),
+        }
+    }
+
     fn shut_down(&self, gate: &Gate, node: &Node, reason: &str) -> Step<ProvisionOutcome> {
         let identity = &node.identity;
         if reason.is_empty() {
             log::warn!("{identity}: shutting the node down as the helper asked, no reason given");
         } else {
-            log::warn!("{identity}: shutting the node down as the helper asked: {reason}");
+            log::warn!(
+                "{identity}: shutting the node down as the helper asked: {}",
+                escape(reason)
+            );
         }
         match self.rpc.call(
             identity,
@@ -450,12 +519,15 @@ impl Cycle {
                 self.metrics.helper_shutdown_requests.inc();
                 log::info!(
                     "{identity}: shutdown response: {}",
-                    reply_string(&reply, "message", "shutdown").unwrap_or_default()
+                    escape(&reply_string(&reply, "message", "shutdown").unwrap_or_default())
                 );
             }
             // Go logs a refusal by the node and carries on as done (host/rpc.go `shutdown`).
             RpcOutcome::Status { code, message } => {
-                log::warn!("{identity}: could not shut down: status {code}: {message}");
+                log::warn!(
+                    "{identity}: could not shut down: status {code}: {}",
+                    escape(&message)
+                );
             }
             RpcOutcome::LockRefused => return Err(ProvisionOutcome::OwnedElsewhere),
             RpcOutcome::Halted(_) => return Err(ProvisionOutcome::Halted),
@@ -571,7 +643,7 @@ impl Cycle {
             })?;
         log::info!(
             "{identity}: release_update response: {}",
-            reply_string(&reply, "message", "release_update").unwrap_or_default()
+            escape(&reply_string(&reply, "message", "release_update").unwrap_or_default())
         );
         Ok(UpgradeResult::Upgraded)
     }
@@ -619,7 +691,7 @@ impl Cycle {
         let reply = self.provision_call(gate, identity, "configure", data)?;
         log::info!(
             "{identity}: configure response: {}",
-            reply_string(&reply, "message", "configure").unwrap_or_default()
+            escape(&reply_string(&reply, "message", "configure").unwrap_or_default())
         );
         Ok(())
     }
@@ -675,7 +747,7 @@ pub fn configure_request(fields: ConfigureFields) -> Value {
 }
 
 impl ProvisionCycle for Cycle {
-    fn provision(&self, identity: &str, gate: &Gate) -> ProvisionOutcome {
+    fn provision(&self, identity: &Identity, gate: &Gate) -> ProvisionOutcome {
         let outcome = match self.run(identity, gate) {
             Ok(outcome) | Err(outcome) => outcome,
         };

@@ -126,9 +126,13 @@ fn run_level(rpc: &Arc<RpcClient>, in_flight: usize, span: Duration) -> Figures 
                 .spawn(move || {
                     let mut latencies = Vec::new();
                     let mut failed = 0;
+                    let node = match choria_wire::identity::Identity::parse(NODE) {
+                        Ok(node) => node,
+                        Err(_) => return (latencies, failed),
+                    };
                     while Instant::now() < end {
                         let t0 = Instant::now();
-                        match rpc.call(NODE, "rpcutil", "inventory", json!({}), &gate) {
+                        match rpc.call(&node, "rpcutil", "inventory", json!({}), &gate) {
                             RpcOutcome::Ok(_) => latencies.push(t0.elapsed()),
                             _ => failed += 1,
                         }

@@ -183,7 +183,7 @@ impl fmt::Display for ConnectionError {
                 write!(f, "round trip to the broker failed: {source}")
             }
             ConnectionError::BadSubject { subject, reason } => {
-                write!(f, "invalid subject part {subject:?}: {reason}")
+                write!(f, "refusing subject {subject}: {reason}")
             }
             ConnectionError::Thread { name, source } => {
                 write!(f, "could not start thread {name}: {source}")
@@ -451,6 +451,7 @@ impl Connection {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(ConnectionError::Closed);
         }
+        check_subject(subject, false)?;
         self.inner
             .nats
             .publish(subject, payload)
@@ -470,6 +471,7 @@ impl Connection {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(ConnectionError::Closed);
         }
+        check_subject(subject, true)?;
         let sub =
             self.inner
                 .nats
@@ -573,6 +575,7 @@ impl Connection {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(RequestError::Transport(ConnectionError::Closed.to_string()));
         }
+        check_subject(subject, false).map_err(|e| RequestError::Transport(e.to_string()))?;
         let prefix = self
             .inbox_prefix()
             .map_err(|e| RequestError::Transport(e.to_string()))?;
@@ -684,6 +687,42 @@ fn join_bounded(name: &str, handle: JoinHandle<()>, done: &Receiver<()>, limit: 
             log::warn!("thread {name} did not end within {limit:?}; leaving it to process exit")
         }
     }
+}
+
+/// The last check before a subject reaches the socket. The `nats` crate writes subjects
+/// verbatim, so a space, tab, CR or LF in one would end the protocol line and let the rest run
+/// as commands on our connection; a wildcard in a published subject would reach every node.
+/// Subjects built from node identities are safe by construction (`choria_wire::identity`);
+/// this catches every other way in.
+pub fn check_subject(subject: &str, wildcards: bool) -> Result<(), ConnectionError> {
+    let bad = |reason: &'static str| ConnectionError::BadSubject {
+        subject: choria_wire::text::escape(subject).to_string(),
+        reason,
+    };
+    if subject.is_empty() {
+        return Err(bad("a subject must not be empty"));
+    }
+    if subject.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad(
+            "a subject must not hold whitespace or control characters",
+        ));
+    }
+    for token in subject.split('.') {
+        if token.is_empty() {
+            return Err(bad("a subject must not have an empty token"));
+        }
+        if token.contains(['*', '>']) && !(wildcards && (token == "*" || token == ">")) {
+            return Err(bad(if wildcards {
+                "a wildcard must be a whole token"
+            } else {
+                "a published subject must not hold a wildcard"
+            }));
+        }
+    }
+    if wildcards && subject.split('.').rev().skip(1).any(|t| t == ">") {
+        return Err(bad("'>' may only be the last token"));
+    }
+    Ok(())
 }
 
 fn check_readable(what: &'static str, path: &Path) -> Result<(), ConnectionError> {
@@ -838,6 +877,7 @@ impl<T: Copy> Inbox<T> {
         if conn.inner.closing.load(Ordering::SeqCst) {
             return Err(ConnectionError::Closed);
         }
+        check_subject(subject, true)?;
         let sub =
             conn.inner
                 .nats
@@ -1098,6 +1138,36 @@ mod tests {
             .err()
             .expect("bad url");
         assert!(err.to_string().contains("nats://[::1"), "{err}");
+    }
+
+    #[test]
+    fn subjects_that_could_inject_or_widen_are_refused() {
+        #[rustfmt::skip]
+        let cases: &[(&str, bool, bool)] = &[
+            // subject,                                      wildcards allowed, accepted
+            ("provisioning.node.n1.example.net",             false, true),
+            ("$KV.CHORIA_LEADER_ELECTION.provisioner",       false, true),
+            ("provisioning.reply.abc.>",                     true,  true),
+            ("_INBOX.abc.*",                                 true,  true),
+            ("provisioning.node.>",                          false, false),
+            ("provisioning.node.*",                          false, false),
+            ("provisioning.node.a*",                         true,  false),
+            ("a.>.b",                                        true,  false),
+            ("provisioning.node.x 0\r\n\r\nUNSUB 1\r\nPUB evil.injected 5\r\nHELLO", false, false),
+            ("provisioning.node.a b",                        false, false),
+            ("provisioning.node.a\tb",                      false, false),
+            ("provisioning.node.a\0b",                      false, false),
+            ("provisioning.node.",                           false, false),
+            ("provisioning..node",                           false, false),
+            ("",                                             false, false),
+        ];
+        for (subject, wildcards, accepted) in cases {
+            let result = check_subject(subject, *wildcards);
+            assert_eq!(result.is_ok(), *accepted, "{subject:?}: {result:?}");
+            if let Err(err) = result {
+                assert!(!err.to_string().contains(['\r', '\n']), "{err}");
+            }
+        }
     }
 
     #[test]

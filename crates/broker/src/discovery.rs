@@ -11,6 +11,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use choria_wire::identity::Identity;
+use choria_wire::text::escape;
 use choria_wire::v1::client::{self, RequestSpec};
 use choria_wire::v1::{self, Filter};
 
@@ -34,6 +36,9 @@ const GATE_SLICE: Duration = Duration::from_millis(100);
 
 /// `malformed_messages{kind}` for a discovery reply without a readable sender.
 pub const MALFORMED_DISCOVERY_REPLY: &str = "discovery_reply";
+
+/// `malformed_messages{kind}` for a discovery reply whose sender is not a valid identity.
+pub const MALFORMED_DISCOVERY_SENDER: &str = "discovery_sender";
 
 /// Broadcast discovery over the shared connection.
 pub struct Discovery {
@@ -75,7 +80,7 @@ impl Discovery {
     /// One broadcast discovery: the distinct senders that answered within the window. Sends
     /// nothing while the gate is closed, and gives up (with the reason) if it closes while
     /// waiting.
-    pub fn discover(&self, gate: &Gate) -> Result<Vec<String>, String> {
+    pub fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, String> {
         // Nothing goes out while paused or stopping.
         gate.check().map_err(|halt| halt.to_string())?;
         self.observer.discover_cycle();
@@ -116,26 +121,30 @@ impl Discovery {
 }
 
 impl Discovery {
-    /// Adds the reply's sender; false (and counted) when the reply names none.
-    fn collect(&self, transport: &[u8], senders: &mut BTreeSet<String>) -> bool {
+    /// Adds the reply's sender; false (and counted) when the reply names none, or one that
+    /// is not a valid identity.
+    fn collect(&self, transport: &[u8], senders: &mut BTreeSet<Identity>) -> bool {
         match client::transport_sender(transport) {
-            Ok(sender) if !sender.is_empty() => {
-                senders.insert(sender);
-                true
-            }
-            Ok(_) => {
-                self.malformed("the transport names no mc_sender");
-                false
-            }
+            Ok(sender) => match Identity::parse(&sender) {
+                Ok(identity) => {
+                    senders.insert(identity);
+                    true
+                }
+                Err(err) => {
+                    let reason = format!("its sender {} is refused: {err}", escape(&sender));
+                    self.malformed(MALFORMED_DISCOVERY_SENDER, &reason);
+                    false
+                }
+            },
             Err(err) => {
-                self.malformed(&err.to_string());
+                self.malformed(MALFORMED_DISCOVERY_REPLY, &err.to_string());
                 false
             }
         }
     }
 
-    fn malformed(&self, reason: &str) {
-        self.observer.malformed(MALFORMED_DISCOVERY_REPLY);
+    fn malformed(&self, kind: &str, reason: &str) {
+        self.observer.malformed(kind);
         log::warn!("ignoring a discovery reply: {reason}");
     }
 }

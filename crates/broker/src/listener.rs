@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use choria_wire::identity::Identity;
 use choria_wire::lifecycle;
+use choria_wire::text::escape;
 
 use crate::clock::unix_now;
 use crate::connection::{Connection, ConnectionError, Subscription};
@@ -23,6 +25,9 @@ use crate::observe::Observer;
 
 /// `malformed_messages{kind}` for an event that does not parse.
 pub const MALFORMED_EVENT: &str = "lifecycle_event";
+
+/// `malformed_messages{kind}` for a startup event whose identity is not valid.
+pub const MALFORMED_EVENT_IDENTITY: &str = "event_identity";
 
 /// How often the listener thread looks at its stop flag.
 const POLL_SLICE: Duration = Duration::from_millis(100);
@@ -45,7 +50,7 @@ impl EventListener {
     pub fn start(
         conn: &Connection,
         component: &str,
-        admit: Box<dyn Fn(&str) + Send>,
+        admit: Box<dyn Fn(&Identity) + Send>,
         gate: Arc<Gate>,
         observer: Arc<dyn Observer>,
     ) -> Result<EventListener, ConnectionError> {
@@ -53,7 +58,7 @@ impl EventListener {
             // Config validation refuses these too, as Go's does; a subject built from one would
             // listen to the wrong events or to none.
             return Err(ConnectionError::BadSubject {
-                subject: component.to_string(),
+                subject: choria_wire::text::escape(component).to_string(),
                 reason: "a lifecycle component must be non-empty without '.', '>' or '*'",
             });
         }
@@ -102,7 +107,7 @@ impl EventListener {
 fn listen(
     subscription: &Subscription,
     stopping: &AtomicBool,
-    admit: &dyn Fn(&str),
+    admit: &dyn Fn(&Identity),
     gate: &Gate,
     observer: &dyn Observer,
 ) {
@@ -116,7 +121,7 @@ fn listen(
 /// What became of one message on the startup subject.
 #[derive(Debug, PartialEq)]
 enum EventHandling {
-    Admitted(String),
+    Admitted(Identity),
     IgnoredClosedGate,
     IgnoredKind(String),
     Malformed,
@@ -125,7 +130,7 @@ enum EventHandling {
 fn handle_event(
     bytes: &[u8],
     subject: &str,
-    admit: &dyn Fn(&str),
+    admit: &dyn Fn(&Identity),
     gate: &Gate,
     observer: &dyn Observer,
 ) -> EventHandling {
@@ -143,9 +148,9 @@ fn handle_event(
     };
     if event.kind != "startup" {
         log::info!(
-            "ignoring a {} event from {:?} on {subject}",
+            "ignoring a {} event from {} on {subject}",
             event.kind,
-            event.identity
+            escape(&event.identity)
         );
         return EventHandling::IgnoredKind(event.kind);
     }
@@ -154,10 +159,21 @@ fn handle_event(
         log::warn!("ignoring a startup event on {subject} without an identity");
         return EventHandling::Malformed;
     }
-    log::info!("{} announced its startup", event.identity);
+    let identity = match Identity::parse(&event.identity) {
+        Ok(identity) => identity,
+        Err(err) => {
+            observer.malformed(MALFORMED_EVENT_IDENTITY);
+            log::warn!(
+                "ignoring a startup event on {subject}: its identity {} is refused: {err}",
+                escape(&event.identity)
+            );
+            return EventHandling::Malformed;
+        }
+    };
+    log::info!("{identity} announced its startup");
     observer.event_discovered();
-    admit(&event.identity);
-    EventHandling::Admitted(event.identity)
+    admit(&identity);
+    EventHandling::Admitted(identity)
 }
 
 /// Publishes the provisioner's own startup event, Choria format, component `provisioner`
@@ -203,26 +219,43 @@ mod tests {
         )
     }
 
+    fn id(text: &str) -> Identity {
+        Identity::parse(text).unwrap()
+    }
+
     #[test]
     fn each_message_on_the_startup_subject_is_admitted_ignored_or_counted() {
         use EventHandling::*;
+        let hostile = |identity: &str| choria("startup", identity);
         #[rustfmt::skip]
-        let cases: Vec<(&str, Vec<u8>, bool, EventHandling, u64)> = vec![
-            // name,                 bytes,                               gate open, handling,                         malformed count
-            ("choria startup",       choria("startup", "n1.example.net"), true,  Admitted("n1.example.net".into()),    0),
-            ("cloudevents startup",  cloud("startup", "n2.example.net"),  true,  Admitted("n2.example.net".into()),    0),
+        type Case<'a> = (&'a str, Vec<u8>, bool, EventHandling, Option<&'a str>);
+        let cases: Vec<Case> = vec![
+            // name,                 bytes,                               gate open, handling,                 malformed kind
+            ("choria startup",       choria("startup", "n1.example.net"), true,  Admitted(id("n1.example.net")), None),
+            ("cloudevents startup",  cloud("startup", "n2.example.net"),  true,  Admitted(id("n2.example.net")), None),
             ("legacy protocol name", br#"{"protocol":"choria:lifecycle:startup:1","id":"x","identity":"n3.example.net","component":"c","timestamp":1}"#.to_vec(),
-                                                                          true,  Admitted("n3.example.net".into()),    0),
-            ("shutdown event",       choria("shutdown", "n4.example.net"), true, IgnoredKind("shutdown".into()),       0),
-            ("paused",               choria("startup", "n5.example.net"), false, IgnoredClosedGate,                    0),
-            ("not json",             b"{nope".to_vec(),                   true,  Malformed,                            1),
-            ("unknown format",       br#"{"hello":"world"}"#.to_vec(),    true,  Malformed,                            1),
-            ("empty identity",       choria("startup", ""),               true,  Malformed,                            1),
+                                                                          true,  Admitted(id("n3.example.net")), None),
+            ("shutdown event",       choria("shutdown", "n4.example.net"), true, IgnoredKind("shutdown".into()), None),
+            ("hostile shutdown",     choria("shutdown", "a\r\nb"),        true,  IgnoredKind("shutdown".into()), None),
+            ("paused",               choria("startup", "n5.example.net"), false, IgnoredClosedGate,              None),
+            ("not json",             b"{nope".to_vec(),                   true,  Malformed,                      Some(MALFORMED_EVENT)),
+            ("unknown format",       br#"{"hello":"world"}"#.to_vec(),    true,  Malformed,                      Some(MALFORMED_EVENT)),
+            ("empty identity",       choria("startup", ""),               true,  Malformed,                      Some(MALFORMED_EVENT)),
+            ("CRLF injection",       hostile("x 0\r\n\r\nUNSUB 1\r\nPUB evil.injected 5\r\nHELLO"),
+                                                                          true,  Malformed,                      Some(MALFORMED_EVENT_IDENTITY)),
+            ("full wildcard",        hostile(">"),                        true,  Malformed,                      Some(MALFORMED_EVENT_IDENTITY)),
+            ("token wildcard",       hostile("*"),                        true,  Malformed,                      Some(MALFORMED_EVENT_IDENTITY)),
+            ("spaces",               hostile("a b c"),                    true,  Malformed,                      Some(MALFORMED_EVENT_IDENTITY)),
+            ("tab",                  hostile("a\tb"),                     true,  Malformed,                      Some(MALFORMED_EVENT_IDENTITY)),
+            ("5 KB",                 hostile(&"n".repeat(5120)),          true,  Malformed,                      Some(MALFORMED_EVENT_IDENTITY)),
+            ("NUL byte",             hostile("a\0b"),                     true,  Malformed,                      Some(MALFORMED_EVENT_IDENTITY)),
+            ("CR LF",                hostile("\r\n"),                     true,  Malformed,                      Some(MALFORMED_EVENT_IDENTITY)),
+            ("empty token",          hostile("a..b"),                     true,  Malformed,                      Some(MALFORMED_EVENT_IDENTITY)),
         ];
         for (name, bytes, open, expected, malformed) in cases {
             let counts = crate::observe::Counts::default();
             let admitted = Mutex::new(Vec::new());
-            let admit = |identity: &str| admitted.lock().push(identity.to_string());
+            let admit = |identity: &Identity| admitted.lock().push(identity.clone());
             let gate = Gate::new(!open);
             let handling = handle_event(&bytes, "subject", &admit, &gate, &counts);
             let admitted = admitted.into_inner();
@@ -237,11 +270,13 @@ mod tests {
                 }
             }
             assert_eq!(handling, expected, "{name}");
-            assert_eq!(
-                counts.get(&format!("malformed:{MALFORMED_EVENT}")),
-                malformed,
-                "{name}"
-            );
+            for kind in [MALFORMED_EVENT, MALFORMED_EVENT_IDENTITY] {
+                assert_eq!(
+                    counts.get(&format!("malformed:{kind}")),
+                    u64::from(malformed == Some(kind)),
+                    "{name}: {kind}"
+                );
+            }
         }
     }
 }

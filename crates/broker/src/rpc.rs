@@ -11,6 +11,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use choria_wire::identity::{node_subject, Identity};
+use choria_wire::text::escape;
 use choria_wire::v1::client::{self, RequestSpec};
 use choria_wire::v1::{self, Filter};
 
@@ -40,7 +42,7 @@ pub enum RpcOutcome {
 pub trait NodeRpc: Send + Sync {
     fn call(
         &self,
-        identity: &str,
+        identity: &Identity,
         agent: &str,
         action: &str,
         data: serde_json::Value,
@@ -79,6 +81,8 @@ pub mod malformed {
     pub const REPLY: &str = "reply";
     /// A well-formed reply whose request id or sender is not the one asked.
     pub const REPLY_MISMATCH: &str = "reply_mismatch";
+    /// A reply whose `senderid` is not a valid identity (see `choria_wire::identity`).
+    pub const REPLY_SENDER: &str = "reply_sender";
     /// The Reply's payload is not an MCollective RPC reply.
     pub const RPC_REPLY: &str = "rpc_reply";
 }
@@ -137,14 +141,14 @@ impl RpcClient {
                 .unwrap_or_else(|| ddl_timeout(agent))
     }
 
-    fn malformed(&self, kind: &str, identity: &str, label: &str, reason: &str) {
+    fn malformed(&self, kind: &str, identity: &Identity, label: &str, reason: &str) {
         self.observer.malformed(kind);
         log::warn!("ignoring a reply to {label} for {identity}: {reason}");
     }
 
     fn one_try(
         &self,
-        identity: &str,
+        identity: &Identity,
         agent: &str,
         label: &str,
         body: &str,
@@ -171,7 +175,7 @@ impl RpcClient {
         };
         // Registered before publishing, so even an instant reply finds its waiter.
         let waiter = self.conn.expect_replies(&request_id, REPLY_QUEUE);
-        let subject = format!("{}.node.{identity}", v1::COLLECTIVE);
+        let subject = node_subject(identity);
         if let Err(err) = self.conn.publish(&subject, &transport) {
             return TryOutcome::SendFailed(err.to_string());
         }
@@ -183,7 +187,7 @@ impl RpcClient {
     fn await_reply(
         &self,
         waiter: &ReplyWaiter,
-        identity: &str,
+        identity: &Identity,
         label: &str,
         deadline: Instant,
         gate: &Gate,
@@ -211,15 +215,24 @@ impl RpcClient {
             };
             if reply.request_id != waiter.request_id() {
                 let reason = format!(
-                    "request id {:?} is not the {:?} we asked",
-                    reply.request_id,
+                    "request id {} is not the {:?} we asked",
+                    escape(&reply.request_id),
                     waiter.request_id()
                 );
                 self.malformed(malformed::REPLY_MISMATCH, identity, label, &reason);
                 continue;
             }
-            if reply.sender != identity {
-                let reason = format!("sent by {:?}, not by the node we asked", reply.sender);
+            let sender = match Identity::parse(&reply.sender) {
+                Ok(sender) => sender,
+                Err(err) => {
+                    let reason =
+                        format!("its senderid {} is refused: {err}", escape(&reply.sender));
+                    self.malformed(malformed::REPLY_SENDER, identity, label, &reason);
+                    continue;
+                }
+            };
+            if sender != *identity {
+                let reason = format!("sent by {sender}, not by the node we asked");
                 self.malformed(malformed::REPLY_MISMATCH, identity, label, &reason);
                 continue;
             }
@@ -245,7 +258,7 @@ impl RpcClient {
 impl NodeRpc for RpcClient {
     fn call(
         &self,
-        identity: &str,
+        identity: &Identity,
         agent: &str,
         action: &str,
         data: serde_json::Value,
@@ -282,8 +295,9 @@ impl NodeRpc for RpcClient {
                 TryOutcome::Halted(halt) => return RpcOutcome::Halted(halt),
                 TryOutcome::Status { code, message } => {
                     log::warn!(
-                        "{label} on {identity} try {}/{tries}: status {code}: {message}",
-                        attempt + 1
+                        "{label} on {identity} try {}/{tries}: status {code}: {}",
+                        attempt + 1,
+                        escape(&message)
                     );
                     RpcOutcome::Status { code, message }
                 }

@@ -35,7 +35,7 @@ fn listen(
     metrics: &Arc<Counts>,
 ) -> (EventListener, Receiver<String>) {
     let (admitted_tx, admitted) = unbounded();
-    let admit = Box::new(move |identity: &str| {
+    let admit = Box::new(move |identity: &choria_wire::identity::Identity| {
         let _ = admitted_tx.send(identity.to_string());
     });
     let listener = EventListener::start(conn, COMPONENT, admit, gate.clone(), metrics.clone())
@@ -231,7 +231,8 @@ fn a_component_with_subject_wildcards_is_refused() {
             Arc::new(Counts::default()),
         );
         let err = result.err().expect("refused");
-        assert!(err.to_string().contains(&format!("{component:?}")), "{err}");
+        let shown = choria_wire::text::escape(component).to_string();
+        assert!(err.to_string().contains(&shown), "{err}");
     }
     conn.close();
 }

@@ -7,6 +7,7 @@
 //! request id or a wrong sender, and the exact fields of each request we send.
 
 use choria_testkit::harness as support;
+use choria_wire::identity::Identity;
 use choria_wire::v1::client;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,6 +35,10 @@ const TOKEN: &str = "s3cret";
 const WAIT: Duration = Duration::from_secs(60);
 /// Part of every try's timeout; short, as the DDL part is what the cases vary.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_millis(300);
+
+fn id(text: &str) -> Identity {
+    Identity::parse(text).expect("a valid test identity")
+}
 
 fn connect(server: &NatsServer, identity: &str) -> Connection {
     Connection::connect(
@@ -255,7 +260,7 @@ fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
                         let owner = case.2.map(|_| {
                             let rpc = RpcClient::new(other, Arc::new(Counts::default()));
                             rpc.call(
-                                target,
+                                &id(target),
                                 "choria_provision",
                                 "jwt",
                                 json!({"token": TOKEN}),
@@ -265,7 +270,7 @@ fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
                         let metrics = Arc::new(Counts::default());
                         let rpc =
                             RpcClient::new(conn, metrics.clone()).with_ddl_timeout(case.3.ddl());
-                        let outcome = rpc.call(target, case.4, case.5, case.6.clone(), &gate);
+                        let outcome = rpc.call(&id(target), case.4, case.5, case.6.clone(), &gate);
                         (outcome, metrics, owner)
                     })
                     .expect("case thread")
@@ -291,7 +296,7 @@ fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
         .expect("a spare healthy node");
     let rpc = RpcClient::new(conn.clone(), Arc::new(Counts::default()));
     let outcome = rpc.call(
-        &survivor,
+        &id(&survivor),
         "rpcutil",
         "inventory",
         json!({}),
@@ -402,11 +407,23 @@ fn a_closed_gate_stops_tries_before_sending_and_while_waiting() {
     let stopping = Gate::new(false);
     stopping.stop();
     for (gate, halt) in [(Gate::new(true), Halt::Paused), (stopping, Halt::Stopping)] {
-        let outcome = rpc.call(&healthy, "choria_provision", "jwt", token.clone(), &gate);
+        let outcome = rpc.call(
+            &id(&healthy),
+            "choria_provision",
+            "jwt",
+            token.clone(),
+            &gate,
+        );
         assert_eq!(outcome, RpcOutcome::Halted(halt));
     }
     let open = Gate::new(false);
-    let outcome = rpc.call(&healthy, "choria_provision", "jwt", token.clone(), &open);
+    let outcome = rpc.call(
+        &id(&healthy),
+        "choria_provision",
+        "jwt",
+        token.clone(),
+        &open,
+    );
     assert!(matches!(outcome, RpcOutcome::Ok(_)), "{outcome:?}");
 
     let gate = Arc::new(Gate::new(false));
@@ -418,7 +435,7 @@ fn a_closed_gate_stops_tries_before_sending_and_while_waiting() {
             pauser.set_paused(true);
         })
         .expect("thread");
-    let outcome = rpc.call(&dead, "choria_provision", "jwt", token, &gate);
+    let outcome = rpc.call(&id(&dead), "choria_provision", "jwt", token, &gate);
     thread.join().expect("pauser");
     assert_eq!(outcome, RpcOutcome::Halted(Halt::Paused));
     conn.close();
@@ -527,7 +544,13 @@ fn a_missed_try_is_retried_and_every_request_is_well_formed() {
         let node = start_node(&server.url(), &identity, silent_for(&identity, silent));
         let label = format!("{agent}#{action}");
 
-        let outcome = rpc.call(&identity, agent, action, data.clone(), &Gate::new(false));
+        let outcome = rpc.call(
+            &id(&identity),
+            agent,
+            action,
+            data.clone(),
+            &Gate::new(false),
+        );
 
         let seen = node.seen();
         node.stop();
@@ -615,7 +638,7 @@ fn broken_and_foreign_replies_are_counted_and_a_good_reply_after_them_is_accepte
     );
 
     let outcome = rpc.call(
-        identity,
+        &id(identity),
         "choria_provision",
         "jwt",
         json!({}),

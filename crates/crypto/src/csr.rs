@@ -1,18 +1,43 @@
 //! CSR checks for `features.pki` (provisioner host/host.go, validateCSR): the node's `gencsr` reply
-//! must carry a parsable PKCS#10 request whose last common name is the node's identity, and neither
+//! must carry a parsable PKCS#10 request whose common name is the node's identity, and neither
 //! that name nor any DNS SAN may match the configured deny list.
 //!
 //! Go compatibility: the CSR's self-signature is not checked (Go does not); an entry written
 //! `/re/` loses all its leading and trailing slashes; patterns are unanchored searches; an
-//! invalid pattern never matches. Unlike Go, a reply without a PEM block is an error, not a
-//! panic.
+//! invalid pattern never matches. The SANs of every `extensionRequest` attribute are read and a
+//! SAN extension that does not parse refuses the whole request, as Go's
+//! `x509.ParseCertificateRequest` does (x509-parser's `requested_extensions` reads only the
+//! first attribute, so the attributes are walked here).
+//!
+//! Stricter than Go, on purpose: a reply without a PEM block is an error, not a panic; the
+//! common name must be a valid identity (`choria_wire::identity`); and a subject with more
+//! than one CN is refused. Go compares only the last CN, while `openssl x509 -req` (what a
+//! helper typically signs with) copies every CN into the certificate, so a node could get a
+//! certificate that other software reads as someone else's.
 
 use std::fmt;
 
+use choria_wire::text::escape;
 use x509_parser::certification_request::X509CertificationRequest;
+use x509_parser::cri_attributes::ParsedCriAttribute;
 use x509_parser::der_parser::asn1_rs::Tag;
 use x509_parser::extensions::{GeneralName, ParsedExtension};
+use x509_parser::oid_registry::OID_X509_EXT_SUBJECT_ALT_NAME;
 use x509_parser::prelude::FromDer;
+
+/// A name from a CSR in a message: escaped, and nothing at all when empty (Go's message for a
+/// missing CN reads `common name  does not match`).
+struct DisplayName<'a>(&'a str);
+
+impl fmt::Display for DisplayName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            write!(f, "{}", escape(self.0))
+        }
+    }
+}
 
 /// The deny list used when `cert_deny_list` is empty (Go `config/config.go`; the second `.`
 /// in the first two is unescaped there too).
@@ -32,11 +57,17 @@ pub enum CsrError {
     NoPemBlock { reason: String },
     /// The PEM body is not a PKCS#10 request.
     Parse { reason: String },
-    /// The last common name differs from the identity (an empty CN lands here too).
+    /// The common name differs from the identity (an empty CN lands here too).
     CommonNameMismatch {
         common_name: String,
         identity: String,
     },
+    /// The common name is not a valid identity (see `choria_wire::identity`).
+    InvalidCommonName { common_name: String, reason: String },
+    /// The subject holds more than one CN.
+    SeveralCommonNames { count: usize },
+    /// A subjectAltName extension that does not parse: the whole request is refused.
+    BadSubjectAltName { reason: String },
     /// A CN or DNS SAN matched a deny-list pattern.
     Denied { name: String, pattern: String },
 }
@@ -54,10 +85,32 @@ impl fmt::Display for CsrError {
                 identity,
             } => write!(
                 f,
-                "common name {common_name} does not match identity {identity}"
+                "common name {} does not match identity {identity}",
+                DisplayName(common_name)
+            ),
+            CsrError::InvalidCommonName {
+                common_name,
+                reason,
+            } => write!(
+                f,
+                "common name {} is not a valid identity: {reason}",
+                escape(common_name)
+            ),
+            CsrError::SeveralCommonNames { count } => write!(
+                f,
+                "the subject holds {count} common names; exactly one is allowed, since Go's \
+                 check reads only the last while openssl copies them all into the certificate"
+            ),
+            CsrError::BadSubjectAltName { reason } => write!(
+                f,
+                "a subjectAltName extension does not parse, so the request is refused: {reason}"
             ),
             CsrError::Denied { name, pattern } => {
-                write!(f, "{name} matches denied certificate pattern {pattern:?}")
+                write!(
+                    f,
+                    "{} matches denied certificate pattern {pattern:?}",
+                    DisplayName(name)
+                )
             }
         }
     }
@@ -128,8 +181,8 @@ fn strip_slashes(entry: &str) -> &str {
     }
 }
 
-/// The names a CSR asks for: Go's `Subject.CommonName` (the last CN holding a string) and the
-/// DNS SANs of its extension request.
+/// The names a CSR asks for: its one CN (empty when absent or not a string, as Go's
+/// `Subject.CommonName`) and the DNS SANs of all its extension requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CsrNames {
     pub common_name: String,
@@ -150,26 +203,45 @@ pub fn csr_names(csr_pem: &str) -> Result<CsrNames, CsrError> {
             reason: e.to_string(),
         })?;
 
-    let mut common_name = String::new();
-    for attribute in request
-        .certification_request_info
-        .subject
-        .iter_common_name()
-    {
-        // Each later string-valued CN overwrites the earlier one in Go's FillFromRDNSequence.
-        if let Some(value) = attribute_string(attribute.attr_value()) {
-            common_name = value;
-        }
+    let info = &request.certification_request_info;
+    let common_names: Vec<_> = info.subject.iter_common_name().collect();
+    if common_names.len() > 1 {
+        return Err(CsrError::SeveralCommonNames {
+            count: common_names.len(),
+        });
     }
+    let common_name = common_names
+        .first()
+        .and_then(|attribute| attribute_string(attribute.attr_value()))
+        .unwrap_or_default();
 
+    // Every extensionRequest attribute, as Go's parseCSRExtensions appends them all.
     let mut dns_names = Vec::new();
-    if let Some(extensions) = request.requested_extensions() {
-        for extension in extensions {
-            if let ParsedExtension::SubjectAlternativeName(san) = extension {
-                for general_name in &san.general_names {
-                    if let GeneralName::DNSName(dns) = general_name {
-                        dns_names.push(dns.to_string());
+    for attribute in info.iter_attributes() {
+        let ParsedCriAttribute::ExtensionRequest(requested) = attribute.parsed_attribute() else {
+            continue;
+        };
+        for extension in &requested.extensions {
+            if extension.oid != OID_X509_EXT_SUBJECT_ALT_NAME {
+                continue;
+            }
+            match extension.parsed_extension() {
+                ParsedExtension::SubjectAlternativeName(san) => {
+                    for general_name in &san.general_names {
+                        if let GeneralName::DNSName(dns) = general_name {
+                            dns_names.push(dns.to_string());
+                        }
                     }
+                }
+                ParsedExtension::ParseError { error } => {
+                    return Err(CsrError::BadSubjectAltName {
+                        reason: error.to_string(),
+                    })
+                }
+                other => {
+                    return Err(CsrError::BadSubjectAltName {
+                        reason: format!("read as {other:?}"),
+                    })
                 }
             }
         }
@@ -203,10 +275,20 @@ fn attribute_string(value: &x509_parser::der_parser::asn1_rs::Any) -> Option<Str
     }
 }
 
-/// Go `validateCSR`: the last CN must equal `identity`; the CN and every DNS SAN must not
-/// match the deny list.
+/// Go `validateCSR`: the CN must equal `identity`; the CN and every DNS SAN must not match the
+/// deny list. Also refused: a CN that is not a valid identity, several CNs, a SAN that does
+/// not parse.
 pub fn validate_csr(csr_pem: &str, identity: &str, deny: &DenyList) -> Result<(), CsrError> {
     let names = csr_names(csr_pem)?;
+    // An empty CN is the mismatch Go reports; anything else must be a valid identity first.
+    if !names.common_name.is_empty() {
+        if let Err(err) = choria_wire::identity::check(&names.common_name) {
+            return Err(CsrError::InvalidCommonName {
+                common_name: names.common_name,
+                reason: err.to_string(),
+            });
+        }
+    }
     if names.common_name != identity {
         return Err(CsrError::CommonNameMismatch {
             common_name: names.common_name,
@@ -350,9 +432,13 @@ mod tests {
             // the unescaped `.` in `\.privileged.choria$` matches any character
             ("CN=x.privilegedXchoria", &[], "x.privilegedXchoria", Some("x.privilegedXchoria matches denied certificate pattern \"\\\\.privileged.choria$\"")),
             ("CN=choria.example.net", &[], "choria.example.net", None),
-            // the last CN wins: `CN=last,CN=first` puts `last` at the end of the DER sequence
-            ("CN=node1.example.net,CN=first.example.net", &[], "node1.example.net", None),
-            ("CN=first.example.net,CN=node1.example.net", &[], "node1.example.net", Some("common name first.example.net does not match identity node1.example.net")),
+            // Go reads only the last CN; openssl copies both into the certificate: refused
+            ("CN=node1.example.net,CN=first.example.net", &[], "node1.example.net", Some("the subject holds 2 common names")),
+            ("CN=first.example.net,CN=node1.example.net", &[], "node1.example.net", Some("the subject holds 2 common names")),
+            ("CN=node1.example.net+CN=other.example.net", &[], "node1.example.net", Some("the subject holds 2 common names")),
+            // a CN that is not an identity is refused as such, escaped
+            ("CN=a\\0Db", &[], "node1.example.net", Some("common name \"a\\rb\" is not a valid identity")),
+            ("CN=n1\\,DNS:broker.example.net", &[], "n1", Some("common name n1,DNS:broker.example.net does not match identity n1")),
             ("OU=ops", &["node1.example.net"], "node1.example.net", Some("common name  does not match identity node1.example.net")),
             ("CN=Node1.example.net", &[], "node1.example.net", Some("common name Node1.example.net does not match identity")),
         ];
@@ -440,5 +526,135 @@ mod tests {
             validate_csr(&csr, "node1.example.net", &default_deny()),
             Ok(())
         );
+    }
+
+    /// A CSR for `CN=<cn>` signed with the test RSA key whose attributes are exactly
+    /// `extension_requests`, one `extensionRequest` attribute per entry, so requests that the
+    /// builder cannot make (several attributes, a broken SAN) can be tested.
+    fn csr_with_extension_requests(cn: &str, extension_requests: Vec<Vec<Extension>>) -> String {
+        use rsa::signature::{Keypair, SignatureEncoding, Signer};
+        use x509_cert::attr::Attribute;
+        use x509_cert::der::{Encode, EncodePem};
+        use x509_cert::request::{CertReq, CertReqInfo, ExtensionReq};
+        use x509_cert::spki::{DynSignatureAlgorithmIdentifier, SubjectPublicKeyInfoOwned};
+
+        let key_pem = read_vector("tokens/testdata/rsa/signer-key.pem");
+        let key = rsa::RsaPrivateKey::from_pkcs1_pem(&key_pem).expect("test key");
+        let signer = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key);
+        let mut attributes = x509_cert::attr::Attributes::new();
+        for extensions in extension_requests {
+            let attribute = Attribute::try_from(ExtensionReq(extensions)).expect("attribute");
+            attributes.insert(attribute).expect("distinct attributes");
+        }
+        let info = CertReqInfo {
+            version: Default::default(),
+            subject: Name::from_str(&format!("CN={cn}")).expect("subject"),
+            public_key: SubjectPublicKeyInfoOwned::from_key(signer.verifying_key())
+                .expect("public key"),
+            attributes,
+        };
+        let signature = signer.sign(&info.to_der().expect("info der"));
+        let request = CertReq {
+            info,
+            algorithm: signer.signature_algorithm_identifier().expect("algorithm"),
+            signature: x509_cert::der::asn1::BitString::from_bytes(&signature.to_bytes())
+                .expect("bit string"),
+        };
+        request
+            .to_pem(x509_cert::der::pem::LineEnding::LF)
+            .expect("csr to pem")
+    }
+
+    fn san(names: &[&str]) -> Extension {
+        use x509_cert::der::Encode;
+        let names = names
+            .iter()
+            .map(|d| {
+                CertGeneralName::DnsName(x509_cert::der::asn1::Ia5String::new(*d).expect("ia5"))
+            })
+            .collect();
+        Extension {
+            extn_id: SAN_OID,
+            critical: false,
+            extn_value: x509_cert::der::asn1::OctetString::new(
+                SubjectAltName(names).to_der().expect("san der"),
+            )
+            .expect("octets"),
+        }
+    }
+
+    /// A SAN extension whose value is not a GeneralNames sequence (cut short).
+    fn broken_san() -> Extension {
+        Extension {
+            extn_id: SAN_OID,
+            critical: false,
+            extn_value: x509_cert::der::asn1::OctetString::new(vec![0x30, 0x09, 0x82, 0x07, b'n'])
+                .expect("octets"),
+        }
+    }
+
+    const SAN_OID: x509_cert::der::oid::ObjectIdentifier =
+        x509_cert::der::oid::ObjectIdentifier::new_unwrap("2.5.29.17");
+
+    use x509_cert::ext::Extension;
+
+    #[test]
+    fn every_extension_request_is_read_and_a_broken_san_refuses_the_request() {
+        let deny = default_deny();
+        const ID: &str = "node1.example.net";
+        let id = ID;
+        // (extension requests, expected DNS SANs or the error's Display prefix)
+        #[allow(clippy::type_complexity)]
+        let cases: Vec<(&str, Vec<Vec<Extension>>, Result<&[&str], &str>)> = vec![
+            ("one attribute", vec![vec![san(&[id])]], Ok(&[ID])),
+            (
+                "two attributes, both read",
+                vec![vec![san(&[id])], vec![san(&["alias.example.net"])]],
+                Ok(&[ID, "alias.example.net"]),
+            ),
+            (
+                "a denied name in the second attribute",
+                vec![vec![san(&[id])], vec![san(&["evil.choria"])]],
+                Err("evil.choria matches denied certificate pattern"),
+            ),
+            (
+                "a broken SAN",
+                vec![vec![broken_san()]],
+                Err("a subjectAltName extension does not parse"),
+            ),
+            (
+                "a broken SAN in the second attribute",
+                vec![vec![san(&[id])], vec![broken_san()]],
+                Err("a subjectAltName extension does not parse"),
+            ),
+        ];
+        for (name, requests, expected) in cases {
+            let csr = csr_with_extension_requests(id, requests);
+            match expected {
+                Ok(dns) => {
+                    let names = csr_names(&csr).unwrap_or_else(|e| panic!("{name}: {e}"));
+                    let mut got = names.dns_names.clone();
+                    got.sort();
+                    let mut want: Vec<String> = dns.iter().map(|d| d.to_string()).collect();
+                    want.sort();
+                    assert_eq!(got, want, "{name}");
+                    assert_eq!(validate_csr(&csr, id, &deny), Ok(()), "{name}");
+                }
+                Err(prefix) => {
+                    let err = validate_csr(&csr, id, &deny).expect_err(name);
+                    assert!(err.to_string().starts_with(prefix), "{name}: {err}");
+                }
+            }
+        }
+        // x509-parser's own reading stops at the first attribute: the reason for the walk.
+        let csr =
+            csr_with_extension_requests(id, vec![vec![san(&[id])], vec![san(&["evil.choria"])]]);
+        let block = pem::parse(&csr).expect("pem");
+        let (_, request) = X509CertificationRequest::from_der(block.contents()).expect("csr");
+        let first_only = request
+            .requested_extensions()
+            .map(|extensions| extensions.count())
+            .unwrap_or(0);
+        assert_eq!(first_only, 1);
     }
 }

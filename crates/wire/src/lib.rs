@@ -3,6 +3,8 @@
 //! - [`v1`]: protocol v1 message layers, with the client half (what the provisioner sends and
 //!   reads) and the server half (what a provisioning-mode server reads and sends, for the fleet
 //!   simulator and the tests) in separate modules.
+//! - [`identity`]: the checked node [`identity::Identity`], the only way into a node subject.
+//! - [`text`]: untrusted text made safe for a log line.
 //! - [`json`]: Go's `encoding/json` escaping, so signed and hashed bytes match go-choria's.
 //! - [`lifecycle`]: lifecycle events in the Choria and CloudEvents formats.
 //! - [`choria_cfg`]: the client configuration file (`choria.cfg`), text in, settings out.
@@ -13,7 +15,9 @@
 //! tested with plain values, and decoding never panics on input.
 
 pub mod choria_cfg;
+pub mod identity;
 pub mod json;
 pub mod lifecycle;
 pub mod signing;
+pub mod text;
 pub mod v1;

@@ -72,7 +72,8 @@ impl fmt::Display for EventError {
             EventError::UnknownType { protocol } => {
                 write!(
                     f,
-                    "lifecycle event protocol {protocol:?} names an unknown event type"
+                    "lifecycle event protocol {} names an unknown event type",
+                    crate::text::escape(protocol)
                 )
             }
             EventError::MissingField { field } => {

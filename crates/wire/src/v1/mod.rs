@@ -119,7 +119,8 @@ impl fmt::Display for ProtocolError {
                 found,
             } => write!(
                 f,
-                "{layer}: field `protocol` is {found:?}, expected {expected:?}"
+                "{layer}: field `protocol` is {}, expected {expected:?}",
+                crate::text::escape(found)
             ),
             ProtocolError::MissingField { layer, field } => {
                 write!(f, "{layer}: field `{field}` is missing")
@@ -136,8 +137,9 @@ impl fmt::Display for ProtocolError {
             } => write!(f, "{layer}: field `{field}` is not valid base64: {error}"),
             ProtocolError::HashMismatch { claimed, computed } => write!(
                 f,
-                "{}: field `hash` is {claimed:?} but the SHA-256 of `message` is {computed:?}",
-                Layer::SecureReply
+                "{}: field `hash` is {} but the SHA-256 of `message` is {computed:?}",
+                Layer::SecureReply,
+                crate::text::escape(claimed)
             ),
             ProtocolError::Encode { layer, error } => {
                 write!(f, "{layer}: could not encode: {error}")

@@ -1,0 +1,317 @@
+//! Node identities, which come from untrusted nodes and end up in NATS subjects.
+//!
+//! A provisioning-mode node has no certificate: whatever it says its name is arrives in a
+//! lifecycle event, a discovery reply's `mc_sender`, a reply's `senderid`, a CSR's common name
+//! or a helper's `server_claims`. The `nats` crate writes subjects to the socket verbatim, so a
+//! name holding `\r\n` is a protocol injection on our own connection, and `>` or `*` widen a
+//! request to every node. [`Identity`] can only hold a name that is safe as one subject token
+//! and as text in a log line; [`node_subject`], the one way to address a node, takes nothing
+//! else. Every entry point parses with [`Identity::parse`] and refuses what fails.
+//!
+//! The rule (go-choria has no general identity rule of its own to follow here): 1 to 255 bytes,
+//! no whitespace, no control or invisible formatting character (bidirectional overrides,
+//! zero-width characters), no `*` or `>`, and no empty token (no leading, trailing or doubled
+//! dot).
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::v1::COLLECTIVE;
+
+/// The longest identity accepted, in bytes.
+pub const MAX_IDENTITY_BYTES: usize = 255;
+
+/// A checked node identity. Cheap to clone (shared text).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Identity(Arc<str>);
+
+/// Why a string is not an identity. The message never repeats the string itself: callers
+/// log it escaped (see [`crate::text::escape`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IdentityError {
+    Empty,
+    TooLong {
+        bytes: usize,
+    },
+    /// A character that may not appear, and its position (in characters).
+    Forbidden {
+        character: char,
+        position: usize,
+    },
+    /// A leading, trailing or doubled dot.
+    EmptyToken,
+}
+
+impl fmt::Display for IdentityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdentityError::Empty => f.write_str("the identity is empty"),
+            IdentityError::TooLong { bytes } => write!(
+                f,
+                "the identity is {bytes} bytes long, more than {MAX_IDENTITY_BYTES}"
+            ),
+            IdentityError::Forbidden {
+                character,
+                position,
+            } => {
+                let what = match character {
+                    '*' | '>' => "a NATS wildcard",
+                    c if c.is_whitespace() => "whitespace",
+                    c if c.is_control() => "a control character",
+                    _ => "an invisible formatting character",
+                };
+                write!(
+                    f,
+                    "the identity holds {what} ({:?}) at character {position}",
+                    character.escape_unicode().to_string()
+                )
+            }
+            IdentityError::EmptyToken => {
+                f.write_str("the identity has an empty token (a leading, trailing or doubled dot)")
+            }
+        }
+    }
+}
+
+impl std::error::Error for IdentityError {}
+
+/// Characters that are neither whitespace nor control characters but would hide or reorder
+/// text in a log line: zero-width characters, bidirectional marks, embeddings, overrides and
+/// isolates, the word joiner family, and the byte order mark (Unicode category Cf, in the
+/// ranges that render as nothing).
+fn is_invisible_format(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}'
+        | '\u{061C}'
+        | '\u{180E}'
+        | '\u{200B}'..='\u{200F}'
+        | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{2064}'
+        | '\u{2066}'..='\u{206F}'
+        | '\u{FEFF}'
+        | '\u{FFF9}'..='\u{FFFB}'
+    )
+}
+
+/// Whether `c` may never appear in an identity.
+fn forbidden(c: char) -> bool {
+    c == '*' || c == '>' || c.is_whitespace() || c.is_control() || is_invisible_format(c)
+}
+
+impl Identity {
+    /// Checks `text` against the identity rule.
+    pub fn parse(text: &str) -> Result<Identity, IdentityError> {
+        check(text)?;
+        Ok(Identity(Arc::from(text)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The identity rule, without building an [`Identity`].
+pub fn check(text: &str) -> Result<(), IdentityError> {
+    if text.is_empty() {
+        return Err(IdentityError::Empty);
+    }
+    if text.len() > MAX_IDENTITY_BYTES {
+        return Err(IdentityError::TooLong { bytes: text.len() });
+    }
+    if let Some((position, character)) = text.chars().enumerate().find(|(_, c)| forbidden(*c)) {
+        return Err(IdentityError::Forbidden {
+            character,
+            position,
+        });
+    }
+    if text.split('.').any(str::is_empty) {
+        return Err(IdentityError::EmptyToken);
+    }
+    Ok(())
+}
+
+impl std::str::FromStr for Identity {
+    type Err = IdentityError;
+    fn from_str(text: &str) -> Result<Identity, IdentityError> {
+        Identity::parse(text)
+    }
+}
+
+impl TryFrom<&str> for Identity {
+    type Error = IdentityError;
+    fn try_from(text: &str) -> Result<Identity, IdentityError> {
+        Identity::parse(text)
+    }
+}
+
+impl TryFrom<String> for Identity {
+    type Error = IdentityError;
+    fn try_from(text: String) -> Result<Identity, IdentityError> {
+        check(&text)?;
+        Ok(Identity(Arc::from(text)))
+    }
+}
+
+// Safe to print as is: the rule leaves nothing that could break a log line.
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Identity({:?})", &*self.0)
+    }
+}
+
+impl std::ops::Deref for Identity {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Identity {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+// Maps keyed by `Identity` can be read with a `&str`.
+impl Borrow<str> for Identity {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for Identity {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for Identity {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+impl PartialEq<String> for Identity {
+    fn eq(&self, other: &String) -> bool {
+        &*self.0 == other.as_str()
+    }
+}
+
+impl serde::Serialize for Identity {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+/// `provisioning.node.<identity>`: where a provisioning-mode server listens for requests
+/// (go-choria choria/connection.go, directed requests to a node in the provisioning
+/// collective). Takes only a checked [`Identity`], so no subject is ever built from a raw name.
+pub fn node_subject(identity: &Identity) -> String {
+    format!("{COLLECTIVE}.node.{}", identity.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hostile names of the reproduction and the review, each with the reason it fails.
+    pub(crate) const HOSTILE: &[(&str, &str)] = &[
+        (
+            "x 0\r\n\r\nUNSUB 1\r\nPUB evil.injected 5\r\nHELLO",
+            "whitespace",
+        ),
+        (">", "a NATS wildcard"),
+        ("*", "a NATS wildcard"),
+        ("node.>", "a NATS wildcard"),
+        ("a b c", "whitespace"),
+        ("a\tb", "whitespace"),
+        ("a\0b", "a control character"),
+        ("a\r\nb", "whitespace"),
+        ("a\u{1b}[31mred", "a control character"),
+        ("a\u{202e}gnp.exe", "an invisible formatting character"),
+        ("zero\u{200b}width", "an invisible formatting character"),
+        ("a\u{2028}b", "whitespace"),
+        ("a\u{85}b", "whitespace"),
+        ("", "empty"),
+        (".leading", "empty token"),
+        ("trailing.", "empty token"),
+        ("dou..bled", "empty token"),
+        (".", "empty token"),
+    ];
+
+    #[test]
+    fn hostile_names_are_refused_with_the_reason() {
+        for (text, reason) in HOSTILE {
+            let err = Identity::parse(text).expect_err(text);
+            assert!(
+                err.to_string().contains(reason),
+                "{text:?}: {err} does not say {reason:?}"
+            );
+            assert!(
+                !err.to_string().contains('\n') && !err.to_string().contains('\r'),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn length_is_counted_in_bytes() {
+        let long = "a".repeat(MAX_IDENTITY_BYTES);
+        assert!(Identity::parse(&long).is_ok());
+        let too_long = "a".repeat(MAX_IDENTITY_BYTES + 1);
+        assert_eq!(
+            Identity::parse(&too_long),
+            Err(IdentityError::TooLong { bytes: 256 })
+        );
+        let five_kb = "n".repeat(5 * 1024);
+        assert!(matches!(
+            Identity::parse(&five_kb),
+            Err(IdentityError::TooLong { bytes: 5120 })
+        ));
+        // 128 two-byte characters are 256 bytes.
+        assert!(Identity::parse(&"é".repeat(128)).is_err());
+        assert!(Identity::parse(&"é".repeat(127)).is_ok());
+    }
+
+    #[test]
+    fn ordinary_names_pass() {
+        for text in [
+            "n1",
+            "node1.example.net",
+            "rip.mcollective",
+            "web-01_a.dc1.example.net",
+            "UPPER.case",
+            "ünïcode.example",
+            "1.2.3.4",
+            "n1,DNS:broker.example.net",
+        ] {
+            let identity = Identity::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(identity.as_str(), text);
+            assert_eq!(identity.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn the_node_subject_is_one_token_per_dot_of_the_identity() {
+        let identity = Identity::parse("n1.example.net").unwrap();
+        assert_eq!(node_subject(&identity), "provisioning.node.n1.example.net");
+    }
+
+    #[test]
+    fn maps_keyed_by_identity_are_read_with_str() {
+        let mut map = std::collections::HashMap::new();
+        map.insert(Identity::parse("n1").unwrap(), 1);
+        assert_eq!(map.get("n1"), Some(&1));
+        assert_eq!(
+            serde_json::to_string(&Identity::parse("n1").unwrap()).unwrap(),
+            "\"n1\""
+        );
+    }
+}
