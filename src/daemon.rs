@@ -47,13 +47,16 @@ pub fn init_logging(config: &Config, debug: bool) -> Result<(), String> {
         builder.filter_module("nats", log::LevelFilter::Warn);
     }
     builder.format(|buf, record| {
+        // The last line of defence against forged log lines: whatever a message holds, it is
+        // written as one line without control characters.
+        let message = record.args().to_string();
         writeln!(
             buf,
             "{} {:<5} {}: {}",
             buf.timestamp_millis(),
             record.level(),
             record.target(),
-            record.args()
+            choria_wire::text::one_line(&message)
         )
     });
     if let Some(path) = &config.logfile {

@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use crate::metrics::Metrics;
 use choria_broker::clock::Clock;
 use choria_broker::gate::Gate;
+use choria_broker::log_limit;
 use choria_wire::identity::Identity;
 
 /// How one provisioning cycle ended.
@@ -210,10 +211,13 @@ impl Fleet {
                 // (provisioner #190: a known-but-unqueued node was never provisioned).
                 admissions.entries.remove(identity);
                 self.metrics.work_queue_dropped.inc();
-                log::error!(
-                    "work queue is full ({} entries): dropped {identity} from {source:?}; it will be admitted again on its next sighting",
-                    self.settings.work_queue_size
-                );
+                // A flood of made-up names would log one line each: rate-limited per kind.
+                if log_limit::global().allow("work_queue_full", "") {
+                    log::error!(
+                        "work queue is full ({} entries): dropped {identity} from {source:?}; it will be admitted again on its next sighting",
+                        self.settings.work_queue_size
+                    );
+                }
                 Admission::Dropped
             }
         };
@@ -348,11 +352,13 @@ fn work_one(
         Start::Stale => return,
         Start::Expired => {
             fleet.metrics.provision_errors.inc();
-            log::error!(
-                "refusing to provision {}: it waited more than 2 x interval ({:?}) on the queue",
-                ticket.identity,
-                fleet.settings.interval * 2
-            );
+            if log_limit::global().allow("expired", "") {
+                log::error!(
+                    "refusing to provision {}: it waited more than 2 x interval ({:?}) on the queue",
+                    ticket.identity,
+                    fleet.settings.interval * 2
+                );
+            }
             return;
         }
         Start::Provision => {}

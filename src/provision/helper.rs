@@ -281,7 +281,10 @@ impl fmt::Display for HelperError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             HelperError::BadCommand { helper, reason } => {
-                write!(f, "cannot split the helper command {helper:?}: {reason}")
+                write!(
+                    f,
+                    "cannot split the helper command starting {helper:?}: {reason}"
+                )
             }
             HelperError::Input {
                 helper,
@@ -342,8 +345,9 @@ impl std::error::Error for HelperError {}
 /// Splits the `helper` setting with shell quoting rules (as Go's go-shellquote since
 /// provisioner #214): `/usr/bin/helper --ca "/etc/my ca"` is a program and two arguments.
 pub fn split_command(helper: &str) -> Result<Vec<String>, HelperError> {
+    // Only the first word is shown: the arguments may hold secrets.
     let bad = |reason: &str| HelperError::BadCommand {
-        helper: helper.to_string(),
+        helper: helper.split_whitespace().next().unwrap_or("").to_string(),
         reason: reason.to_string(),
     };
     let words =
@@ -356,18 +360,19 @@ pub fn split_command(helper: &str) -> Result<Vec<String>, HelperError> {
 
 /// Runs the helper for `identity`: writes `input` to its stdin, reads at most [`MAX_OUTPUT`]
 /// bytes of stdout, logs its stderr line by line tagged with the node, and decodes the answer.
-/// A run longer than `timeout` is killed (with its process group) and reaped.
+/// A run longer than `timeout` is killed (with its process group) and reaped. Messages name
+/// the helper by its program only: its arguments may hold secrets.
 pub fn run_helper(
     command: &[String],
     input: &HelperInput,
     timeout: Duration,
     identity: &str,
 ) -> Result<HelperOutput, HelperError> {
-    let helper = command.join(" ");
     let program = command.first().ok_or_else(|| HelperError::BadCommand {
-        helper: helper.clone(),
+        helper: String::new(),
         reason: "it names no program".to_string(),
     })?;
+    let helper = program.clone();
     let stdin_bytes = input.to_json().map_err(|err| HelperError::Input {
         helper: helper.clone(),
         identity: identity.to_string(),
@@ -686,7 +691,8 @@ impl<'a> StderrLines<'a> {
 
     fn emit(&mut self) {
         let text = String::from_utf8_lossy(&self.line);
-        let text = text.trim_end_matches('\r');
+        // The helper may echo what a node sent: no control character reaches the log.
+        let text = choria_wire::text::one_line(text.trim_end_matches('\r')).into_owned();
         if self.logged < MAX_STDERR_LINES {
             log::info!(
                 target: "choria_provisioner::helper",

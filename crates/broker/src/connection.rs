@@ -344,7 +344,12 @@ impl Connection {
                 on_reconnect.store(true, Ordering::SeqCst);
                 log::info!("broker connection reconnected");
             })
-            .error_callback(|err| log::warn!("broker reported: {err}"));
+            // A flood of dropped messages reports once per message: rate-limited.
+            .error_callback(|err| {
+                if crate::log_limit::global().allow("broker_error", &err.to_string()) {
+                    log::warn!("broker reported: {err}");
+                }
+            });
 
         let urls = settings.urls.join(",");
         let nats = options
@@ -777,7 +782,12 @@ fn dispatch_replies(inner: &Inner, sub: nats::Subscription, prefix: &str) {
             Some(rest) => rest,
             None => {
                 inner.unknown_replies.fetch_add(1, Ordering::Relaxed);
-                log::debug!("dropping reply on unexpected subject {}", msg.subject);
+                if crate::log_limit::global().allow("stray_reply", "") {
+                    log::debug!(
+                        "dropping reply on unexpected subject {}",
+                        choria_wire::text::escape(&msg.subject)
+                    );
+                }
                 continue;
             }
         };
@@ -790,7 +800,9 @@ fn dispatch_replies(inner: &Inner, sub: nats::Subscription, prefix: &str) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) => {
                     inner.overflowed_replies.fetch_add(1, Ordering::Relaxed);
-                    log::warn!("dropping a reply to request {request_id}: its queue is full");
+                    if crate::log_limit::global().allow("reply_queue_full", request_id) {
+                        log::warn!("dropping a reply to request {request_id}: its queue is full");
+                    }
                 }
                 Err(TrySendError::Disconnected(_)) => {
                     inner.unknown_replies.fetch_add(1, Ordering::Relaxed);
@@ -798,7 +810,12 @@ fn dispatch_replies(inner: &Inner, sub: nats::Subscription, prefix: &str) {
             },
             None => {
                 inner.unknown_replies.fetch_add(1, Ordering::Relaxed);
-                log::debug!("dropping a reply to request {request_id}: nobody is waiting for it");
+                if crate::log_limit::global().allow("stray_reply", "") {
+                    log::debug!(
+                        "dropping a reply to request {}: nobody is waiting for it",
+                        choria_wire::text::escape(request_id)
+                    );
+                }
             }
         }
     }

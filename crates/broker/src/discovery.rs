@@ -143,8 +143,10 @@ impl Discovery {
         }
     }
 
-    fn malformed(&self, kind: &str, reason: &str) {
+    fn malformed(&self, kind: &'static str, reason: &str) {
         self.observer.malformed(kind);
-        log::warn!("ignoring a discovery reply: {reason}");
+        if crate::log_limit::global().allow(kind, "") {
+            log::warn!("ignoring a discovery reply: {reason}");
+        }
     }
 }

@@ -21,5 +21,6 @@ pub mod discovery;
 pub mod election;
 pub mod gate;
 pub mod listener;
+pub mod log_limit;
 pub mod observe;
 pub mod rpc;

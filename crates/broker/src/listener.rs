@@ -21,6 +21,7 @@ use choria_wire::text::escape;
 use crate::clock::unix_now;
 use crate::connection::{Connection, ConnectionError, Subscription};
 use crate::gate::Gate;
+use crate::log_limit;
 use crate::observe::Observer;
 
 /// `malformed_messages{kind}` for an event that does not parse.
@@ -111,9 +112,15 @@ fn listen(
     gate: &Gate,
     observer: &dyn Observer,
 ) {
+    let mut flushed = std::time::Instant::now();
     while !stopping.load(Ordering::SeqCst) {
         if let Some(bytes) = subscription.next_timeout(POLL_SLICE) {
             handle_event(&bytes, subscription.subject(), admit, gate, observer);
+        }
+        // The counts of suppressed log lines come out even when a flood stops.
+        if flushed.elapsed() >= POLL_SLICE {
+            log_limit::global().flush();
+            flushed = std::time::Instant::now();
         }
     }
 }
@@ -142,35 +149,45 @@ fn handle_event(
         Ok(event) => event,
         Err(err) => {
             observer.malformed(MALFORMED_EVENT);
-            log::warn!("ignoring a malformed event on {subject}: {err}");
+            if log_limit::global().allow(MALFORMED_EVENT, "") {
+                log::warn!("ignoring a malformed event on {subject}: {err}");
+            }
             return EventHandling::Malformed;
         }
     };
     if event.kind != "startup" {
-        log::info!(
-            "ignoring a {} event from {} on {subject}",
-            event.kind,
-            escape(&event.identity)
-        );
+        if log_limit::global().allow("other_event", &event.identity) {
+            log::info!(
+                "ignoring a {} event from {} on {subject}",
+                event.kind,
+                escape(&event.identity)
+            );
+        }
         return EventHandling::IgnoredKind(event.kind);
     }
     if event.identity.is_empty() {
         observer.malformed(MALFORMED_EVENT);
-        log::warn!("ignoring a startup event on {subject} without an identity");
+        if log_limit::global().allow(MALFORMED_EVENT, "") {
+            log::warn!("ignoring a startup event on {subject} without an identity");
+        }
         return EventHandling::Malformed;
     }
     let identity = match Identity::parse(&event.identity) {
         Ok(identity) => identity,
         Err(err) => {
             observer.malformed(MALFORMED_EVENT_IDENTITY);
-            log::warn!(
-                "ignoring a startup event on {subject}: its identity {} is refused: {err}",
-                escape(&event.identity)
-            );
+            if log_limit::global().allow(MALFORMED_EVENT_IDENTITY, &event.identity) {
+                log::warn!(
+                    "ignoring a startup event on {subject}: its identity {} is refused: {err}",
+                    escape(&event.identity)
+                );
+            }
             return EventHandling::Malformed;
         }
     };
-    log::info!("{identity} announced its startup");
+    if log_limit::global().allow("startup", &identity) {
+        log::info!("{identity} announced its startup");
+    }
     observer.event_discovered();
     admit(&identity);
     EventHandling::Admitted(identity)

@@ -141,9 +141,11 @@ impl RpcClient {
                 .unwrap_or_else(|| ddl_timeout(agent))
     }
 
-    fn malformed(&self, kind: &str, identity: &Identity, label: &str, reason: &str) {
+    fn malformed(&self, kind: &'static str, identity: &Identity, label: &str, reason: &str) {
         self.observer.malformed(kind);
-        log::warn!("ignoring a reply to {label} for {identity}: {reason}");
+        if crate::log_limit::global().allow(kind, identity) {
+            log::warn!("ignoring a reply to {label} for {identity}: {reason}");
+        }
     }
 
     fn one_try(

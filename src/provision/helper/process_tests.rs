@@ -124,6 +124,20 @@ fn each_failure_mode_is_an_error_naming_the_helper_and_the_node() {
 }
 
 #[test]
+fn errors_name_the_program_but_never_its_arguments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = script(dir.path(), "fails", "#!/bin/sh\ncat >/dev/null\nexit 3\n");
+    let command = format!("{} --token s3cret-arg", path.display());
+    let err = run(&command, Duration::from_secs(20)).expect_err("exit 3");
+    let text = err.to_string();
+    assert!(text.contains(&path.display().to_string()), "{text}");
+    assert!(!text.contains("s3cret-arg"), "{text}");
+    let err = split_command("/usr/bin/helper --token 's3cret-arg").expect_err("unbalanced");
+    assert!(!err.to_string().contains("s3cret-arg"), "{err}");
+    assert!(err.to_string().contains("/usr/bin/helper"), "{err}");
+}
+
+#[test]
 fn a_good_helper_reads_the_node_and_answers() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Echoes parts of its input back, so the test sees what the helper received.
