@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, Sender};
+use crossbeam_channel::{bounded, never, select, Receiver, Sender};
 
 use choria_broker::connection::Connection;
 use choria_broker::discovery::Discovery;
@@ -164,7 +164,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
     );
 
     let signalled = || !signal_rx.is_empty();
-    let conn = match Connection::connect_patiently(&settings, &settings.identity, &signalled) {
+    let conn = match Connection::connect_patiently(&settings, &settings.identity, &signal_rx) {
         Ok(conn) => conn,
         // Asked to stop while the broker was unreachable: a clean stop, not a failure.
         Err(err) if signalled() => {
@@ -214,26 +214,16 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
     )
     .map_err(|err| err.to_string())?;
 
-    let election = if config.leader_election {
+    let (election, election_events) = if config.leader_election {
+        // Events wait in the election thread until main takes them; none is ever dropped.
         let (events_tx, events_rx) = bounded::<ElectionEvent>(4);
         let mut election_settings = ElectionSettings::new(&settings.identity);
         election_settings.api_prefix = config.leader_election_api_prefix.clone();
         let election = Election::start(conn.clone(), election_settings, events_tx, metrics.clone());
-        let fleet = fleet.clone();
-        let trigger = threads.trigger();
-        let handler = std::thread::Builder::new()
-            .name("election-events".into())
-            .spawn(move || {
-                // Ends when the election thread drops its sender.
-                for event in events_rx.iter() {
-                    apply_election_event(&fleet, &trigger, event);
-                }
-            })
-            .map_err(|err| format!("could not start the election event thread: {err}"))?;
         log::info!("campaigning for leadership; paused until elected");
-        Some((election, handler))
+        (Some(election), events_rx)
     } else {
-        None
+        (None, never())
     };
 
     log::info!(
@@ -241,19 +231,19 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
         env!("CARGO_PKG_VERSION"),
         config.workers
     );
-    // Every wait has a bound: wake each second, though only a signal ends the loop.
-    while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
-        signal_rx.recv_timeout(Duration::from_secs(1))
-    {}
+    let trigger = threads.trigger();
+    loop {
+        match next_event(&signal_rx, &election_events) {
+            Event::Stop => break,
+            Event::Election(event) => apply_election_event(&fleet, &trigger, event),
+        }
+    }
 
     log::info!("shutting down: no new work; in-flight nodes get up to {SHUTDOWN_GRACE:?}");
     gate.stop();
     listener.stop();
-    if let Some((election, handler)) = election {
+    if let Some(election) = election {
         election.stop();
-        if handler.join().is_err() {
-            log::error!("the election event thread panicked");
-        }
     }
     let stuck = threads.shutdown(&fleet, SHUTDOWN_GRACE);
     if !stuck.is_empty() {
@@ -268,6 +258,32 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
     }
     log::info!("stopped");
     Ok(())
+}
+
+/// Everything main reacts to once running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    /// SIGINT or SIGTERM.
+    Stop,
+    Election(ElectionEvent),
+}
+
+/// Main's one wait: the next signal or election event. No timeout: the process lives until a
+/// signal, and the channels' senders live as long as main (a signal handler, the election).
+fn next_event(signals: &Receiver<()>, election: &Receiver<ElectionEvent>) -> Event {
+    select! {
+        recv(signals) -> _ => Event::Stop,
+        recv(election) -> event => match event {
+            Ok(event) => Event::Election(event),
+            // The election thread is gone (it never ends before `stop`): nothing but a
+            // signal can come now.
+            Err(_) => {
+                log::error!("the leader election ended unexpectedly; staying as we are");
+                let _ = signals.recv();
+                Event::Stop
+            }
+        },
+    }
 }
 
 /// Won: work, and discover at once rather than waiting up to an interval. Lost: stop, and

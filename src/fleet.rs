@@ -16,11 +16,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, select, Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{bounded, never, select, Receiver, Sender, TrySendError};
 use parking_lot::Mutex;
 
 use crate::metrics::Metrics;
 use choria_broker::clock::Clock;
+use choria_broker::discovery::DiscoveryError;
 use choria_broker::gate::Gate;
 use choria_broker::log_limit;
 use choria_wire::identity::Identity;
@@ -47,11 +48,11 @@ pub trait ProvisionCycle: Send + Sync {
 /// Broadcast discovery (`choria_broker::discovery::Discovery` implements it).
 pub trait Discover: Send + Sync {
     /// The identities that answered one discovery round.
-    fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, String>;
+    fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, DiscoveryError>;
 }
 
 impl Discover for choria_broker::discovery::Discovery {
-    fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, String> {
+    fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, DiscoveryError> {
         choria_broker::discovery::Discovery::discover(self, gate)
     }
 }
@@ -228,10 +229,25 @@ impl Fleet {
     /// Pops the next ticket, waiting at most `timeout`.
     pub fn next_ticket(&self, timeout: Duration) -> Option<Ticket> {
         let ticket = self.queue_rx.recv_timeout(timeout).ok()?;
+        self.popped();
+        Some(ticket)
+    }
+
+    /// Pops the next ticket, waiting until one comes or the gate stops (`None`).
+    pub fn next_ticket_until_stopped(&self) -> Option<Ticket> {
+        let stopped = self.gate.stopped();
+        let ticket = select! {
+            recv(self.queue_rx) -> ticket => ticket.ok()?,
+            recv(stopped) -> _ => return None,
+        };
+        self.popped();
+        Some(ticket)
+    }
+
+    fn popped(&self) {
         self.metrics
             .work_queue_entries
             .set(self.queue_rx.len() as f64);
-        Some(ticket)
     }
 
     /// Decides whether a popped ticket is provisioned, and marks it in flight if so.
@@ -463,10 +479,8 @@ impl FleetThreads {
                 std::thread::Builder::new()
                     .name(format!("worker-{n}"))
                     .spawn(move || {
-                        while !fleet.gate.is_stopping() {
-                            if let Some(ticket) = fleet.next_ticket(Duration::from_millis(100)) {
-                                work_one(&fleet, cycle.as_ref(), ticket, &done, &release);
-                            }
+                        while let Some(ticket) = fleet.next_ticket_until_stopped() {
+                            work_one(&fleet, cycle.as_ref(), ticket, &done, &release);
                         }
                         let _ = exit.send(());
                     })?,
@@ -584,6 +598,8 @@ pub fn run_discovery(fleet: &Fleet, discover: &dyn Discover) {
                 identities.len()
             );
         }
+        // Paused or stopping: nobody would use the answers; not a failure.
+        Err(DiscoveryError::Halted(halt)) => log::info!("discovery ended early: {halt}"),
         Err(err) => log::error!("discovery failed: {err}"),
     }
 }
@@ -615,15 +631,16 @@ impl Ord for Deadline {
     }
 }
 
-/// One timer thread for every held ticket: a deadline heap, never a timer per host.
+/// One timer thread for every held ticket: a deadline heap, never a timer per host. It sleeps
+/// until the earliest deadline on the fleet's clock, a new ticket or the stop, whichever is
+/// first.
 fn run_releaser(
     fleet: &Fleet,
     incoming: Receiver<Ticket>,
     stop: Receiver<()>,
     done: Sender<Ticket>,
 ) {
-    // Wake at least this often so an injected clock that jumps is noticed.
-    const TICK: Duration = Duration::from_millis(50);
+    let mut incoming = incoming;
     let mut heap: BinaryHeap<Deadline> = BinaryHeap::new();
     loop {
         let now = fleet.clock.now();
@@ -637,10 +654,10 @@ fn run_releaser(
                 }
             }
         }
-        let wait = heap
-            .peek()
-            .map(|d| d.at.saturating_duration_since(now).min(TICK))
-            .unwrap_or(TICK);
+        let next_deadline = match heap.peek() {
+            Some(earliest) => fleet.clock.at(earliest.at),
+            None => never(),
+        };
         select! {
             recv(stop) -> _ => return,
             recv(incoming) -> msg => match msg {
@@ -648,13 +665,10 @@ fn run_releaser(
                 Err(_) => {
                     if heap.is_empty() { return; }
                     // Workers gone: keep releasing what is held until stopped.
-                    match stop.recv_timeout(wait) {
-                        Err(RecvTimeoutError::Timeout) => {}
-                        _ => return,
-                    }
+                    incoming = never();
                 }
             },
-            default(wait) => {},
+            recv(next_deadline) -> _ => {},
         }
     }
 }
@@ -887,7 +901,7 @@ mod tests {
     }
 
     impl Discover for FixedDiscovery {
-        fn discover(&self, _gate: &Gate) -> Result<Vec<Identity>, String> {
+        fn discover(&self, _gate: &Gate) -> Result<Vec<Identity>, DiscoveryError> {
             self.rounds.fetch_add(1, Ordering::SeqCst);
             Ok(self.identities.clone())
         }
@@ -908,6 +922,78 @@ mod tests {
             "foreign" => ProvisionOutcome::OwnedElsewhere,
             _ => ProvisionOutcome::Provisioned { hold: true },
         }
+    }
+
+    /// What one discovery round logged at info or above, against a rack on a real broker
+    /// that answers for `n1.net` after running `on_ping`.
+    fn logged_round(on_ping: fn(&Fleet), close_first: bool) -> Vec<(log::Level, String)> {
+        use choria_broker::connection::Connection;
+        use choria_broker::discovery::{Discovery, DISCOVERY_SUBJECT};
+        use choria_testkit::harness::{insecure_settings, Responder};
+        use choria_testkit::NatsServer;
+
+        let server = NatsServer::start().expect("nats-server");
+        let (fleet, _, metrics) = fleet_with(10);
+        let pinged = fleet.clone();
+        let rack = Responder::start(
+            &server.url(),
+            "rack",
+            DISCOVERY_SUBJECT,
+            Box::new(move |request, _| {
+                on_ping(&pinged);
+                vec![choria_wire::v1::server::encode_reply(
+                    &request.request_id,
+                    "n1.net",
+                    "discovery",
+                    "pong",
+                    request.time,
+                )]
+            }),
+        );
+        let conn = Connection::connect(
+            &insecure_settings(&server.url(), "provisioner.test", Duration::from_secs(10)),
+            "provisioner",
+        )
+        .expect("connects");
+        if close_first {
+            conn.close();
+        }
+        let discovery = Discovery::new(conn.clone(), metrics);
+        let ((), lines) = crate::test_log::capture(|| run_discovery(&fleet, &discovery));
+        rack.stop();
+        conn.close();
+        lines
+            .into_iter()
+            .filter(|line| line.level <= log::Level::Info)
+            .map(|line| (line.level, line.text))
+            .collect()
+    }
+
+    #[test]
+    fn a_discovery_round_is_logged_once_and_a_halt_is_not_an_error() {
+        use log::Level::{Error, Info};
+        assert_eq!(
+            logged_round(|_| {}, false),
+            [(Info, "discovery found 1 nodes, admitted 1".to_string())],
+            "one line per round"
+        );
+        assert_eq!(
+            logged_round(|fleet| fleet.pause(), false),
+            [(
+                Info,
+                "discovery ended early: provisioning is paused".to_string()
+            )],
+            "a pause mid-round is not an error"
+        );
+        let failed = logged_round(|_| {}, true);
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!(failed[0].0, Error);
+        assert!(
+            failed[0]
+                .1
+                .starts_with("discovery failed: discovery request not sent:"),
+            "{failed:?}"
+        );
     }
 
     #[test]

@@ -16,6 +16,8 @@ mod duration;
 pub mod fleet;
 mod metrics;
 mod provision;
+#[cfg(test)]
+mod test_log;
 
 pub use cli::{parse as parse_command_line, Command, RunArgs, USAGE};
 pub use daemon::run;

@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -372,7 +373,11 @@ impl Metrics {
 }
 
 /// Serves `GET /metrics` on its own named thread until `stop` is called.
+///
+/// The thread blocks in `accept`; `stop` wakes it by shutting the listening socket down
+/// (on Linux a blocked `accept` then returns at once), so nothing waits in slices.
 pub struct MetricsServer {
+    listener: Arc<TcpListener>,
     stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     #[cfg_attr(not(test), allow(dead_code))] // read by the HTTP tests
@@ -382,29 +387,37 @@ pub struct MetricsServer {
 impl MetricsServer {
     /// Binds `addr` (Go binds `:port` on every interface) and starts serving.
     pub fn start(addr: &str, metrics: Arc<Metrics>) -> std::io::Result<MetricsServer> {
-        let listener = TcpListener::bind(addr)?;
-        // Non-blocking accept so the thread can notice `stop` within a bounded time.
-        listener.set_nonblocking(true)?;
+        let listener = Arc::new(TcpListener::bind(addr)?);
         let local_addr = listener.local_addr()?;
         let stopping = Arc::new(AtomicBool::new(false));
-        let stop_flag = stopping.clone();
+        let (accepting, stop_flag) = (listener.clone(), stopping.clone());
         let thread = std::thread::Builder::new()
             .name("metrics-http".into())
-            .spawn(move || {
-                while !stop_flag.load(Ordering::SeqCst) {
-                    match listener.accept() {
-                        Ok((stream, _)) => serve_one(stream, &metrics),
-                        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(50))
-                        }
-                        Err(err) => {
-                            log::warn!("metrics listener accept failed: {err}");
-                            std::thread::sleep(Duration::from_millis(50))
-                        }
+            .spawn(move || loop {
+                let accepted = accepting.accept();
+                if stop_flag.load(Ordering::SeqCst) {
+                    return;
+                }
+                match accepted {
+                    Ok((stream, _)) => serve_one(stream, &metrics),
+                    // EINTR while signals arrive, or a client that gave up before we took
+                    // it: neither ends the listener.
+                    Err(err)
+                        if matches!(
+                            err.kind(),
+                            std::io::ErrorKind::Interrupted | std::io::ErrorKind::ConnectionAborted
+                        ) => {}
+                    Err(err) => {
+                        // Out of descriptors and the like: say so and retry after a pause,
+                        // rather than spin on an accept that fails at once (`stop` still
+                        // wakes it: the shut-down socket fails the next accept).
+                        log::warn!("metrics listener accept failed: {err}");
+                        std::thread::sleep(Duration::from_millis(100));
                     }
                 }
             })?;
         Ok(MetricsServer {
+            listener,
             stopping,
             thread: Some(thread),
             local_addr,
@@ -413,6 +426,10 @@ impl MetricsServer {
 
     pub fn stop(mut self) {
         self.stopping.store(true, Ordering::SeqCst);
+        // SAFETY: shutdown(2) on a socket this struct keeps open; no memory involved.
+        unsafe {
+            libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR);
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }

@@ -7,9 +7,16 @@
 //! suspended), right for timeouts and the fleet's schedule. A lease that must expire while
 //! the host sleeps needs a clock that counts suspend (`CLOCK_BOOTTIME`), added beside this
 //! one with its own type so the two cannot be mixed up.
+//!
+//! A wait for a moment on a clock is a channel ([`Clock::at`]) so it can be `select!`ed with
+//! other channels: the real clock's is crossbeam's timer; the [`ManualClock`]'s fires when a
+//! test moves the clock past it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use parking_lot::Mutex;
 
 /// Seconds since the Unix epoch, for message `time` fields (0 if the clock is before 1970).
 pub fn unix_now() -> i64 {
@@ -22,6 +29,9 @@ pub fn unix_now() -> i64 {
 /// The time source, injectable so tests drive time without sleeping.
 pub trait Clock: Send + Sync {
     fn now(&self) -> Instant;
+
+    /// A channel that delivers one message once `deadline` has passed on this clock.
+    fn at(&self, deadline: Instant) -> Receiver<Instant>;
 }
 
 /// The real monotonic clock.
@@ -32,13 +42,19 @@ impl Clock for SystemClock {
     fn now(&self) -> Instant {
         Instant::now()
     }
+
+    fn at(&self, deadline: Instant) -> Receiver<Instant> {
+        crossbeam_channel::at(deadline)
+    }
 }
 
-/// A clock that moves only when told to.
+/// A clock that moves only when told to; its timers fire as [`ManualClock::advance`] passes
+/// them, at once, however far the jump.
 #[derive(Debug)]
 pub struct ManualClock {
     base: Instant,
     offset_nanos: AtomicU64,
+    timers: Mutex<Vec<(Instant, Sender<Instant>)>>,
 }
 
 impl Default for ManualClock {
@@ -46,19 +62,69 @@ impl Default for ManualClock {
         ManualClock {
             base: Instant::now(),
             offset_nanos: AtomicU64::new(0),
+            timers: Mutex::new(Vec::new()),
         }
     }
 }
 
 impl ManualClock {
     pub fn advance(&self, by: Duration) {
+        let mut timers = self.timers.lock();
         self.offset_nanos
             .fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
+        let now = self.now();
+        timers.retain(|(deadline, fire)| {
+            if *deadline <= now {
+                // Capacity one and sent once: never blocks; a gone receiver is fine.
+                let _ = fire.try_send(now);
+                false
+            } else {
+                true
+            }
+        });
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> Instant {
         self.base + Duration::from_nanos(self.offset_nanos.load(Ordering::SeqCst))
+    }
+
+    fn at(&self, deadline: Instant) -> Receiver<Instant> {
+        let (fire, fired) = bounded(1);
+        // Under the lock, so an `advance` cannot slip between the check and the insert.
+        let mut timers = self.timers.lock();
+        let now = self.now();
+        if deadline <= now {
+            let _ = fire.try_send(now);
+        } else {
+            timers.push((deadline, fire));
+        }
+        fired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_timers_fire_when_the_clock_passes_them() {
+        let clock = ManualClock::default();
+        let start = clock.now();
+        let soon = clock.at(start + Duration::from_secs(10));
+        let later = clock.at(start + Duration::from_secs(60));
+        let past = clock.at(start);
+        assert!(
+            past.try_recv().is_ok(),
+            "a deadline already reached fires at once"
+        );
+        clock.advance(Duration::from_secs(9));
+        assert!(soon.try_recv().is_err());
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(soon.try_recv(), Ok(start + Duration::from_secs(10)));
+        assert!(later.try_recv().is_err());
+        clock.advance(Duration::from_secs(3600));
+        assert!(later.try_recv().is_ok());
     }
 }

@@ -32,15 +32,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{bounded, select, Receiver, RecvTimeoutError, Sender, TrySendError};
 use parking_lot::Mutex;
 
 use choria_wire::choria_cfg::DEFAULT_TTL;
 use choria_wire::signing::Signer;
 use choria_wire::v1::{self, client, COLLECTIVE};
 
-/// How often background threads look at the closing flag.
-const POLL_SLICE: Duration = Duration::from_millis(100);
+use crate::gate::{Halt, Never, Watch};
 
 /// How long `close` waits for the crate to flush and shut down before giving up on it.
 const CLOSE_LIMIT: Duration = Duration::from_secs(5);
@@ -238,6 +237,9 @@ struct Inner {
     waiters: Mutex<HashMap<String, Sender<Delivery>>>,
     connected: Arc<AtomicBool>,
     closing: Arc<AtomicBool>,
+    /// Dropped by `close`, which wakes our background threads at once.
+    close_signal: Mutex<Option<Sender<Never>>>,
+    closed: Receiver<Never>,
     flush_kick: Option<Sender<()>>,
     threads: Mutex<Vec<(JoinHandle<()>, Receiver<()>)>>,
     unknown_replies: AtomicU64,
@@ -252,31 +254,27 @@ impl Connection {
     }
 
     /// As [`Connection::connect`], but retries the first connection with the FiveSec backoff
-    /// until it succeeds or `give_up()` says to stop (checked between tries, in small
-    /// slices), for a daemon that starts before its broker.
-    pub fn connect_patiently(
+    /// until it succeeds or `stop` is ready (a message or a disconnect), for a daemon that
+    /// starts before its broker. `stop` is only looked at, never read from, so its owner
+    /// still sees the message that ended the wait. The error is the last attempt's.
+    pub fn connect_patiently<T>(
         settings: &ConnectSettings,
         name: &str,
-        give_up: &dyn Fn() -> bool,
+        stop: &Receiver<T>,
     ) -> Result<Connection, ConnectionError> {
         let mut attempt = 0usize;
         loop {
             match Connection::connect(settings, name) {
                 Ok(conn) => return Ok(conn),
                 Err(err @ ConnectionError::Connect { .. }) => {
-                    log::warn!("{err}; retrying");
-                    let pause = crate::rpc::five_sec_backoff(attempt);
+                    let pause = crate::backoff::five_sec(attempt, &mut rand::thread_rng());
                     attempt += 1;
-                    let end = Instant::now() + pause;
-                    while Instant::now() < end {
-                        if give_up() {
-                            return Err(err);
-                        }
-                        std::thread::sleep(POLL_SLICE.min(end - Instant::now()));
-                    }
-                    if give_up() {
+                    let mut watch = crossbeam_channel::Select::new();
+                    watch.recv(stop);
+                    if watch.ready_timeout(pause).is_ok() {
                         return Err(err);
                     }
+                    log::warn!("{err}; retrying");
                 }
                 Err(other) => return Err(other),
             }
@@ -391,6 +389,7 @@ impl Connection {
             (None, None)
         };
 
+        let (close_signal, closed) = bounded::<Never>(0);
         let inner = Arc::new(Inner {
             nats,
             settings: settings.clone(),
@@ -399,6 +398,8 @@ impl Connection {
             waiters: Mutex::new(HashMap::new()),
             connected,
             closing,
+            close_signal: Mutex::new(Some(close_signal)),
+            closed,
             flush_kick,
             threads: Mutex::new(Vec::new()),
             unknown_replies: AtomicU64::new(0),
@@ -655,6 +656,7 @@ impl Connection {
         if self.inner.closing.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.inner.close_signal.lock().take();
         self.inner.waiters.lock().clear();
         if self.inner.connected.load(Ordering::SeqCst) {
             let nats = self.inner.nats.clone();
@@ -762,21 +764,18 @@ struct Delivery {
 /// A reply dispatcher: one thread reading one wildcard subscription whose last subject token
 /// after `prefix` is the request id.
 fn dispatch_replies(inner: &Inner, sub: nats::Subscription, prefix: &str) {
-    while !inner.closing.load(Ordering::SeqCst) {
-        let msg = match sub.next_timeout(POLL_SLICE) {
-            Ok(msg) => msg,
-            Err(err)
-                if err.kind() == io::ErrorKind::TimedOut
-                    || err.kind() == io::ErrorKind::Interrupted =>
-            {
-                continue
-            }
-            Err(err) => {
-                if !inner.closing.load(Ordering::SeqCst) {
-                    log::error!("reply subscription ended: {err}");
+    loop {
+        let msg = select! {
+            recv(sub.receiver()) -> msg => match msg {
+                Ok(msg) => msg,
+                Err(_) => {
+                    if !inner.closing.load(Ordering::SeqCst) {
+                        log::error!("reply subscription {prefix}> ended");
+                    }
+                    break;
                 }
-                break;
-            }
+            },
+            recv(inner.closed) -> _ => break,
         };
         let request_id = match msg.subject.strip_prefix(prefix) {
             Some(rest) => rest,
@@ -823,9 +822,12 @@ fn dispatch_replies(inner: &Inner, sub: nats::Subscription, prefix: &str) {
 
 /// The prompt flusher: flushes as soon as something was published, one flush at a time.
 fn prompt_flush(inner: &Inner, wanted: Receiver<()>) {
-    while !inner.closing.load(Ordering::SeqCst) {
-        match wanted.recv_timeout(POLL_SLICE) {
-            Ok(()) => {
+    loop {
+        select! {
+            recv(wanted) -> kick => {
+                if kick.is_err() {
+                    break;
+                }
                 // While disconnected the crate's flush would wait for the reconnect; the
                 // crate sends its reconnect buffer by itself then.
                 if inner.connected.load(Ordering::SeqCst) && !inner.closing.load(Ordering::SeqCst) {
@@ -833,9 +835,8 @@ fn prompt_flush(inner: &Inner, wanted: Receiver<()>) {
                         log::debug!("prompt flush failed: {err}");
                     }
                 }
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
+            },
+            recv(inner.closed) -> _ => break,
         }
     }
 }
@@ -929,6 +930,14 @@ impl<T: Copy> Inbox<T> {
     }
 }
 
+/// What [`ReplyWaiter::next_before`] waited for.
+#[derive(Debug, PartialEq)]
+pub enum Next {
+    Reply(Vec<u8>),
+    Deadline,
+    Halted(Halt),
+}
+
 /// Replies to one request id, as registered by [`Connection::expect_replies`].
 pub struct ReplyWaiter {
     inner: Arc<Inner>,
@@ -944,6 +953,23 @@ impl ReplyWaiter {
     /// Replies queued right now.
     pub fn queued(&self) -> usize {
         self.replies.len()
+    }
+
+    /// The next reply's transport bytes before `deadline`, unless the gate `watch` guards
+    /// closes first. A closed gate wins over a reply that arrives with it: once paused or
+    /// stopping, no reply is acted on.
+    pub fn next_before(&self, deadline: Instant, watch: &Watch) -> Next {
+        let timer = crossbeam_channel::at(deadline);
+        select! {
+            recv(self.replies) -> delivery => match delivery {
+                Ok(_) if watch.is_closed() => Next::Halted(watch.halt()),
+                Ok(delivery) => Next::Reply(delivery.data),
+                // Unregistered by `close`: nothing more will come.
+                Err(_) => Next::Deadline,
+            },
+            recv(watch.closed()) -> _ => Next::Halted(watch.halt()),
+            recv(timer) -> _ => Next::Deadline,
+        }
     }
 
     /// The next reply's transport bytes, or `None` once `deadline` passes (or on close).
@@ -984,6 +1010,11 @@ impl Subscription {
                 Err(_) => return None,
             }
         }
+    }
+
+    /// The messages, for a thread of this crate that `select!`s on them with other channels.
+    pub(crate) fn messages(&self) -> &Receiver<nats::Message> {
+        self.sub.receiver()
     }
 
     pub fn subject(&self) -> &str {
@@ -1116,17 +1147,36 @@ mod tests {
     }
 
     #[test]
-    fn patient_connect_gives_up_when_told() {
-        let port = choria_testkit::free_port().unwrap();
-        let calls = std::sync::atomic::AtomicUsize::new(0);
-        let give_up = || calls.fetch_add(1, Ordering::SeqCst) >= 2;
-        let result = Connection::connect_patiently(
-            &settings(&format!("nats://127.0.0.1:{port}")),
-            "t",
-            &give_up,
-        );
+    fn patient_connect_retries_until_told_to_give_up_and_leaves_the_stop_unread() {
+        // Something that accepts and hangs up at once: each accept is one connection attempt.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("nats://{}", listener.local_addr().unwrap());
+        let (stop, stop_seen) = bounded::<()>(1);
+        let counter = std::thread::Builder::new()
+            .name("test-hang-up".into())
+            .spawn(move || {
+                for attempt in 1..=3 {
+                    match listener.accept() {
+                        Ok((socket, _)) => drop(socket),
+                        Err(_) => return attempt - 1,
+                    }
+                }
+                let _ = stop.send(());
+                3
+            })
+            .unwrap();
+        let result = Connection::connect_patiently(&settings(&url), "t", &stop_seen);
         assert!(matches!(result, Err(ConnectionError::Connect { .. })));
-        assert!(calls.load(Ordering::SeqCst) >= 3);
+        assert_eq!(
+            counter.join().unwrap(),
+            3,
+            "three attempts before giving up"
+        );
+        assert_eq!(
+            stop_seen.try_recv(),
+            Ok(()),
+            "the stop message is left for its owner"
+        );
     }
 
     #[test]

@@ -8,17 +8,18 @@
 //! we de-duplicate here too.
 
 use std::collections::BTreeSet;
+use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choria_wire::identity::Identity;
 use choria_wire::text::escape;
 use choria_wire::v1::client::{self, RequestSpec};
-use choria_wire::v1::{self, Filter};
+use choria_wire::v1::{self, Filter, ProtocolError};
 
 use crate::clock::unix_now;
-use crate::connection::Connection;
-use crate::gate::Gate;
+use crate::connection::{Connection, ConnectionError, Next};
+use crate::gate::{Gate, Halt};
 use crate::observe::Observer;
 
 /// The subject every provisioning-mode server's discovery agent listens on.
@@ -31,14 +32,46 @@ pub const SLIDING_WINDOW: Duration = Duration::from_millis(300);
 /// other, so this is sized for a large fleet answering at once.
 const REPLY_QUEUE: usize = 100_000;
 
-/// How often the collector looks at the gate while waiting.
-const GATE_SLICE: Duration = Duration::from_millis(100);
-
 /// `malformed_messages{kind}` for a discovery reply without a readable sender.
 pub const MALFORMED_DISCOVERY_REPLY: &str = "discovery_reply";
 
 /// `malformed_messages{kind}` for a discovery reply whose sender is not a valid identity.
 pub const MALFORMED_DISCOVERY_SENDER: &str = "discovery_sender";
+
+/// Why a discovery round found nothing.
+#[derive(Debug)]
+pub enum DiscoveryError {
+    /// The gate was closed before the ping, or closed while waiting for answers: not a
+    /// failure, nobody would use the answers.
+    Halted(Halt),
+    /// The ping could not be encoded.
+    Encode(ProtocolError),
+    /// The ping could not be published.
+    Publish(ConnectionError),
+}
+
+impl fmt::Display for DiscoveryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DiscoveryError::Halted(halt) => write!(f, "discovery stopped: {halt}"),
+            DiscoveryError::Encode(err) => {
+                write!(f, "could not encode the discovery request: {err}")
+            }
+            // The connection's message names the subject and the cause.
+            DiscoveryError::Publish(err) => write!(f, "discovery request not sent: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for DiscoveryError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DiscoveryError::Halted(_) => None,
+            DiscoveryError::Encode(err) => Some(err),
+            DiscoveryError::Publish(err) => Some(err),
+        }
+    }
+}
 
 /// Broadcast discovery over the shared connection.
 pub struct Discovery {
@@ -51,7 +84,7 @@ impl Discovery {
         Discovery { conn, observer }
     }
 
-    fn ping(&self, request_id: &str) -> Result<(), String> {
+    fn ping(&self, request_id: &str) -> Result<(), DiscoveryError> {
         let settings = self.conn.settings();
         let filter = Filter::agent("choria_provision");
         let spec = RequestSpec {
@@ -69,26 +102,23 @@ impl Discovery {
         let transport = self
             .conn
             .encode_request(&spec, &reply_to)
-            .map_err(|err| format!("could not encode the discovery request: {err}"))?;
+            .map_err(DiscoveryError::Encode)?;
         self.conn
             .publish(DISCOVERY_SUBJECT, &transport)
-            .map_err(|err| err.to_string())
+            .map_err(DiscoveryError::Publish)
     }
-}
 
-impl Discovery {
     /// One broadcast discovery: the distinct senders that answered within the window. Sends
-    /// nothing while the gate is closed, and gives up (with the reason) if it closes while
-    /// waiting.
-    pub fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, String> {
+    /// nothing while the gate is closed, and gives up the moment it closes while waiting.
+    /// Logs nothing about the round itself; the caller reports it once.
+    pub fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, DiscoveryError> {
         // Nothing goes out while paused or stopping.
-        gate.check().map_err(|halt| halt.to_string())?;
+        let watch = gate.watch().map_err(DiscoveryError::Halted)?;
         self.observer.discover_cycle();
         let request_id = v1::new_request_id();
         let waiter = self.conn.expect_replies(&request_id, REPLY_QUEUE);
         if let Err(err) = self.ping(&request_id) {
             self.observer.discovery_error();
-            log::error!("discovery failed: {err}");
             return Err(err);
         }
 
@@ -96,26 +126,24 @@ impl Discovery {
         let mut window_end = hard_end;
         let mut senders = BTreeSet::new();
         loop {
-            let now = Instant::now();
-            if now >= window_end {
-                // Replies already queued arrived in time; take exactly those.
-                for _ in 0..waiter.queued() {
-                    if let Some(bytes) = waiter.next_until(now) {
-                        self.collect(&bytes, &mut senders);
+            match waiter.next_before(window_end, &watch) {
+                Next::Reply(bytes) => {
+                    if self.collect(&bytes, &mut senders) {
+                        window_end = hard_end.min(Instant::now() + SLIDING_WINDOW);
                     }
                 }
-                break;
-            }
-            let Some(bytes) = waiter.next_until(window_end.min(now + GATE_SLICE)) else {
+                Next::Deadline => break,
                 // The ping is out; a closed gate just means nobody will use the answers.
-                gate.check().map_err(|halt| halt.to_string())?;
-                continue;
-            };
-            if self.collect(&bytes, &mut senders) {
-                window_end = hard_end.min(Instant::now() + SLIDING_WINDOW);
+                Next::Halted(halt) => return Err(DiscoveryError::Halted(halt)),
             }
         }
-        log::info!("discovery found {} nodes", senders.len());
+        // Replies already queued arrived in time; take exactly those.
+        let now = Instant::now();
+        for _ in 0..waiter.queued() {
+            if let Some(bytes) = waiter.next_until(now) {
+                self.collect(&bytes, &mut senders);
+            }
+        }
         Ok(senders.into_iter().collect())
     }
 }

@@ -23,6 +23,7 @@
 //!
 //! Every request goes through the daemon's one [`Connection`], with its explicit timeout.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,11 +31,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{select, Receiver, RecvTimeoutError, Sender, TrySendError};
 use parking_lot::Mutex;
 use rand::Rng;
 
+use crate::backoff;
 use crate::connection::{Connection, RequestError};
+use crate::gate::Never;
 use crate::observe::Observer;
 
 /// The bucket the Choria Broker creates for elections (go-choria
@@ -55,8 +58,6 @@ const MAX_TTL: Duration = Duration::from_secs(3600);
 /// Go sleeps this long after the first keep-alive before calling OnWon (election.go,
 /// maintainLeadership).
 const WON_COOL_DOWN: Duration = Duration::from_millis(200);
-/// How long handing an event to the daemon may block the election thread.
-const EVENT_SEND_BOUND: Duration = Duration::from_secs(1);
 /// A repeated complaint is logged again at most this often.
 const COMPLAINT_REPEAT: Duration = Duration::from_secs(60);
 
@@ -268,16 +269,6 @@ pub fn leader_interval(rng: &mut impl Rng) -> Duration {
 /// so a standby notices an expired key within one interval (the TTL + 2 s takeover budget).
 pub fn standby_interval(campaign_interval: Duration, rng: &mut impl Rng) -> Duration {
     campaign_interval.mul_f64(rng.gen_range(0.75..=1.0))
-}
-
-/// Back-off between setup attempts: Go's FiveSec steps (backoff/backoff.go), jittered to
-/// [0.5, 1.5).
-pub fn setup_backoff(failures: u32, rng: &mut impl Rng) -> Duration {
-    const STEPS_MS: [u64; 11] = [
-        500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
-    ];
-    let step = STEPS_MS[(failures as usize).min(STEPS_MS.len() - 1)];
-    Duration::from_millis(step / 2 + rng.gen_range(0..step))
 }
 
 /// The TTL (stream max age) if Go would accept it.
@@ -492,6 +483,8 @@ pub struct Election {
     shared: Arc<Shared>,
     stop_signal: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    /// Disconnects when the thread's body returns.
+    finished: Receiver<Never>,
     join_bound: Duration,
 }
 
@@ -499,6 +492,10 @@ impl Election {
     /// Starts campaigning on its own named thread. Never fails: setup problems are logged,
     /// shown by [`Election::setup_problem`] and retried with backoff inside the thread.
     /// `conn` may be shared with the rest of the daemon; the election never closes it.
+    ///
+    /// Every event reaches `events` in order, however slowly it is read: events the daemon
+    /// has not taken yet wait in the thread, which keeps campaigning meanwhile and hands them
+    /// over during its waits. Only a stop drops what is still undelivered.
     pub fn start(
         conn: Connection,
         settings: ElectionSettings,
@@ -511,10 +508,10 @@ impl Election {
             setup_problem: Mutex::new(None),
         });
         let (stop_signal, stop_wait) = crossbeam_channel::bounded::<()>(1);
-        // The longest the thread can take to notice stop: one bounded request, a release
-        // write and two event hand-overs, with slack.
-        let join_bound =
-            settings.write_timeout_cap * 2 + EVENT_SEND_BOUND * 2 + Duration::from_secs(1);
+        // The longest the thread can take to notice stop: one bounded request and a release
+        // write, with slack.
+        let join_bound = settings.write_timeout_cap * 2 + Duration::from_secs(1);
+        let (finishing, finished) = crossbeam_channel::bounded::<Never>(0);
         observer.election_started(
             &settings.key,
             &settings.identity,
@@ -524,6 +521,7 @@ impl Election {
             conn,
             settings,
             events,
+            undelivered: VecDeque::new(),
             observer,
             shared: shared.clone(),
             stop_wait,
@@ -531,7 +529,10 @@ impl Election {
         };
         let thread = std::thread::Builder::new()
             .name("election".into())
-            .spawn(move || member.run());
+            .spawn(move || {
+                member.run();
+                drop(finishing);
+            });
         let thread = match thread {
             Ok(handle) => Some(handle),
             Err(err) => {
@@ -545,6 +546,7 @@ impl Election {
             shared,
             stop_signal: Some(stop_signal),
             thread,
+            finished,
             join_bound,
         }
     }
@@ -570,19 +572,19 @@ impl Election {
         let Some(thread) = self.thread.take() else {
             return;
         };
-        let deadline = Instant::now() + self.join_bound;
-        while !thread.is_finished() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if thread.is_finished() {
-            if thread.join().is_err() {
-                log::error!("the leader election thread panicked");
+        match self.finished.recv_timeout(self.join_bound) {
+            // Nothing is ever sent: the sender's drop at the end of the thread is the signal
+            // (a panic drops it too).
+            Ok(never) => match never {},
+            Err(RecvTimeoutError::Disconnected) => {
+                if thread.join().is_err() {
+                    log::error!("the leader election thread panicked");
+                }
             }
-        } else {
-            log::error!(
+            Err(RecvTimeoutError::Timeout) => log::error!(
                 "the leader election thread did not end within {:?}; leaving it behind",
                 self.join_bound
-            );
+            ),
         }
     }
 }
@@ -638,6 +640,8 @@ struct Member {
     conn: Connection,
     settings: ElectionSettings,
     events: Sender<ElectionEvent>,
+    /// Events the daemon has not taken yet, oldest first.
+    undelivered: VecDeque<ElectionEvent>,
     observer: Arc<dyn Observer>,
     shared: Arc<Shared>,
     stop_wait: Receiver<()>,
@@ -666,7 +670,8 @@ impl Member {
                     }
                 }
                 Err(err) => {
-                    let delay = setup_backoff(failures, &mut rand::thread_rng());
+                    // Go's FiveSec steps between setup attempts.
+                    let delay = backoff::five_sec(failures as usize, &mut rand::thread_rng());
                     failures = failures.saturating_add(1);
                     let text =
                         format!("leader election cannot start, staying paused and retrying: {err}");
@@ -679,6 +684,12 @@ impl Member {
                 }
             }
         }
+        // Nobody reads events after asking us to stop; hand over what fits without waiting.
+        while let Some(event) = self.undelivered.pop_front() {
+            if self.events.try_send(event).is_err() {
+                log::debug!("election event {event:?} not delivered: the daemon is stopping");
+            }
+        }
         log::info!("leader election of {} stopped", self.settings.key);
     }
 
@@ -686,11 +697,27 @@ impl Member {
         self.shared.stopping.load(Ordering::SeqCst)
     }
 
-    /// Sleeps up to `delay`; true when asked to stop.
-    fn wait(&self, delay: Duration) -> bool {
-        match self.stop_wait.recv_timeout(delay) {
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => true,
-            Err(RecvTimeoutError::Timeout) => self.stopping(),
+    /// Sleeps up to `delay`, handing undelivered events over as the daemon takes them; true
+    /// when asked to stop.
+    fn wait(&mut self, delay: Duration) -> bool {
+        let timer = crossbeam_channel::after(delay);
+        loop {
+            let Some(&event) = self.undelivered.front() else {
+                return select! {
+                    recv(self.stop_wait) -> _ => true,
+                    recv(timer) -> _ => self.stopping(),
+                };
+            };
+            select! {
+                recv(self.stop_wait) -> _ => return true,
+                send(self.events, event) -> sent => {
+                    self.undelivered.pop_front();
+                    if sent.is_err() {
+                        log::debug!("election event {event:?} dropped: nobody listens any more");
+                    }
+                },
+                recv(timer) -> _ => return self.stopping(),
+            }
         }
     }
 
@@ -982,14 +1009,25 @@ impl Member {
             .election_leader(&self.settings.key, &self.settings.identity, leader);
     }
 
-    fn send(&self, event: ElectionEvent) {
-        match self.events.send_timeout(event, EVENT_SEND_BOUND) {
-            Ok(()) => {}
-            Err(crossbeam_channel::SendTimeoutError::Timeout(_)) => log::error!(
-                "election event {event:?} not taken by the daemon within {EVENT_SEND_BOUND:?}"
-            ),
-            Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => {
-                log::debug!("election event {event:?} dropped: nobody listens any more")
+    /// Queues `event` behind any undelivered ones and hands over what the daemon takes
+    /// without waiting; the rest goes during the next waits.
+    fn send(&mut self, event: ElectionEvent) {
+        self.undelivered.push_back(event);
+        while let Some(&next) = self.undelivered.front() {
+            match self.events.try_send(next) {
+                Ok(()) => {
+                    self.undelivered.pop_front();
+                }
+                Err(TrySendError::Full(_)) => {
+                    log::debug!(
+                        "the daemon has not taken election event {next:?} yet; still campaigning"
+                    );
+                    break;
+                }
+                Err(TrySendError::Disconnected(_)) => {
+                    log::debug!("election event {next:?} dropped: nobody listens any more");
+                    self.undelivered.clear();
+                }
             }
         }
     }
@@ -1227,7 +1265,7 @@ mod tests {
         ];
         for (failures, min, max) in cases {
             for _ in 0..200 {
-                let d = setup_backoff(failures, &mut rng);
+                let d = backoff::five_sec(failures, &mut rng);
                 assert!(
                     d >= Duration::from_millis(min) && d < Duration::from_millis(max),
                     "failures {failures}: {d:?}"

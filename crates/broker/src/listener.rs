@@ -9,10 +9,11 @@
 //! else on the subject is logged, counted as malformed and ignored. While the gate is closed
 //! events are ignored, as in Go.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use crossbeam_channel::{bounded, select, Receiver, Sender};
 
 use choria_wire::identity::Identity;
 use choria_wire::lifecycle;
@@ -20,7 +21,7 @@ use choria_wire::text::escape;
 
 use crate::clock::unix_now;
 use crate::connection::{Connection, ConnectionError, Subscription};
-use crate::gate::Gate;
+use crate::gate::{Gate, Never};
 use crate::log_limit;
 use crate::observe::Observer;
 
@@ -30,9 +31,6 @@ pub const MALFORMED_EVENT: &str = "lifecycle_event";
 /// `malformed_messages{kind}` for a startup event whose identity is not valid.
 pub const MALFORMED_EVENT_IDENTITY: &str = "event_identity";
 
-/// How often the listener thread looks at its stop flag.
-const POLL_SLICE: Duration = Duration::from_millis(100);
-
 /// How long `start` waits for the broker to confirm the subscription.
 const SUBSCRIBE_CONFIRM_LIMIT: Duration = Duration::from_secs(5);
 
@@ -41,7 +39,8 @@ pub const OWN_COMPONENT: &str = "provisioner";
 
 /// The running listener thread.
 pub struct EventListener {
-    stopping: Arc<AtomicBool>,
+    /// Dropped by `stop`, which wakes the thread at once.
+    stop_signal: Option<Sender<Never>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -70,14 +69,13 @@ impl EventListener {
         if let Err(err) = conn.flush(SUBSCRIBE_CONFIRM_LIMIT) {
             log::warn!("could not confirm the subscription to {subject}: {err}");
         }
-        let stopping = Arc::new(AtomicBool::new(false));
-        let stop_flag = stopping.clone();
+        let (stop_signal, stopped) = bounded::<Never>(0);
         let thread = std::thread::Builder::new()
             .name("lifecycle-listener".into())
             .spawn(move || {
                 listen(
                     &subscription,
-                    &stop_flag,
+                    &stopped,
                     admit.as_ref(),
                     &gate,
                     observer.as_ref(),
@@ -89,14 +87,14 @@ impl EventListener {
             })?;
         log::info!("listening for startup events on {subject}");
         Ok(EventListener {
-            stopping,
+            stop_signal: Some(stop_signal),
             thread: Some(thread),
         })
     }
 
-    /// Stops the thread and joins it (it notices within 100 ms).
+    /// Stops the thread and joins it (it wakes at once).
     pub fn stop(mut self) {
-        self.stopping.store(true, Ordering::SeqCst);
+        self.stop_signal.take();
         if let Some(thread) = self.thread.take() {
             if thread.join().is_err() {
                 log::error!("the lifecycle listener thread panicked");
@@ -107,20 +105,23 @@ impl EventListener {
 
 fn listen(
     subscription: &Subscription,
-    stopping: &AtomicBool,
+    stopped: &Receiver<Never>,
     admit: &dyn Fn(&Identity),
     gate: &Gate,
     observer: &dyn Observer,
 ) {
-    let mut flushed = std::time::Instant::now();
-    while !stopping.load(Ordering::SeqCst) {
-        if let Some(bytes) = subscription.next_timeout(POLL_SLICE) {
-            handle_event(&bytes, subscription.subject(), admit, gate, observer);
-        }
-        // The counts of suppressed log lines come out even when a flood stops.
-        if flushed.elapsed() >= POLL_SLICE {
-            log_limit::global().flush();
-            flushed = std::time::Instant::now();
+    // The counts of suppressed log lines come out once a window even when a flood stops.
+    let flush = crossbeam_channel::tick(log_limit::WINDOW);
+    loop {
+        select! {
+            recv(subscription.messages()) -> msg => match msg {
+                Ok(msg) => {
+                    handle_event(&msg.data, subscription.subject(), admit, gate, observer);
+                }
+                Err(_) => return,
+            },
+            recv(stopped) -> _ => return,
+            recv(flush) -> _ => log_limit::global().flush(),
         }
     }
 }

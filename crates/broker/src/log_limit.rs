@@ -98,7 +98,7 @@ impl LogLimiter {
     }
 
     /// Logs the summaries of every window that has ended; call it now and then (the listener
-    /// does, every 100 ms) so the count of a flood that stopped is not held back.
+    /// does, once a window) so the count of a flood that stopped is not held back.
     pub fn flush(&self) {
         for summary in self.ended(Instant::now()) {
             log_summary(&summary);

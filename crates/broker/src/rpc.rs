@@ -5,8 +5,8 @@
 //! `provisioning.node.<identity>` and a wait of `discovery_timeout` + the agent's DDL timeout (as
 //! go-choria providers/agent/mcorpc/client/client.go waits) for that node's one good reply. Replies
 //! that are broken or not ours are logged, counted in `malformed_messages{kind}` and do not end the
-//! wait. Between tries the FiveSec backoff; the gate is read before every try and during every
-//! wait.
+//! wait. Between tries the FiveSec backoff; the gate is read before every try, and every wait
+//! (for a reply, between tries) ends the moment it closes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,9 +16,10 @@ use choria_wire::text::escape;
 use choria_wire::v1::client::{self, RequestSpec};
 use choria_wire::v1::{self, Filter};
 
+use crate::backoff;
 use crate::clock::unix_now;
-use crate::connection::{Connection, ReplyWaiter};
-use crate::gate::{Gate, Halt};
+use crate::connection::{Connection, Next, ReplyWaiter};
+use crate::gate::{Gate, Halt, Watch};
 use crate::observe::Observer;
 
 /// What one directed RPC came to, after all its tries.
@@ -71,9 +72,6 @@ const LOCK_REFUSED_MESSAGE: &str = "Could not obtain provisioning lock";
 
 /// Replies held per request beyond the one we want (strays, duplicates) before dropping.
 const REPLY_QUEUE: usize = 16;
-
-/// How often a waiting try looks at the gate.
-const GATE_SLICE: Duration = Duration::from_millis(100);
 
 /// `malformed_messages{kind}` labels for replies we refused.
 pub mod malformed {
@@ -155,7 +153,7 @@ impl RpcClient {
         label: &str,
         body: &str,
         filter: &Filter,
-        gate: &Gate,
+        watch: &Watch,
     ) -> TryOutcome {
         let settings = self.conn.settings();
         let request_id = v1::new_request_id();
@@ -182,7 +180,7 @@ impl RpcClient {
             return TryOutcome::SendFailed(err.to_string());
         }
         let deadline = Instant::now() + self.try_timeout(agent);
-        self.await_reply(&waiter, identity, label, deadline, gate)
+        self.await_reply(&waiter, identity, label, deadline, watch)
     }
 
     /// Waits for the node's one good reply to `waiter`'s request until `deadline`.
@@ -192,21 +190,13 @@ impl RpcClient {
         identity: &Identity,
         label: &str,
         deadline: Instant,
-        gate: &Gate,
+        watch: &Watch,
     ) -> TryOutcome {
         loop {
-            let slice_end = deadline.min(Instant::now() + GATE_SLICE);
-            let bytes = match waiter.next_until(slice_end) {
-                Some(bytes) => bytes,
-                None => {
-                    if Instant::now() >= deadline {
-                        return TryOutcome::Timeout;
-                    }
-                    if let Err(halt) = gate.check() {
-                        return TryOutcome::Halted(halt);
-                    }
-                    continue;
-                }
+            let bytes = match waiter.next_before(deadline, watch) {
+                Next::Reply(bytes) => bytes,
+                Next::Deadline => return TryOutcome::Timeout,
+                Next::Halted(halt) => return TryOutcome::Halted(halt),
             };
             let reply = match client::decode_reply(&bytes) {
                 Ok(reply) => reply,
@@ -275,16 +265,17 @@ impl NodeRpc for RpcClient {
         let mut outcome = RpcOutcome::Timeout;
         for attempt in 0..tries {
             if attempt > 0 {
-                if let Err(halt) = sleep_unless_halted(gate, five_sec_backoff(attempt as usize - 1))
-                {
+                let pause = backoff::five_sec(attempt as usize - 1, &mut rand::thread_rng());
+                if let Err(halt) = gate.sleep(pause) {
                     return RpcOutcome::Halted(halt);
                 }
             }
-            if let Err(halt) = gate.check() {
-                return RpcOutcome::Halted(halt);
-            }
+            let watch = match gate.watch() {
+                Ok(watch) => watch,
+                Err(halt) => return RpcOutcome::Halted(halt),
+            };
             let started = Instant::now();
-            let result = self.one_try(identity, agent, &label, &body, &filter, gate);
+            let result = self.one_try(identity, agent, &label, &body, &filter, &watch);
             self.observer
                 .rpc_time(&label, started.elapsed().as_secs_f64());
             outcome = match result {
@@ -325,90 +316,9 @@ impl NodeRpc for RpcClient {
     }
 }
 
-/// go-choria's `backoff.FiveSec` steps in ms (backoff/backoff.go), the provisioner's policy
-/// between RPC tries (`backoff.Default` in host/rpc.go, rpcWrapper).
-const FIVE_SEC_STEPS_MS: [u64; 11] = [
-    500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
-];
-
-/// The FiveSec pause before retry number `step` (0-based), jittered as Go does to a uniform
-/// value in `[ms/2, ms/2 + ms)`; the last step repeats.
-pub fn five_sec_backoff(step: usize) -> Duration {
-    let ms = FIVE_SEC_STEPS_MS[step.min(FIVE_SEC_STEPS_MS.len() - 1)];
-    Duration::from_millis(ms / 2 + rand::random::<u64>() % ms)
-}
-
-/// Sleeps `pause` in slices of at most `SLEEP_SLICE`, returning early with the reason as soon
-/// as the gate closes, so a pause or shutdown is noticed within one slice.
-pub fn sleep_unless_halted(gate: &Gate, pause: Duration) -> Result<(), Halt> {
-    const SLEEP_SLICE: Duration = Duration::from_millis(50);
-    let end = Instant::now() + pause;
-    loop {
-        gate.check()?;
-        let now = Instant::now();
-        if now >= end {
-            return Ok(());
-        }
-        std::thread::sleep(SLEEP_SLICE.min(end - now));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-    use Duration;
-
-    #[test]
-    fn five_sec_backoff_follows_go_steps_with_half_to_one_and_a_half_jitter() {
-        for (step, nominal_ms) in [
-            (0, 500),
-            (1, 750),
-            (2, 1000),
-            (3, 1500),
-            (9, 4500),
-            (10, 5000),
-            (11, 5000),
-            (500, 5000),
-        ] {
-            for _ in 0..50 {
-                let ms = five_sec_backoff(step).as_millis() as u64;
-                assert!(
-                    (nominal_ms / 2..nominal_ms / 2 + nominal_ms).contains(&ms),
-                    "step {step}: {ms} ms outside [{}, {})",
-                    nominal_ms / 2,
-                    nominal_ms / 2 + nominal_ms
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn backoff_sleep_ends_early_when_the_gate_closes() {
-        let closed = Gate::new(true);
-        assert_eq!(
-            sleep_unless_halted(&closed, Duration::from_secs(60)),
-            Err(Halt::Paused)
-        );
-        let open = Gate::new(false);
-        assert_eq!(sleep_unless_halted(&open, Duration::from_millis(1)), Ok(()));
-
-        let gate = Arc::new(Gate::new(false));
-        let stopper = gate.clone();
-        let thread = std::thread::Builder::new()
-            .name("test-stopper".into())
-            .spawn(move || {
-                std::thread::sleep(Duration::from_millis(100));
-                stopper.stop();
-            })
-            .unwrap();
-        // Would take a minute if the gate were only read at the end.
-        assert_eq!(
-            sleep_unless_halted(&gate, Duration::from_secs(60)),
-            Err(Halt::Stopping)
-        );
-        thread.join().unwrap();
-    }
 
     #[test]
     fn max_tries_per_action_as_go() {

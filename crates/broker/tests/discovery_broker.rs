@@ -14,8 +14,10 @@ use std::time::Duration;
 use serde_json::json;
 
 use choria_broker::connection::Connection;
-use choria_broker::discovery::{Discovery, DISCOVERY_SUBJECT, MALFORMED_DISCOVERY_REPLY};
-use choria_broker::gate::Gate;
+use choria_broker::discovery::{
+    Discovery, DiscoveryError, DISCOVERY_SUBJECT, MALFORMED_DISCOVERY_REPLY,
+};
+use choria_broker::gate::{Gate, Halt};
 use choria_broker::observe::Counts;
 use choria_fleet_sim::faults::{self, Fault};
 use choria_fleet_sim::options::FaultFractions;
@@ -203,5 +205,39 @@ fn duplicates_are_merged_and_malformed_replies_counted_and_survived() {
         assert_eq!(ping.reply_to, conn.reply_subject(&ping.request_id));
         rack.stop();
     }
+    conn.close();
+}
+
+#[test]
+fn a_pause_while_collecting_ends_the_round_halted_not_failed() {
+    let server = NatsServer::start().expect("nats-server");
+    let metrics = Arc::new(Counts::default());
+    let (discovery, conn) = discovery(&server, &metrics);
+    let gate = Arc::new(Gate::new(false));
+    let pauser = gate.clone();
+    // A rack that pauses the provisioner when the ping arrives, then answers.
+    let rack = Responder::start(
+        &server.url(),
+        "pausing-rack",
+        DISCOVERY_SUBJECT,
+        Box::new(move |request: &IncomingRequest, _| {
+            pauser.set_paused(true);
+            vec![server::encode_reply(
+                &request.request_id,
+                "late.net",
+                "discovery",
+                "pong",
+                request.time,
+            )]
+        }),
+    );
+    let result = discovery.discover(&gate);
+    assert!(
+        matches!(result, Err(DiscoveryError::Halted(Halt::Paused))),
+        "{result:?}"
+    );
+    assert_eq!(metrics.get("discover_cycle"), 1);
+    assert_eq!(metrics.get("discovery_error"), 0, "a halt is not a failure");
+    rack.stop();
     conn.close();
 }

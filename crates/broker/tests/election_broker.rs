@@ -375,6 +375,10 @@ fn three_members_elect_one_and_hand_over_on_stop(account: Account) {
     }
 
     cluster.stop_member(leader);
+    // The listener thread records what the member sent; give it its moment.
+    wait_until("the stopped leader's events recorded", PATIENCE, || {
+        cluster.events_of(leader).len() >= 2
+    });
     assert_eq!(
         cluster.events_of(leader),
         vec![ElectionEvent::Won, ElectionEvent::Lost],
@@ -604,4 +608,39 @@ fn a_bucket_with_an_unusable_ttl_is_reported_not_used() {
     assert!(problem.contains("leader_election_ttl"), "{problem}");
     assert!(!cluster.is_leader(member));
     assert!(cluster.events_of(member).is_empty());
+}
+
+#[test]
+fn no_event_is_dropped_while_the_daemon_is_slow_to_take_it() {
+    let cluster = Cluster::start(Account::Plain);
+    cluster.create_bucket();
+    let identity = "slow-reader.example.net";
+    let conn = connect_member(&cluster.server.url(), None, identity).expect("member connects");
+    // A rendezvous channel read late: every event waits for its reader.
+    let (events, received) = crossbeam_channel::bounded(0);
+    let election = Election::start(
+        conn.clone(),
+        ElectionSettings {
+            api_prefix: PLAIN_API_PREFIX.to_string(),
+            ..ElectionSettings::new(identity)
+        },
+        events,
+        cluster.metrics.clone(),
+    );
+    wait_until("the member to win", PATIENCE, || election.is_leader());
+    // Nobody reads for longer than the second the election used to wait before giving an
+    // event up; meanwhile a stranger takes the key, so a `Lost` follows the `Won`.
+    std::thread::sleep(Duration::from_secs(2));
+    cluster
+        .admin()
+        .overwrite(DEFAULT_BUCKET, DEFAULT_KEY, "stranger")
+        .expect("stranger writes");
+    wait_until("the member to stand down", PATIENCE, || {
+        !election.is_leader()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let taken: Vec<_> = (0..2).map(|_| received.recv_timeout(PATIENCE)).collect();
+    assert_eq!(taken, [Ok(ElectionEvent::Won), Ok(ElectionEvent::Lost)]);
+    election.stop();
+    conn.close();
 }

@@ -664,3 +664,39 @@ fn broken_and_foreign_replies_are_counted_and_a_good_reply_after_them_is_accepte
     assert_eq!(metrics.get("rpc_error:choria_provision#jwt"), 0);
     conn.close();
 }
+
+#[test]
+fn a_pause_reaches_a_waiting_try_before_the_reply() {
+    let server = NatsServer::start().expect("nats-server");
+    let metrics = Arc::new(Counts::default());
+    let conn = connect(&server, PROVISIONER);
+    // A long try: only the reply or the gate can end it.
+    let rpc =
+        RpcClient::new(conn.clone(), metrics.clone()).with_ddl_timeout(Duration::from_secs(600));
+    let identity = "paused-mid-try.example.net";
+    let gate = Arc::new(Gate::new(false));
+    let pauser = gate.clone();
+    let replier = identity.to_string();
+    // The node pauses the provisioner while it handles the request, then answers at once:
+    // the pause comes first, so the waiting try must end halted, not with the reply.
+    let node = start_node(
+        &server.url(),
+        identity,
+        Box::new(move |request, _| {
+            pauser.set_paused(true);
+            vec![ok_reply(request, &replier, &json!({"answered": true}))]
+        }),
+    );
+    let outcome = rpc.call(
+        &id(identity),
+        "choria_provision",
+        "jwt",
+        json!({"token": TOKEN}),
+        &gate,
+    );
+    assert_eq!(outcome, RpcOutcome::Halted(Halt::Paused));
+    assert_eq!(node.seen().len(), 1, "one try, no retry after the pause");
+    assert_eq!(metrics.get("rpc_error:choria_provision#jwt"), 0);
+    node.stop();
+    conn.close();
+}
