@@ -1,7 +1,8 @@
 //! The command line, compatible with the Go daemon:
 //! `choria-provisioner [--debug] run --config FILE [--choria-config FILE] [--pid FILE]`,
 //! `run` being the default command, plus `--version` and `--help`. Flags take `--flag VALUE`
-//! or `--flag=VALUE`, as Go's kingpin does.
+//! or `--flag=VALUE`, as Go's kingpin does. Ours alone: `helper-test`, which rehearses the
+//! helper for one node (its flags follow the command word, as kingpin's command flags do).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -10,8 +11,32 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     Run(RunArgs),
+    HelperTest(HelperTestArgs),
     Version,
     Help,
+}
+
+/// `helper-test`: what to rehearse, and how to print it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelperTestArgs {
+    pub config: PathBuf,
+    /// Only when given or found at a default place: the rehearsal needs no broker.
+    pub choria_config: Option<PathBuf>,
+    pub identity: String,
+    /// An `rpcutil#inventory` reply (its data, or the whole reply).
+    pub inventory: Option<PathBuf>,
+    pub csr: Option<PathBuf>,
+    pub ed25519_pubkey: Option<String>,
+    /// A provisioning JWT file.
+    pub jwt: Option<PathBuf>,
+    pub format: Format,
+}
+
+/// How `helper-test` prints its report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +54,18 @@ pub enum CliError {
     UnknownCommand(String),
     MissingValue(String),
     MissingConfig,
-    NoSuchFile { flag: &'static str, path: PathBuf },
+    NoSuchFile {
+        flag: &'static str,
+        path: PathBuf,
+    },
+    /// A required flag of a command.
+    MissingFlag(&'static str),
+    /// A flag value that is not one of the allowed ones.
+    BadValue {
+        flag: &'static str,
+        value: String,
+        allowed: &'static str,
+    },
 }
 
 impl fmt::Display for CliError {
@@ -39,7 +75,7 @@ impl fmt::Display for CliError {
             CliError::UnknownCommand(cmd) => {
                 write!(
                     f,
-                    "unknown command {cmd:?}, the only command is run; try --help"
+                    "unknown command {cmd:?}, the commands are run and helper-test; try --help"
                 )
             }
             CliError::MissingValue(flag) => write!(f, "flag {flag} needs a value"),
@@ -47,6 +83,14 @@ impl fmt::Display for CliError {
             CliError::NoSuchFile { flag, path } => {
                 write!(f, "{flag}: file {} does not exist", path.display())
             }
+            CliError::MissingFlag(flag) => {
+                write!(f, "required flag {flag} not provided, try --help")
+            }
+            CliError::BadValue {
+                flag,
+                value,
+                allowed,
+            } => write!(f, "{flag}: {value:?} is not one of {allowed}"),
         }
     }
 }
@@ -69,6 +113,19 @@ Commands:
                           ~/.choriarc, ~/.mcollective, /etc/choria/client.conf,
                           /usr/local/etc/choria/client.conf, else /etc/puppetlabs/mcollective/client.cfg
     --pid FILE            Write the process id to FILE, removed on exit
+
+  helper-test           Run the helper for one node as the daemon would, touching no node or
+                        broker, and explain the decision. Exit 0: provisioned; 3: deferred or
+                        shut down; 1: the node would fail; 2: usage error
+    --config FILE         The provisioner configuration (YAML)
+    --choria-config FILE  The Choria client configuration (checked when given)
+    --identity NAME       The node to rehearse
+    --inventory FILE      Its rpcutil#inventory reply (JSON); default: a minimal one
+    --csr FILE            Its CSR (features.pki); default: a fresh one for the identity
+    --ed25519-pubkey HEX  Its ed25519 public key (features.ed25519); default: a fresh one
+    --jwt FILE            Its provisioning JWT (features.jwt), verified as the daemon does;
+                          default: stand-in claims
+    --format text|json    How to print the report (default text)
 ";
 
 /// The Choria client config Go picks when `--choria-config` is not given.
@@ -120,6 +177,13 @@ pub fn parse(
             "--choria-config" => choria_config = Some(PathBuf::from(value("--choria-config")?)),
             "--pid" => pid = Some(PathBuf::from(value("--pid")?)),
             "run" if !seen_command => seen_command = true,
+            "helper-test" if !seen_command => {
+                if pid.is_some() {
+                    return Err(CliError::UnknownFlag("--pid".into()));
+                }
+                let rest: Vec<String> = iter.cloned().collect();
+                return parse_helper_test(&rest, config, choria_config, home, exists);
+            }
             other if other.starts_with('-') => {
                 return Err(CliError::UnknownFlag(other.to_string()))
             }
@@ -148,6 +212,98 @@ pub fn parse(
         choria_config,
         pid,
         debug,
+    }))
+}
+
+/// The flags after `helper-test`; `config` and `choria_config` may have come before it.
+fn parse_helper_test(
+    args: &[String],
+    mut config: Option<PathBuf>,
+    mut choria_config: Option<PathBuf>,
+    home: Option<&Path>,
+    exists: &dyn Fn(&Path) -> bool,
+) -> Result<Command, CliError> {
+    let mut identity = None;
+    let mut inventory = None;
+    let mut csr = None;
+    let mut ed25519_pubkey = None;
+    let mut jwt = None;
+    let mut format = Format::Text;
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = |name: &str| -> Result<String, CliError> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => iter
+                    .next()
+                    .cloned()
+                    .ok_or_else(|| CliError::MissingValue(name.to_string())),
+            }
+        };
+        match flag {
+            "--help" | "-h" => return Ok(Command::Help),
+            "--config" => config = Some(PathBuf::from(value("--config")?)),
+            "--choria-config" => choria_config = Some(PathBuf::from(value("--choria-config")?)),
+            "--identity" => identity = Some(value("--identity")?),
+            "--inventory" => inventory = Some(PathBuf::from(value("--inventory")?)),
+            "--csr" => csr = Some(PathBuf::from(value("--csr")?)),
+            "--ed25519-pubkey" => ed25519_pubkey = Some(value("--ed25519-pubkey")?),
+            "--jwt" => jwt = Some(PathBuf::from(value("--jwt")?)),
+            "--format" => {
+                format = match value("--format")?.as_str() {
+                    "text" => Format::Text,
+                    "json" => Format::Json,
+                    other => {
+                        return Err(CliError::BadValue {
+                            flag: "--format",
+                            value: other.to_string(),
+                            allowed: "text, json",
+                        })
+                    }
+                }
+            }
+            other if other.starts_with('-') => {
+                return Err(CliError::UnknownFlag(other.to_string()))
+            }
+            other => return Err(CliError::UnknownCommand(other.to_string())),
+        }
+    }
+    let config = config.ok_or(CliError::MissingConfig)?;
+    let identity = identity
+        .filter(|i| !i.is_empty())
+        .ok_or(CliError::MissingFlag("--identity"))?;
+    for (flag, path) in [
+        ("--config", Some(&config)),
+        ("--choria-config", choria_config.as_ref()),
+        ("--inventory", inventory.as_ref()),
+        ("--csr", csr.as_ref()),
+        ("--jwt", jwt.as_ref()),
+    ] {
+        if let Some(path) = path {
+            if !exists(path) {
+                return Err(CliError::NoSuchFile {
+                    flag,
+                    path: path.clone(),
+                });
+            }
+        }
+    }
+    // Without the flag, the daemon's default is checked only if one of its places has a file.
+    let choria_config =
+        choria_config.or_else(|| Some(default_choria_config(home, exists)).filter(|p| exists(p)));
+    Ok(Command::HelperTest(HelperTestArgs {
+        config,
+        choria_config,
+        identity,
+        inventory,
+        csr,
+        ed25519_pubkey,
+        jwt,
+        format,
     }))
 }
 
@@ -231,6 +387,82 @@ mod tests {
         for (line, want) in cases {
             assert_eq!(parse(&args(line), Some(home), &exists), want, "{line}");
         }
+    }
+
+    #[test]
+    fn helper_test_takes_its_flags_after_the_command() {
+        let exists = |p: &Path| !p.to_string_lossy().contains("missing");
+        let none = |p: &Path| p == Path::new("p.yaml");
+        let home = Path::new("/h");
+        let rehearsal = |choria: Option<&str>, inventory: Option<&str>, format: Format| {
+            Ok(Command::HelperTest(HelperTestArgs {
+                config: "p.yaml".into(),
+                choria_config: choria.map(PathBuf::from),
+                identity: "n1.example.net".into(),
+                inventory: inventory.map(PathBuf::from),
+                csr: None,
+                ed25519_pubkey: None,
+                jwt: None,
+                format,
+            }))
+        };
+        let cases: Vec<(&str, Result<Command, CliError>)> = vec![
+            (
+                "helper-test --config p.yaml --identity n1.example.net --choria-config c.cfg",
+                rehearsal(Some("c.cfg"), None, Format::Text),
+            ),
+            (
+                "--config p.yaml helper-test --identity=n1.example.net --inventory i.json --format json",
+                rehearsal(Some("/h/.choriarc"), Some("i.json"), Format::Json),
+            ),
+            (
+                "helper-test --config p.yaml --identity n1.example.net --format yaml",
+                Err(CliError::BadValue {
+                    flag: "--format",
+                    value: "yaml".into(),
+                    allowed: "text, json",
+                }),
+            ),
+            (
+                "helper-test --config p.yaml",
+                Err(CliError::MissingFlag("--identity")),
+            ),
+            (
+                "helper-test --identity n1",
+                Err(CliError::MissingConfig),
+            ),
+            (
+                "helper-test --config p.yaml --identity n1 --csr missing.pem",
+                Err(CliError::NoSuchFile {
+                    flag: "--csr",
+                    path: "missing.pem".into(),
+                }),
+            ),
+            (
+                "helper-test --config p.yaml --identity n1 --pid x.pid",
+                Err(CliError::UnknownFlag("--pid".into())),
+            ),
+            (
+                "--identity n1 helper-test --config p.yaml",
+                Err(CliError::UnknownFlag("--identity".into())),
+            ),
+            (
+                "run helper-test --config p.yaml",
+                Err(CliError::UnknownCommand("helper-test".into())),
+            ),
+        ];
+        for (line, want) in cases {
+            assert_eq!(parse(&args(line), Some(home), &exists), want, "{line}");
+        }
+        // No --choria-config and none at the default places: none is checked.
+        assert_eq!(
+            parse(
+                &args("helper-test --config p.yaml --identity n1.example.net"),
+                Some(home),
+                &none
+            ),
+            rehearsal(None, None, Format::Text)
+        );
     }
 
     #[test]

@@ -14,11 +14,13 @@ mod config;
 mod daemon;
 mod duration;
 pub mod fleet;
+mod helper_test;
 mod metrics;
 mod provision;
 #[cfg(test)]
 mod test_log;
 
-pub use cli::{parse as parse_command_line, Command, RunArgs, USAGE};
+pub use cli::{parse as parse_command_line, Command, HelperTestArgs, RunArgs, USAGE};
 pub use daemon::run;
+pub use helper_test::run as run_helper_test;
 pub use metrics::Metrics;

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use choria_provisioner::{parse_command_line, run, Command, USAGE};
+use choria_provisioner::{parse_command_line, run, run_helper_test, Command, USAGE};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -12,6 +12,7 @@ fn main() {
         Ok(Command::Help) => print!("{USAGE}"),
         Ok(Command::Version) => println!("{}", env!("CARGO_PKG_VERSION")),
         Ok(Command::Run(args)) => std::process::exit(run(args)),
+        Ok(Command::HelperTest(args)) => std::process::exit(run_helper_test(&args)),
         Err(err) => {
             eprintln!("choria-provisioner: error: {err}");
             std::process::exit(2);

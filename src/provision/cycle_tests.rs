@@ -17,7 +17,7 @@ use choria_crypto::ed25519::sign_nonce;
 use choria_crypto::jwt::VerifyKey;
 use choria_crypto::key_transport::{decrypt_private_key, ecdh_shared};
 use choria_fleet_sim::server_jwt_check::verify_server_jwt;
-use choria_testkit::vector_path;
+use choria_testkit::{certificates, vector_path};
 use choria_wire::identity::Identity;
 
 use crate::config::Config;
@@ -223,7 +223,7 @@ fn default_replies(mode: Mode) -> BTreeMap<String, Reply> {
     put(
         "choria_provision#gencsr",
         Reply::Ok(json!({
-            "csr": vector("go-choria/providers/security/testdata/good/certificate_requests/rip.mcollective.pem"),
+            "csr": vector(NODE_CSR),
             "public_key": "-----BEGIN PUBLIC KEY-----\n...\n-----END PUBLIC KEY-----\n",
             "ssldir": "/etc/choria/ssl",
         })),
@@ -637,14 +637,29 @@ fn the_helper_sees_the_node_as_go_describes_it() {
     assert!(input["csr"].is_null());
 }
 
+/// The CSR the scripted node's `gencsr` returns.
+const NODE_CSR: &str =
+    "go-choria/providers/security/testdata/good/certificate_requests/rip.mcollective.pem";
+
+/// A certificate for `subject` certifying the key of the scripted node's CSR.
+fn certificate_for_node_csr(subject: &str, dns: &[&str]) -> String {
+    certificates::issue(
+        subject,
+        dns,
+        &certificates::csr_public_key(&vector(NODE_CSR)),
+        &[7],
+    )
+}
+
 #[test]
 fn requests_carry_what_go_sends() {
+    let certificate = certificate_for_node_csr("CN=rip.mcollective", &[]);
     let h = harness(
         Mode::Pki,
         "",
         &with(
             configuration_answer(),
-            json!({"ssldir": "/helper/ssl", "certificate": "CERT", "ca": "CA"}),
+            json!({"ssldir": "/helper/ssl", "certificate": certificate, "ca": "CA"}),
         ),
         &[],
     );
@@ -681,7 +696,7 @@ fn requests_carry_what_go_sends() {
         ]
     );
     assert_eq!(configure["token"], "s3cret");
-    assert_eq!(configure["certificate"], "CERT");
+    assert_eq!(configure["certificate"], certificate.as_str());
     assert_eq!(configure["ca"], "CA");
     // The node's own ssldir from gencsr wins over the helper's.
     assert_eq!(configure["ssldir"], "/etc/choria/ssl");
@@ -766,9 +781,15 @@ fn chain_issued_server_jwt_verifies_under_the_org_issuer() {
 #[test]
 fn a_helper_key_reaches_the_node_encrypted_for_it_alone() {
     let key_pem = vector("tokens/testdata/rsa/signer-key.pem");
+    let certificate = certificates::issue(
+        "CN=rip.mcollective",
+        &[],
+        &certificates::rsa_key_public_key(&key_pem),
+        &[8],
+    );
     let answer = with(
         configuration_answer(),
-        json!({"key": key_pem, "certificate": "CERT", "ca": "CA", "ssldir": "/etc/choria/ssl"}),
+        json!({"key": key_pem, "certificate": certificate, "ca": "CA", "ssldir": "/etc/choria/ssl"}),
     );
     let h = harness(Mode::PkiJwt, "", &answer, &[]);
     assert_eq!(
@@ -859,5 +880,66 @@ fn settings_a_feature_needs_are_checked_when_the_cycle_is_built() {
             Ok(_) => panic!("{yaml}: accepted"),
             Err(err) => assert!(err.to_string().contains(want), "{yaml}: {err}"),
         }
+    }
+}
+
+#[test]
+fn a_certificate_for_another_name_or_key_is_refused_before_configure() {
+    let key_pem = vector("tokens/testdata/rsa/signer-key.pem");
+    let for_key = |subject: &str| {
+        certificates::issue(
+            subject,
+            &[],
+            &certificates::rsa_key_public_key(&key_pem),
+            &[9],
+        )
+    };
+    // (mode, helper answer's extra keys, expected failure)
+    let cases: Vec<(Mode, Value, &str)> = vec![
+        (
+            Mode::Pki,
+            json!({"certificate": certificate_for_node_csr("CN=other.example.net", &[]), "ca": "CA"}),
+            "common name \"other.example.net\" does not match identity rip.mcollective",
+        ),
+        (
+            Mode::Pki,
+            json!({"certificate": certificate_for_node_csr("CN=rip.mcollective", &["x.denied"]), "ca": "CA"}),
+            "names x.denied, which matches denied certificate pattern",
+        ),
+        (
+            Mode::Pki,
+            json!({"certificate": for_key("CN=rip.mcollective"), "ca": "CA"}),
+            "does not pair with the key of the node's CSR",
+        ),
+        (
+            Mode::PkiJwt,
+            json!({"certificate": certificate_for_node_csr("CN=rip.mcollective", &[]), "ca": "CA", "key": key_pem}),
+            "does not pair with the key the helper returned",
+        ),
+        (
+            Mode::Pki,
+            json!({"certificate": "CERT", "ca": "CA"}),
+            "the helper's certificate is refused: the certificate has no CERTIFICATE PEM block",
+        ),
+        (
+            Mode::Pki,
+            json!({"key": key_pem}),
+            "features.jwt is needed to deliver keys",
+        ),
+    ];
+    for (mode, extra, want) in cases {
+        let h = harness(mode, "", &with(configuration_answer(), extra.clone()), &[]);
+        match h.cycle.provision(&node_identity(), &Gate::new(false)) {
+            ProvisionOutcome::Failed(reason) => {
+                assert!(reason.contains(want), "{extra}: {reason}");
+                assert!(reason.starts_with("rip.mcollective: "), "{reason}");
+            }
+            other => panic!("{extra}: {other:?}"),
+        }
+        assert!(
+            !h.node.calls().contains(&CF.to_string()),
+            "{extra}: configure was sent"
+        );
+        assert_eq!(h.metrics.helper_errors.get(), 0, "not a helper error");
     }
 }

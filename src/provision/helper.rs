@@ -358,69 +358,165 @@ pub fn split_command(helper: &str) -> Result<Vec<String>, HelperError> {
     Ok(words)
 }
 
+/// How the configured helper is run. One mode today: a process per node, Go's contract
+/// (`run_helper`). A long-lived helper answering one line per node would be a second variant
+/// here, behind the same [`Helper::ask`], so the cycle and `helper-test` both run whichever
+/// mode the configuration sets without knowing which.
+#[derive(Debug, Clone)]
+pub enum Helper {
+    /// A fresh process per node, killed with its process group after `timeout`.
+    PerNode {
+        command: Vec<String>,
+        timeout: Duration,
+    },
+}
+
+impl Helper {
+    /// The helper the configuration names: `helper` split with shell rules, `helper_timeout`.
+    pub fn per_node(command_line: &str, timeout: Duration) -> Result<Helper, HelperError> {
+        Ok(Helper::PerNode {
+            command: split_command(command_line)?,
+            timeout,
+        })
+    }
+
+    /// Asks the helper about one node: the whole exchange, answer or error included.
+    pub fn ask(&self, input: &HelperInput, identity: &str) -> Exchange {
+        match self {
+            Helper::PerNode { command, timeout } => {
+                run_helper_exchange(command, input, *timeout, identity)
+            }
+        }
+    }
+}
+
+/// One exchange with the helper, as it happened: what it was sent, what it wrote, how it
+/// ended, how long it took, and the decoded answer or why there is none.
+#[derive(Debug)]
+pub struct Exchange {
+    /// The exact JSON written to its stdin (empty if it could not be encoded).
+    pub stdin: String,
+    /// Its stdout, up to [`MAX_OUTPUT`] bytes.
+    pub stdout: Vec<u8>,
+    /// Its stderr, up to [`MAX_STDERR_KEPT`] bytes (every line is logged as well).
+    pub stderr: Vec<u8>,
+    /// How the process ended, if it ended by itself.
+    pub exit: Option<ExitStatus>,
+    /// From the start of the process to the end of the exchange.
+    pub duration: Duration,
+    pub answer: Result<HelperOutput, HelperError>,
+}
+
+impl Exchange {
+    fn failed(stdin: String, started: Instant, error: HelperError) -> Exchange {
+        Exchange {
+            stdin,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            exit: None,
+            duration: started.elapsed(),
+            answer: Err(error),
+        }
+    }
+
+    /// The exit status as words: `exited with code 0`, `killed by signal 9`, or why there is
+    /// none.
+    pub fn exit_text(&self) -> String {
+        match (&self.exit, &self.answer) {
+            (Some(status), _) => describe_status(*status),
+            (None, Err(HelperError::Timeout { .. })) => "killed at the timeout".to_string(),
+            (None, Err(HelperError::TooLarge { .. })) => {
+                "killed for writing too much on stdout".to_string()
+            }
+            (None, _) => "did not run to its end".to_string(),
+        }
+    }
+
+    /// The exit code, when the process exited by itself with one.
+    pub fn exit_code(&self) -> Option<i32> {
+        self.exit.and_then(|s| s.code())
+    }
+}
+
+/// Most stderr an [`Exchange`] keeps (every line is logged regardless, up to the line cap).
+pub const MAX_STDERR_KEPT: usize = 64 * 1024;
+
 /// Runs the helper for `identity`: writes `input` to its stdin, reads at most [`MAX_OUTPUT`]
 /// bytes of stdout, logs its stderr line by line tagged with the node, and decodes the answer.
 /// A run longer than `timeout` is killed (with its process group) and reaped. Messages name
 /// the helper by its program only: its arguments may hold secrets.
+#[cfg(test)]
 pub fn run_helper(
     command: &[String],
     input: &HelperInput,
     timeout: Duration,
     identity: &str,
 ) -> Result<HelperOutput, HelperError> {
-    let program = command.first().ok_or_else(|| HelperError::BadCommand {
-        helper: String::new(),
-        reason: "it names no program".to_string(),
-    })?;
+    run_helper_exchange(command, input, timeout, identity).answer
+}
+
+/// As [`run_helper`], returning the whole [`Exchange`].
+pub fn run_helper_exchange(
+    command: &[String],
+    input: &HelperInput,
+    timeout: Duration,
+    identity: &str,
+) -> Exchange {
+    let started = Instant::now();
+    let Some(program) = command.first() else {
+        let error = HelperError::BadCommand {
+            helper: String::new(),
+            reason: "it names no program".to_string(),
+        };
+        return Exchange::failed(String::new(), started, error);
+    };
     let helper = program.clone();
-    let stdin_bytes = input.to_json().map_err(|err| HelperError::Input {
-        helper: helper.clone(),
-        identity: identity.to_string(),
-        reason: err.to_string(),
-    })?;
-    let mut child = Command::new(program)
+    let stdin_text = match input.to_json() {
+        Ok(text) => text,
+        Err(err) => {
+            let error = HelperError::Input {
+                helper: helper.clone(),
+                identity: identity.to_string(),
+                reason: err.to_string(),
+            };
+            return Exchange::failed(String::new(), started, error);
+        }
+    };
+    let spawned = Command::new(program)
         .args(&command[1..])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // Its own process group, so a timeout kill reaches what it spawned too.
         .process_group(0)
-        .spawn()
-        .map_err(|source| HelperError::Start {
-            helper: helper.clone(),
-            identity: identity.to_string(),
-            source,
-        })?;
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(source) => {
+            let error = HelperError::Start {
+                helper: helper.clone(),
+                identity: identity.to_string(),
+                source,
+            };
+            return Exchange::failed(stdin_text, started, error);
+        }
+    };
     let run = Run {
         helper: &helper,
         identity,
         deadline: Instant::now() + timeout,
     };
-    let result = run.drive(&mut child, stdin_bytes.as_bytes());
-    match result {
-        Ok((status, stdout)) => {
-            if !status.success() {
-                return Err(HelperError::Exit {
-                    helper,
-                    identity: identity.to_string(),
-                    status: describe_status(status),
-                });
-            }
-            if stdout.is_empty() {
-                return Err(HelperError::NoOutput {
-                    helper,
-                    identity: identity.to_string(),
-                });
-            }
-            HelperOutput::from_json(&stdout).map_err(|reason| HelperError::Decode {
-                helper,
-                identity: identity.to_string(),
-                reason,
-            })
-        }
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    let result = run.drive(&mut child, stdin_text.as_bytes(), &mut stdout, &mut stderr);
+    let (exit, answer) = match result {
+        Ok(status) => (
+            Some(status),
+            decode_answer(&helper, identity, status, &stdout),
+        ),
         Err(end) => {
             kill_group(&mut child);
-            Err(match end {
+            let error = match end {
                 RunEnd::Timeout => HelperError::Timeout {
                     helper,
                     identity: identity.to_string(),
@@ -435,9 +531,45 @@ pub fn run_helper(
                     identity: identity.to_string(),
                     source,
                 },
-            })
+            };
+            (None, Err(error))
         }
+    };
+    Exchange {
+        stdin: stdin_text,
+        stdout,
+        stderr,
+        exit,
+        duration: started.elapsed(),
+        answer,
     }
+}
+
+/// A finished helper's answer: a zero exit, some output, and JSON Go's decoder would take.
+fn decode_answer(
+    helper: &str,
+    identity: &str,
+    status: ExitStatus,
+    stdout: &[u8],
+) -> Result<HelperOutput, HelperError> {
+    if !status.success() {
+        return Err(HelperError::Exit {
+            helper: helper.to_string(),
+            identity: identity.to_string(),
+            status: describe_status(status),
+        });
+    }
+    if stdout.is_empty() {
+        return Err(HelperError::NoOutput {
+            helper: helper.to_string(),
+            identity: identity.to_string(),
+        });
+    }
+    HelperOutput::from_json(stdout).map_err(|reason| HelperError::Decode {
+        helper: helper.to_string(),
+        identity: identity.to_string(),
+        reason,
+    })
 }
 
 fn describe_status(status: ExitStatus) -> String {
@@ -490,7 +622,14 @@ fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
 impl Run<'_> {
     /// Feeds stdin, drains stdout and stderr, and waits for the exit, all until the deadline.
     /// Success needs the helper to have exited and closed stdout and stderr.
-    fn drive(&self, child: &mut Child, input: &[u8]) -> Result<(ExitStatus, Vec<u8>), RunEnd> {
+    /// Fills `output` with stdout and `kept` with the first [`MAX_STDERR_KEPT`] bytes of stderr.
+    fn drive(
+        &self,
+        child: &mut Child,
+        input: &[u8],
+        output: &mut Vec<u8>,
+        kept: &mut Vec<u8>,
+    ) -> Result<ExitStatus, RunEnd> {
         let mut stdin = child.stdin.take();
         let mut stdout = child.stdout.take();
         let mut stderr = child.stderr.take();
@@ -508,7 +647,6 @@ impl Run<'_> {
         if input.is_empty() {
             stdin = None;
         }
-        let mut output = Vec::new();
         let mut stderr_lines = StderrLines::new(self.helper, self.identity);
         let mut status: Option<ExitStatus> = None;
         // Until the helper exits we also poll its status; start fast, back off to 20 ms.
@@ -600,7 +738,11 @@ impl Run<'_> {
                 let revents = fds[index].revents;
                 if revents != 0 {
                     match read_some(pipe, &mut chunk) {
-                        ReadResult::Data(n) => stderr_lines.feed(&chunk[..n]),
+                        ReadResult::Data(n) => {
+                            let room = MAX_STDERR_KEPT.saturating_sub(kept.len());
+                            kept.extend_from_slice(&chunk[..n.min(room)]);
+                            stderr_lines.feed(&chunk[..n]);
+                        }
                         ReadResult::Again => {}
                         ReadResult::Closed => {
                             stderr_lines.finish();
@@ -615,10 +757,7 @@ impl Run<'_> {
             }
         }
         stderr_lines.finish();
-        match status {
-            Some(status) => Ok((status, output)),
-            None => Err(RunEnd::Timeout),
-        }
+        status.ok_or(RunEnd::Timeout)
     }
 }
 

@@ -6,7 +6,8 @@
 //! 2. `features.ed25519`: `gen25519` with a fresh nonce, check its signature;
 //! 3. `rpcutil#inventory`: keep the JSON, `version` and `upgradable`;
 //! 4. `features.pki`: `gencsr` with `cn` = identity, check the CSR;
-//! 5. the helper (`defer` stops, `shutdown` shuts the node down);
+//! 5. the helper ([`helper::Helper`]), its answer judged by [`decision::decide`] (`defer`
+//!    stops, `shutdown` shuts the node down, a certificate must be the node's);
 //! 6. `features.ed25519`: issue the server JWT;
 //! 7. a helper `key`: encrypt it for the node over X25519;
 //! 8. `features.upgrades`: `release_update` when the helper's `upgrade` differs;
@@ -18,17 +19,16 @@
 //! gate means [`ProvisionOutcome::Halted`], anything else that is not success fails the cycle
 //! with a message naming the action, the node and the cause.
 
+pub mod decision;
 pub mod helper;
 pub mod version;
 
-use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::config::Config;
 use crate::fleet::{ProvisionCycle, ProvisionOutcome};
@@ -38,13 +38,12 @@ use choria_broker::rpc::{max_tries, NodeRpc, RpcOutcome};
 use choria_crypto::csr::{validate_csr, CsrError, DenyList};
 use choria_crypto::ed25519::verify_nonce_signature;
 use choria_crypto::jwt::{verify_provisioning_jwt, JwtError, VerifyKey};
-use choria_crypto::key_transport::{ecdh_keypair, ecdh_shared, encrypt_private_key, random_iv};
-use choria_crypto::server_jwt::{ServerJwtError, ServerJwtIssuer, ServerJwtRequest};
+use choria_crypto::server_jwt::ServerJwtError;
 use choria_wire::identity::Identity;
 use choria_wire::text::escape;
 
-use helper::{go_escape, run_helper, split_command, CsrReply, Ed25519Reply, HelperError};
-use helper::{HelperInput, HelperOutput};
+use decision::{decide, load_issuer, AnswerError, Decision, NodeFacts, Plan, Upgrade};
+use helper::{go_escape, CsrReply, Ed25519Reply, Exchange, Helper, HelperError, HelperOutput};
 
 /// Why a [`Cycle`] could not be built from the configuration.
 #[derive(Debug)]
@@ -93,21 +92,14 @@ pub struct Cycle {
     config: Arc<Config>,
     rpc: Arc<dyn NodeRpc>,
     metrics: Arc<Metrics>,
-    helper_command: Vec<String>,
-    deny_list: DenyList,
+    rules: Rules,
 }
 
-/// What the cycle learned about one node so far.
-struct Node {
-    identity: Identity,
-    claims: Option<Map<String, Value>>,
-    /// The node's X25519 public key from the `jwt` action (hex).
-    server_ecdh_public: String,
-    ed25519: Option<Ed25519Reply>,
-    inventory_json: String,
-    version: String,
-    upgradable: bool,
-    csr: Option<CsrReply>,
+/// What the cycle and `helper-test` both need from the configuration to ask the helper and
+/// judge its answer, checked once at start.
+pub struct Rules {
+    pub helper: Helper,
+    pub deny_list: DenyList,
 }
 
 /// `malformed_messages{kind}` for a CSR whose common name is not a valid identity.
@@ -129,8 +121,8 @@ pub fn new_nonce() -> String {
     choria_wire::v1::new_request_id()
 }
 
-fn failed(identity: &str, what: impl fmt::Display) -> ProvisionOutcome {
-    ProvisionOutcome::Failed(format!("{identity}: {what}"))
+fn failed(identity: &Identity, what: impl fmt::Display) -> ProvisionOutcome {
+    ProvisionOutcome::Failed(failure_reason(identity, what))
 }
 
 /// A string field of an RPC reply: absent or `null` is empty (Go's zero value); any other
@@ -145,16 +137,12 @@ fn reply_string(data: &Value, field: &str, action: &str) -> Result<String, Strin
     }
 }
 
-impl Cycle {
-    /// Builds the cycle, checking up front what every node would otherwise fail on: the
-    /// helper command, the deny list, and the keys each enabled feature needs.
-    pub fn new(
-        config: Arc<Config>,
-        rpc: Arc<dyn NodeRpc>,
-        metrics: Arc<Metrics>,
-    ) -> Result<Cycle, CycleError> {
+impl Rules {
+    /// The helper, the deny list, and the keys each enabled feature needs.
+    pub fn new(config: &Config) -> Result<Rules, CycleError> {
         let path = config.path.display().to_string();
-        let helper_command = split_command(&config.helper).map_err(CycleError::Helper)?;
+        let helper =
+            Helper::per_node(&config.helper, config.helper_timeout).map_err(CycleError::Helper)?;
         let deny_list = DenyList::new(&config.cert_deny_list).map_err(CycleError::DenyList)?;
         if config.features.jwt {
             if config.jwt_verify_cert.is_empty() {
@@ -179,17 +167,29 @@ impl Cycle {
                     feature: "features.ed25519",
                 });
             }
-            load_issuer(&config, now_unix()).map_err(|source| CycleError::Issuer {
+            load_issuer(config, now_unix()).map_err(|source| CycleError::Issuer {
                 path: path.clone(),
                 source,
             })?;
         }
+        Ok(Rules { helper, deny_list })
+    }
+}
+
+impl Cycle {
+    /// Builds the cycle, checking up front what every node would otherwise fail on: the
+    /// helper command, the deny list, and the keys each enabled feature needs.
+    pub fn new(
+        config: Arc<Config>,
+        rpc: Arc<dyn NodeRpc>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Cycle, CycleError> {
+        let rules = Rules::new(&config)?;
         Ok(Cycle {
             config,
             rpc,
             metrics,
-            helper_command,
-            deny_list,
+            rules,
         })
     }
 
@@ -236,16 +236,7 @@ impl Cycle {
 
     fn run(&self, identity: &Identity, gate: &Gate) -> Step<ProvisionOutcome> {
         let config = &self.config;
-        let mut node = Node {
-            identity: identity.clone(),
-            claims: None,
-            server_ecdh_public: String::new(),
-            ed25519: None,
-            inventory_json: String::new(),
-            version: String::new(),
-            upgradable: false,
-            csr: None,
-        };
+        let mut node = NodeFacts::new(identity.clone());
         if config.features.jwt {
             self.fetch_jwt(gate, &mut node)?;
         }
@@ -258,48 +249,66 @@ impl Cycle {
         }
 
         let answer = self.ask_helper(gate, &node)?;
-        self.check_claimed_identity(&node, &answer)?;
-        if answer.defer {
+        let decision =
+            decide(config, &self.rules.deny_list, &node, &answer, now_unix()).map_err(|err| {
+                if matches!(err, AnswerError::ClaimedIdentityInvalid { .. }) {
+                    self.metrics
+                        .malformed_messages
+                        .with_label_values(&[MALFORMED_HELPER_IDENTITY])
+                        .inc();
+                }
+                failed(identity, err)
+            })?;
+        match decision {
             // Go: "configuration defered: <msg>".
-            return Err(failed(
+            Decision::Defer { message } => Err(failed(
                 identity,
-                format!("the helper deferred provisioning: {}", escape(&answer.msg)),
-            ));
+                format!("the helper deferred provisioning: {}", escape(&message)),
+            )),
+            Decision::Shutdown { reason } => self.shut_down(gate, &node, &reason),
+            Decision::Configure(plan) => self.carry_out(gate, &node, *plan),
         }
-        if answer.shutdown {
-            return self.shut_down(gate, &node, &answer.msg);
-        }
+    }
 
-        let server_jwt = if config.features.ed25519 {
-            self.issue_server_jwt(&node, &answer)?
-        } else {
-            String::new()
-        };
-        let (key, our_ecdh_public) = if answer.key.is_empty() {
-            (String::new(), String::new())
-        } else {
-            self.encrypt_key(&node, &answer.key)?
-        };
-
-        if config.features.upgrades && !answer.upgrade.is_empty() {
-            match self.upgrade(gate, &node, &answer.upgrade) {
-                Ok(UpgradeResult::Upgraded) => {
+    /// Upgrade if the plan says so (which ends the cycle), else configure and restart.
+    fn carry_out(&self, gate: &Gate, node: &NodeFacts, plan: Plan) -> Step<ProvisionOutcome> {
+        let identity = &node.identity;
+        match &plan.upgrade {
+            Upgrade::Move {
+                from,
+                to,
+                direction,
+            } => {
+                log::warn!(
+                    "{identity}: will attempt version {direction} from {} to {}",
+                    escape(from),
+                    escape(to)
+                );
+                match self.upgrade(gate, node, to, direction) {
                     // No hold: the node restarts on the new version and is provisioned again
                     // on its next sighting (Go: "no delay so we reprov asap").
-                    return Ok(ProvisionOutcome::Provisioned { hold: false });
+                    Ok(()) => return Ok(ProvisionOutcome::Provisioned { hold: false }),
+                    Err(ProvisionOutcome::Failed(reason)) if self.config.upgrades_optional => {
+                        log::warn!(
+                            "{identity}: could not upgrade to {}, continuing as upgrades_optional is set: {reason}",
+                            escape(to)
+                        );
+                    }
+                    Err(outcome) => return Err(outcome),
                 }
-                Ok(UpgradeResult::AlreadyThere) => {}
-                Err(ProvisionOutcome::Failed(reason)) if config.upgrades_optional => {
-                    log::warn!(
-                        "{identity}: could not upgrade to {}, continuing as upgrades_optional is set: {reason}",
-                        escape(&answer.upgrade)
-                    );
-                }
-                Err(outcome) => return Err(outcome),
             }
+            Upgrade::Skipped { target, reason } => log::warn!(
+                "{identity}: could not upgrade to {}, continuing as upgrades_optional is set: {reason}",
+                escape(target)
+            ),
+            Upgrade::NotAsked | Upgrade::FeatureOff { .. } | Upgrade::AlreadyThere { .. } => {}
         }
-
-        self.configure(gate, &node, &answer, &key, &our_ecdh_public, &server_jwt)?;
+        let data = plan.configure.map_err(|err| failed(identity, err))?;
+        let reply = self.provision_call(gate, identity, "configure", data)?;
+        log::info!(
+            "{identity}: configure response: {}",
+            escape(&reply_string(&reply, "message", "configure").unwrap_or_default())
+        );
         // A configured node is finished with `restart` even if leadership was lost or a stop
         // began meanwhile: left configured but unrestarted, it would stay in provisioning and
         // the next leader would configure it a second time. The node's lock is still ours.
@@ -308,7 +317,7 @@ impl Cycle {
             &finishing,
             identity,
             "restart",
-            json!({"token": config.token, "splay": 1}),
+            json!({"token": self.config.token, "splay": 1}),
         )?;
         log::info!(
             "{identity}: restart response: {}",
@@ -317,7 +326,7 @@ impl Cycle {
         Ok(ProvisionOutcome::Provisioned { hold: true })
     }
 
-    fn fetch_jwt(&self, gate: &Gate, node: &mut Node) -> Step<()> {
+    fn fetch_jwt(&self, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
         let identity = node.identity.clone();
         let reply =
             self.provision_call(gate, &identity, "jwt", json!({"token": self.config.token}))?;
@@ -325,23 +334,13 @@ impl Cycle {
             .map_err(|e| failed(&identity, e))?;
         node.server_ecdh_public = reply_string(&reply, "ecdh_public", "choria_provision#jwt")
             .map_err(|e| failed(&identity, e))?;
-        if raw.is_empty() {
-            return Err(failed(&identity, "could not validate JWT: no JWT received"));
-        }
-        // Read per node, as Go does, so a replaced key file takes effect without a restart.
-        let key = VerifyKey::load(&self.config.jwt_verify_cert, &read_file).map_err(|e| {
-            failed(
-                &identity,
-                format!("could not validate JWT: jwt_verify_cert: {e}"),
-            )
-        })?;
-        let claims = verify_provisioning_jwt(&raw, &key, now_unix())
-            .map_err(|e| failed(&identity, format!("could not validate JWT: {e}")))?;
+        let claims =
+            verify_node_jwt(&self.config, &raw, now_unix()).map_err(|e| failed(&identity, e))?;
         node.claims = Some(claims);
         Ok(())
     }
 
-    fn fetch_ed25519(&self, gate: &Gate, node: &mut Node) -> Step<()> {
+    fn fetch_ed25519(&self, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
         let identity = node.identity.clone();
         let nonce = new_nonce();
         let reply = self.provision_call(
@@ -369,33 +368,13 @@ impl Cycle {
         Ok(())
     }
 
-    fn fetch_inventory(&self, gate: &Gate, node: &mut Node) -> Step<()> {
+    fn fetch_inventory(&self, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
         let identity = node.identity.clone();
         let reply = self.call(gate, &identity, "rpcutil", "inventory", json!({}))?;
-        if !reply.is_object() {
-            return Err(failed(
-                &identity,
-                format!("rpcutil#inventory reply data is not an object: {reply}"),
-            ));
-        }
-        // Go hands the helper the reply re-encoded by its JSON encoder.
-        node.inventory_json = go_escape(&reply.to_string());
-        node.version = reply_string(&reply, "version", "rpcutil#inventory")
-            .map_err(|e| failed(&identity, e))?;
-        node.upgradable = match reply.get("upgradable") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(other) => {
-                return Err(failed(
-                    &identity,
-                    format!("rpcutil#inventory reply field upgradable is not a boolean: {other}"),
-                ))
-            }
-        };
-        Ok(())
+        take_inventory(node, &reply).map_err(|e| failed(&identity, e))
     }
 
-    fn fetch_csr(&self, gate: &Gate, node: &mut Node) -> Step<()> {
+    fn fetch_csr(&self, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
         let identity = node.identity.clone();
         let reply = self.provision_call(
             gate,
@@ -411,94 +390,36 @@ impl Cycle {
             public_key: field("public_key")?,
             ssldir: field("ssldir")?,
         };
-        if csr.csr.is_empty() {
-            return Err(failed(&identity, "no CSR received"));
-        }
-        validate_csr(&csr.csr, &identity, &self.deny_list).map_err(|e| {
-            if matches!(e, CsrError::InvalidCommonName { .. }) {
+        check_node_csr(&self.rules.deny_list, &identity, &csr.csr).map_err(|e| {
+            if matches!(e, NodeCsrError::Refused(CsrError::InvalidCommonName { .. })) {
                 self.metrics
                     .malformed_messages
                     .with_label_values(&[MALFORMED_CSR_COMMON_NAME])
                     .inc();
             }
-            failed(&identity, format!("CSR refused: {e}"))
+            failed(&identity, e)
         })?;
         node.csr = Some(csr);
         Ok(())
     }
 
-    fn ask_helper(&self, gate: &Gate, node: &Node) -> Step<HelperOutput> {
+    fn ask_helper(&self, gate: &Gate, node: &NodeFacts) -> Step<HelperOutput> {
         // The helper never starts while paused or stopping (as Go's runHelper refuses when
         // paused).
         if gate.check().is_err() {
             return Err(ProvisionOutcome::Halted);
         }
-        let input = HelperInput {
-            identity: node.identity.to_string(),
-            csr: node.csr.clone(),
-            ed25519_pubkey: node.ed25519.clone(),
-            inventory: node.inventory_json.clone(),
-            jwt: node.claims.clone(),
-        };
-        let started = Instant::now();
-        let result = run_helper(
-            &self.helper_command,
-            &input,
-            self.config.helper_timeout,
-            &node.identity,
-        );
+        let exchange = ask_helper(&self.rules.helper, node);
         self.metrics
             .helper_time
-            .observe(&[], started.elapsed().as_secs_f64());
-        result.map_err(|err| {
+            .observe(&[], exchange.duration.as_secs_f64());
+        exchange.answer.map_err(|err| {
             self.metrics.helper_errors.inc();
             ProvisionOutcome::Failed(err.to_string())
         })
     }
 
-    /// An `identity` in the helper's `server_claims` must be a valid identity and the node's
-    /// own: the token is always issued to the node (Go ignores the field), so anything else
-    /// means the helper is confused or was fed something hostile.
-    fn check_claimed_identity(&self, node: &Node, answer: &HelperOutput) -> Step<()> {
-        let identity = &node.identity;
-        let claimed = match answer
-            .server_claims
-            .as_ref()
-            .and_then(|c| c.get("identity"))
-        {
-            None | Some(Value::Null) => return Ok(()),
-            Some(Value::String(claimed)) if claimed.is_empty() => return Ok(()),
-            Some(Value::String(claimed)) => claimed,
-            Some(other) => {
-                return Err(failed(
-                    identity,
-                    format!("the helper's server_claims identity is not a string: {other}"),
-                ))
-            }
-        };
-        match Identity::parse(claimed) {
-            Err(err) => {
-                self.metrics
-                    .malformed_messages
-                    .with_label_values(&[MALFORMED_HELPER_IDENTITY])
-                    .inc();
-                Err(failed(
-                    identity,
-                    format!(
-                        "the helper's server_claims identity {} is refused: {err}",
-                        escape(claimed)
-                    ),
-                ))
-            }
-            Ok(claimed) if claimed != *identity => Err(failed(
-                identity,
-                format!("the helper's server_claims name identity {claimed}, not this node"),
-            )),
-            Ok(_) => Ok(()),
-        }
-    }
-
-    fn shut_down(&self, gate: &Gate, node: &Node, reason: &str) -> Step<ProvisionOutcome> {
+    fn shut_down(&self, gate: &Gate, node: &NodeFacts, reason: &str) -> Step<ProvisionOutcome> {
         let identity = &node.identity;
         if reason.is_empty() {
             log::warn!("{identity}: shutting the node down as the helper asked, no reason given");
@@ -544,86 +465,10 @@ impl Cycle {
         Ok(ProvisionOutcome::Provisioned { hold: true })
     }
 
-    fn issue_server_jwt(&self, node: &Node, answer: &HelperOutput) -> Step<String> {
-        let identity = &node.identity;
-        let public_key = node
-            .ed25519
-            .as_ref()
-            .map(|e| e.public_key.as_str())
-            .unwrap_or("");
-        if public_key.is_empty() {
-            return Err(failed(identity, "no ed25519 public key set"));
-        }
-        let now = now_unix();
-        // Loaded per node, as Go does, so replaced key or token files take effect at once.
-        let issuer = load_issuer(&self.config, now)
-            .map_err(|e| failed(identity, format!("cannot issue the server JWT: {e}")))?;
-        let request = ServerJwtRequest {
-            identity,
-            ed25519_pubkey_hex: public_key,
-            configuration: &answer.configuration,
-            server_claims: answer.server_claims.as_ref(),
-            validity: self.config.server_jwt_validity,
-        };
-        issuer
-            .issue(&request, now)
-            .map_err(|e| failed(identity, format!("cannot issue the server JWT: {e}")))
-    }
-
-    /// Go `encryptPrivateKey`: a fresh X25519 pair per node, the shared secret with the node's
-    /// key from the `jwt` action, the helper's key encrypted as legacy PEM (RFC 1423,
-    /// AES-256-CBC).
-    /// Returns the encrypted PEM and our public key for `configure.ecdh_public`.
-    fn encrypt_key(&self, node: &Node, key_pem: &str) -> Step<(String, String)> {
-        let identity = &node.identity;
-        if node.server_ecdh_public.is_empty() {
-            return Err(failed(
-                identity,
-                "private key received from helper but server did not start Diffie-Hellman exchange (features.jwt is needed to deliver keys)",
-            ));
-        }
-        let (secret, our_public) = ecdh_keypair();
-        let shared = ecdh_shared(&secret, &node.server_ecdh_public)
-            .map_err(|e| failed(identity, format!("cannot encrypt the helper's key: {e}")))?;
-        let encrypted = encrypt_private_key(key_pem, &shared, random_iv())
-            .map_err(|e| failed(identity, format!("cannot encrypt the helper's key: {e}")))?;
-        Ok((encrypted, our_public))
-    }
-
-    /// Go `handleHostUpgrade`, except that any difference in RPM order, down as well as up,
-    /// moves the node to the helper's version, so downgrades work too.
-    fn upgrade(&self, gate: &Gate, node: &Node, target: &str) -> Step<UpgradeResult> {
+    /// `release_update` to `target` (Go `handleHostUpgrade`).
+    fn upgrade(&self, gate: &Gate, node: &NodeFacts, target: &str, direction: &str) -> Step<()> {
         let identity = &node.identity;
         let config = &self.config;
-        // Go sends an empty repository when upgrades_optional is set; we fail the step instead
-        // (which upgrades_optional then tolerates) rather than ask the node for nothing.
-        if config.upgrades_repository.is_empty() {
-            return Err(failed(
-                identity,
-                "upgrades_repository not configured for the upgrades feature",
-            ));
-        }
-        if node.version.is_empty() {
-            return Err(failed(
-                identity,
-                format!("cannot upgrade to {target}: did not receive a version in inventory"),
-            ));
-        }
-        if !node.upgradable {
-            return Err(failed(
-                identity,
-                format!("cannot upgrade to {target}: the node does not support upgrades"),
-            ));
-        }
-        let direction = match version::compare(&node.version, target) {
-            Ordering::Equal => return Ok(UpgradeResult::AlreadyThere),
-            Ordering::Less => "upgrade",
-            Ordering::Greater => "downgrade",
-        };
-        log::warn!(
-            "{identity}: will attempt version {direction} from {} to {target}",
-            node.version
-        );
         let reply = self
             .provision_call(
                 gate,
@@ -645,72 +490,85 @@ impl Cycle {
             "{identity}: release_update response: {}",
             escape(&reply_string(&reply, "message", "release_update").unwrap_or_default())
         );
-        Ok(UpgradeResult::Upgraded)
-    }
-
-    fn configure(
-        &self,
-        gate: &Gate,
-        node: &Node,
-        answer: &HelperOutput,
-        key: &str,
-        our_ecdh_public: &str,
-        server_jwt: &str,
-    ) -> Step<()> {
-        let identity = &node.identity;
-        if answer.configuration.is_empty() {
-            // Go fails `configure` with "empty configuration" before sending anything.
-            return Err(failed(
-                identity,
-                "choria_provision#configure failed: the helper returned an empty configuration",
-            ));
-        }
-        // `config` is JSON in a string, encoded as Go's json.Marshal of a map: sorted keys,
-        // Go escapes; the node decodes it as an object of strings (go-choria configure_action.go).
-        let config_json = go_escape(
-            &serde_json::to_string(&answer.configuration)
-                .map_err(|e| failed(identity, format!("cannot encode the configuration: {e}")))?,
-        );
-        // The node's own ssldir from gencsr wins over the helper's (Go `configure`).
-        let ssldir = match &node.csr {
-            Some(csr) if !csr.ssldir.is_empty() => csr.ssldir.clone(),
-            _ => answer.ssldir.clone(),
-        };
-        let data = configure_request(ConfigureFields {
-            token: &self.config.token,
-            config: &config_json,
-            certificate: &answer.certificate,
-            ca: &answer.ca,
-            ssldir: &ssldir,
-            key,
-            ecdh_public: our_ecdh_public,
-            action_policies: &answer.action_policies,
-            opa_policies: &answer.opa_policies,
-            server_jwt,
-        });
-        let reply = self.provision_call(gate, identity, "configure", data)?;
-        log::info!(
-            "{identity}: configure response: {}",
-            escape(&reply_string(&reply, "message", "configure").unwrap_or_default())
-        );
         Ok(())
     }
 }
 
-enum UpgradeResult {
-    /// `release_update` succeeded: the node restarts on the target version.
-    Upgraded,
-    /// The node already runs the target version: carry on to `configure`.
-    AlreadyThere,
+/// The daemon's check of a node's provisioning JWT: verified with `jwt_verify_cert`, read per
+/// node as Go does so a replaced key file takes effect without a restart, at `now_unix`.
+pub fn verify_node_jwt(
+    config: &Config,
+    raw: &str,
+    now_unix: u64,
+) -> Result<serde_json::Map<String, Value>, String> {
+    if raw.is_empty() {
+        return Err("could not validate JWT: no JWT received".to_string());
+    }
+    let key = VerifyKey::load(&config.jwt_verify_cert, &read_file)
+        .map_err(|e| format!("could not validate JWT: jwt_verify_cert: {e}"))?;
+    verify_provisioning_jwt(raw, &key, now_unix).map_err(|e| format!("could not validate JWT: {e}"))
 }
 
-fn load_issuer(config: &Config, now: u64) -> Result<ServerJwtIssuer, ServerJwtError> {
-    let token = if config.jwt_signing_token.is_empty() {
-        None
-    } else {
-        Some(Path::new(&config.jwt_signing_token))
+/// Why the daemon refuses a node's CSR.
+#[derive(Debug)]
+pub enum NodeCsrError {
+    Empty,
+    Refused(CsrError),
+}
+
+impl fmt::Display for NodeCsrError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeCsrError::Empty => f.write_str("no CSR received"),
+            NodeCsrError::Refused(err) => write!(f, "CSR refused: {err}"),
+        }
+    }
+}
+
+/// The daemon's check of a node's CSR (Go `validateCSR`): present, its last CN the identity,
+/// no name of it on the deny list.
+pub fn check_node_csr(
+    deny: &DenyList,
+    identity: &Identity,
+    csr_pem: &str,
+) -> Result<(), NodeCsrError> {
+    if csr_pem.is_empty() {
+        return Err(NodeCsrError::Empty);
+    }
+    validate_csr(csr_pem, identity, deny).map_err(NodeCsrError::Refused)
+}
+
+/// Takes what the cycle keeps of an `rpcutil#inventory` reply's data: the JSON for the helper
+/// (re-encoded as Go's encoder writes it), `version` and `upgradable`.
+pub fn take_inventory(node: &mut NodeFacts, reply: &Value) -> Result<(), String> {
+    if !reply.is_object() {
+        return Err(format!(
+            "rpcutil#inventory reply data is not an object: {reply}"
+        ));
+    }
+    node.inventory_json = go_escape(&reply.to_string());
+    node.version = reply_string(reply, "version", "rpcutil#inventory")?;
+    node.upgradable = match reply.get("upgradable") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(format!(
+                "rpcutil#inventory reply field upgradable is not a boolean: {other}"
+            ))
+        }
     };
-    ServerJwtIssuer::load(Path::new(&config.jwt_signing_key), token, now, &read_file)
+    Ok(())
+}
+
+/// The reason a failed cycle gives: the node, then what failed.
+pub fn failure_reason(identity: &Identity, what: impl fmt::Display) -> String {
+    format!("{identity}: {what}")
+}
+
+/// Runs the helper for a node, as the cycle does (the one place both the cycle and
+/// `helper-test` ask it).
+pub fn ask_helper(helper: &Helper, node: &NodeFacts) -> Exchange {
+    helper.ask(&node.helper_input(), node.identity.as_str())
 }
 
 /// Every field Go's `configure` request carries; unset ones are empty strings or `{}`.

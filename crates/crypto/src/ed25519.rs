@@ -100,6 +100,20 @@ pub fn verify_nonce_signature(
         })
 }
 
+/// Checks a public key alone, as [`verify_nonce_signature`] checks it: present, 32 bytes of
+/// hex, a valid curve point (for a key given without a signature to check).
+pub fn check_public_key(public_key_hex: &str) -> Result<(), NonceError> {
+    if public_key_hex.is_empty() {
+        return Err(NonceError::MissingPublicKey);
+    }
+    let public_key = decode_fixed::<32>("public_key", public_key_hex)?;
+    VerifyingKey::from_bytes(&public_key)
+        .map(|_| ())
+        .map_err(|_| NonceError::InvalidPublicKey {
+            public_key: public_key_hex.to_string(),
+        })
+}
+
 /// The node's side of gen25519, for the simulator: `(hex public key, hex signature of nonce)`.
 pub fn sign_nonce(seed: &[u8; 32], nonce: &str) -> (String, String) {
     let key = SigningKey::from_bytes(seed);
@@ -147,6 +161,27 @@ mod tests {
                 public_key_hex_from_seed(&seed_from_vector(seed_file)),
                 public
             );
+        }
+    }
+
+    #[test]
+    fn a_public_key_alone_is_checked_as_the_signature_check_does() {
+        let public =
+            public_key_hex_from_seed(&seed_from_vector("tokens/testdata/ed25519/signer.seed"));
+        // (key, expected error Display substring or None)
+        let cases: Vec<(String, Option<&str>)> = vec![
+            (public.clone(), None),
+            (public.to_uppercase(), None),
+            (String::new(), Some("no public_key")),
+            (public[..62].to_string(), Some("public_key")),
+            ("zz".repeat(32), Some("public_key")),
+        ];
+        for (key, want) in cases {
+            match (check_public_key(&key), want) {
+                (Ok(()), None) => {}
+                (Err(err), Some(want)) => assert!(err.to_string().contains(want), "{key}: {err}"),
+                (got, want) => panic!("{key}: got {got:?}, want {want:?}"),
+            }
         }
     }
 

@@ -9,6 +9,9 @@
 //! caller's business too.
 //!
 //! - [`csr`]: `gencsr` replies: the last CN is the identity; Go's deny-list rules.
+//! - [`certificate`]: a helper's certificate: its facts (subject, SANs, validity, serial,
+//!   fingerprint), the node's name, the deny list, and pairing with the node's key.
+//! - [`stand_in`]: a CSR and a `gen25519` answer as a node makes them, for rehearsals.
 //! - [`ed25519`]: `gen25519` replies: the nonce signature, lengths checked.
 //! - [`key_transport`]: X25519 and Go's legacy PEM AES-256-CBC for keys a helper hands over.
 //! - [`jwt`]: verify keys, provisioning JWT checks, RS256/EdDSA signing.
@@ -17,12 +20,14 @@
 //!
 //! Each submodule has one error enum whose `Display` names what was wrong.
 
+pub mod certificate;
 pub mod csr;
 pub mod ed25519;
 pub mod jwt;
 pub mod key_transport;
 pub mod ksuid;
 pub mod server_jwt;
+pub mod stand_in;
 
 /// Reads a whole file for a key or token the configuration names. The daemon passes
 /// `std::fs::read`; a `NotFound` error is meaningful (`jwt_verify_cert` then holds the key

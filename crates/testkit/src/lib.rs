@@ -5,6 +5,7 @@
 //!
 //! It never becomes a normal dependency of a crate the daemon ships.
 
+pub mod certificates;
 pub mod harness;
 
 use std::io::Write;
