@@ -6,8 +6,8 @@ Use with `features: {pki: true}`, e.g.
     helper: /etc/choria-provisioner/helpers/x509-helper.py --ca-dir /etc/choria-provisioner/ca --brokers nats://broker.example.net:4222
 
 The CA directory holds `ca.pem` (the CA certificate) and `ca-key.pem` (its unencrypted private
-key, readable only by the provisioner's user). Signing uses the `openssl` command line. Make a
-test CA with:
+key, readable only by the provisioner's user). Signing uses the `openssl` command line (OpenSSL
+3.0 or later). Make a test CA with:
 
     openssl req -x509 -newkey rsa:2048 -nodes -keyout ca-key.pem -out ca.pem -days 3650 -subj "/CN=Choria Test CA"
 
@@ -36,6 +36,13 @@ stdout: one JSON object; every key is optional
 A non-zero exit, no output or undecodable output fails the node; so does running longer than
 `helper_timeout`. Diagnostics go to stderr, which the provisioner logs tagged with the node.
 
+The node is untrusted: it chose its identity and wrote its CSR. So the certificate is built from
+the identity alone, and only from an identity that is a plain DNS name (letters, digits, `-`
+and `_` in dot-separated labels, at most 255 bytes): its subject is exactly `CN=<identity>` and
+its subjectAltName exactly `DNS:<identity>`, whatever else the CSR asks for. Anything else is
+deferred with the reason, so a node named `n1,DNS:broker.example.net` gets no certificate for
+the broker's name.
+
 Settings, from arguments or the environment (arguments win):
     --ca-dir / CHORIA_HELPER_CA_DIR   the CA directory (default /etc/choria-provisioner/ca)
     --brokers / CHORIA_BROKERS        plugin.choria.middleware_hosts (default nats://broker.example.net:4222)
@@ -46,6 +53,7 @@ Settings, from arguments or the environment (arguments win):
 import argparse
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -54,6 +62,21 @@ import tempfile
 
 def log(message):
     print("x509-helper: " + message, file=sys.stderr)
+
+
+# A DNS name: dot-separated labels of letters, digits, '-' and '_'; no empty label.
+IDENTITY = re.compile(r"\A[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\Z")
+
+
+def identity_problem(identity):
+    """Why `identity` cannot name a certificate, or None when it can."""
+    if not isinstance(identity, str) or not identity:
+        return "no identity received"
+    if len(identity.encode("utf-8")) > 255:
+        return "the identity is longer than 255 bytes"
+    if not IDENTITY.match(identity):
+        return "the identity %s is not a plain DNS name" % json.dumps(identity)
+    return None
 
 
 def settings(argv):
@@ -101,6 +124,8 @@ def sign(opts, identity, csr_pem):
             f.write(csr_pem)
         # The provisioner does not check the CSR's self-signature; we do before signing.
         openssl(opts, ["req", "-in", csr_file, "-noout", "-verify"])
+        # The subject and the SAN come from the checked identity alone: the CSR's own subject
+        # and extensions are ignored (-subj, -copy_extensions none).
         with open(ext_file, "w") as f:
             f.write("basicConstraints = CA:FALSE\n")
             f.write("keyUsage = digitalSignature, keyEncipherment\n")
@@ -114,14 +139,16 @@ def sign(opts, identity, csr_pem):
                 "x509", "-req", "-in", csr_file,
                 "-CA", ca_cert, "-CAkey", ca_key, "-set_serial", serial,
                 "-days", str(opts.days), "-sha256", "-extfile", ext_file,
+                "-subj", "/CN=" + identity, "-copy_extensions", "none",
             ],
         )
 
 
 def answer(node, opts):
-    identity = node.get("identity") or ""
-    if not identity:
-        return defer("no identity received")
+    identity = node.get("identity")
+    problem = identity_problem(identity)
+    if problem:
+        return defer("refusing to sign: " + problem)
     csr = node.get("csr") or {}
     if not csr.get("csr"):
         return defer("no CSR received: is features.pki enabled?")

@@ -146,6 +146,146 @@ fn x509_helper_signs_the_csr_with_the_local_ca() {
     assert!(refused.certificate.is_empty());
 }
 
+/// A test CA in a fresh directory.
+fn test_ca() -> tempfile::TempDir {
+    let ca = tempfile::tempdir().expect("tempdir");
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca-key.pem",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=Choria Test CA",
+        ],
+        ca.path(),
+    );
+    ca
+}
+
+/// A CSR made by openssl in `dir` with `subject` (openssl's `/A=b/C=d` form) and `san`.
+fn openssl_csr(dir: &Path, subject: &str, san: &str) -> String {
+    openssl(
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "node-key.pem",
+            "-out",
+            "node.csr",
+            "-subj",
+            subject,
+            "-addext",
+            &format!("subjectAltName={san}"),
+        ],
+        dir,
+    );
+    std::fs::read_to_string(dir.join("node.csr")).expect("csr")
+}
+
+fn csr_input(identity: &str, csr: String) -> HelperInput {
+    HelperInput {
+        identity: identity.into(),
+        csr: Some(CsrReply {
+            csr,
+            public_key: String::new(),
+            ssldir: "/etc/choria/ssl".into(),
+        }),
+        ed25519_pubkey: None,
+        inventory: inventory(),
+        jwt: None,
+    }
+}
+
+#[test]
+fn x509_helper_certifies_the_identity_alone() {
+    let ca = test_ca();
+    let command = format!(
+        "{} --ca-dir '{}'",
+        sample("x509-helper.py").display(),
+        ca.path().display()
+    );
+
+    // The attack: a name that passes the deny list and smuggles a second SAN into the
+    // extension line of a helper that builds it from the raw identity.
+    let attack = "n1,DNS:broker.example.net";
+    let csr = openssl_csr(
+        ca.path(),
+        &format!("/CN={attack}"),
+        &format!("DNS:{attack}"),
+    );
+    let out = run(&command, &csr_input(attack, csr));
+    assert!(out.defer, "signed {attack}");
+    assert!(out.certificate.is_empty());
+    assert!(out.msg.contains("not a plain DNS name"), "{}", out.msg);
+
+    // A CSR asking for more than its identity: other CNs, an O, other SANs. The certificate
+    // holds exactly CN=<identity> and DNS:<identity>.
+    let identity = "n1.example.net";
+    let csr = openssl_csr(
+        ca.path(),
+        "/CN=n1.example.net/CN=broker.example.net/O=Evil",
+        "DNS:broker.example.net,DNS:n1.example.net,IP:10.0.0.1",
+    );
+    let out = run(&command, &csr_input(identity, csr));
+    assert!(!out.defer, "deferred: {}", out.msg);
+    let (_, cert_pem) = parse_x509_pem(out.certificate.as_bytes()).expect("certificate PEM");
+    let cert = cert_pem.parse_x509().expect("certificate DER");
+    let subject: Vec<String> = cert
+        .subject()
+        .iter_attributes()
+        .map(|a| format!("{}={}", a.attr_type(), a.as_str().unwrap_or("?")))
+        .collect();
+    assert_eq!(
+        subject,
+        ["2.5.4.3=n1.example.net"],
+        "the subject is the CN alone"
+    );
+    let san = cert
+        .subject_alternative_name()
+        .expect("SAN parses")
+        .expect("SAN present");
+    assert_eq!(
+        san.value.general_names,
+        vec![GeneralName::DNSName("n1.example.net")],
+        "the SANs are the identity alone"
+    );
+
+    // Every other hostile name is refused before openssl runs.
+    for hostile in [
+        "x 0\r\nUNSUB 1",
+        "a b",
+        "a\tb",
+        "*",
+        ">",
+        "a..b",
+        ".a",
+        "n1/CN=broker.example.net",
+        "n1\nsubjectAltName=DNS:broker",
+        &"n".repeat(300),
+    ] {
+        let csr = openssl_csr(ca.path(), "/CN=placeholder", "DNS:placeholder");
+        let out = run(&command, &csr_input(hostile, csr));
+        assert!(out.defer, "{hostile:?} was signed");
+        assert!(out.certificate.is_empty(), "{hostile:?}");
+        assert!(
+            out.msg.contains("refusing to sign"),
+            "{hostile:?}: {}",
+            out.msg
+        );
+    }
+}
+
 #[test]
 fn x509_helper_defers_what_it_cannot_sign() {
     let empty_ca = tempfile::tempdir().expect("tempdir");
