@@ -14,6 +14,51 @@ use serde_norway::Value;
 
 use crate::duration;
 
+/// A setting that must never reach a log line or a `Debug` print: the provisioning token and
+/// the broker password. It reads as a `&str` where it is used (sent to nodes or the broker)
+/// and serialises as its value, but prints as `(secret, N bytes)`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            f.write_str("(unset)")
+        } else {
+            write!(f, "(secret, {} bytes)", self.0.len())
+        }
+    }
+}
+
+impl std::ops::Deref for Secret {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<&str> for Secret {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl serde::Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+/// Keys whose values are never repeated in an error message: secrets, and the helper command
+/// line, whose arguments may hold one.
+const SECRET_KEYS: [&str; 3] = ["token", "broker_provisioning_password", "helper"];
+
 /// `features:` in the YAML.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Features {
@@ -37,12 +82,12 @@ pub struct Config {
     /// The helper command line, unsplit; `provision::helper` splits it with shell rules.
     pub helper: String,
     pub helper_timeout: Duration,
-    pub token: String,
+    pub token: Secret,
     pub lifecycle_component: String,
     pub choria_insecure: bool,
     pub site: String,
     pub monitor_port: u16,
-    pub broker_provisioning_password: String,
+    pub broker_provisioning_password: Secret,
     pub cert_deny_list: Vec<String>,
     pub jwt_verify_cert: String,
     pub jwt_signing_key: String,
@@ -424,16 +469,16 @@ impl Config {
             loglevel,
             helper,
             helper_timeout,
-            token: doc.string(get("token"), "token", "")?,
+            token: Secret::new(doc.string(get("token"), "token", "")?),
             lifecycle_component,
             choria_insecure: doc.boolean(get("choria_insecure"), "choria_insecure", false)?,
             site: doc.string(get("site"), "site", "")?,
             monitor_port,
-            broker_provisioning_password: doc.string(
+            broker_provisioning_password: Secret::new(doc.string(
                 get("broker_provisioning_password"),
                 "broker_provisioning_password",
                 "",
-            )?,
+            )?),
             cert_deny_list,
             jwt_verify_cert: doc.string(get("jwt_verify_cert"), "jwt_verify_cert", "")?,
             jwt_signing_key: doc.string(get("jwt_signing_key"), "jwt_signing_key", "")?,
@@ -502,19 +547,29 @@ struct Doc {
 
 impl Doc {
     fn wrong_type(&self, key: &str, expected: &'static str, value: &Value) -> ConfigError {
+        let shown = if SECRET_KEYS.contains(&key) {
+            format!("{} (value not shown)", type_name(value))
+        } else {
+            format!("{} {}", type_name(value), render(value))
+        };
         ConfigError::WrongType {
             path: self.path.clone(),
             key: key.to_string(),
             expected,
-            value: format!("{} {}", type_name(value), render(value)),
+            value: shown,
         }
     }
 
     fn invalid(&self, key: &str, value: Option<&Value>, reason: &str) -> ConfigError {
+        let shown = match value {
+            None => "(default)".into(),
+            Some(_) if SECRET_KEYS.contains(&key) => "(not shown)".into(),
+            Some(value) => render(value),
+        };
         ConfigError::Invalid {
             path: self.path.clone(),
             key: key.to_string(),
-            value: value.map(render).unwrap_or_else(|| "(default)".into()),
+            value: shown,
             reason: reason.to_string(),
         }
     }
@@ -763,6 +818,41 @@ features:
                     "error for {text:?} is {err:?}, lacks {needle:?}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn secrets_never_reach_an_error_or_a_debug_print() {
+        let (c, _) = parse(
+            "helper: /h --password hunter2-helper\ntoken: hunter2-token\nbroker_provisioning_password: hunter2-broker\n",
+        )
+        .unwrap();
+        let shown = format!("{c:?}");
+        for secret in ["hunter2-token", "hunter2-broker"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("token: (secret, 13 bytes)"), "{shown}");
+        assert_eq!(c.token, "hunter2-token");
+        assert_eq!(
+            serde_json::json!({ "token": c.token }).to_string(),
+            r#"{"token":"hunter2-token"}"#
+        );
+        // Type errors name the key, never the value.
+        for text in [
+            "helper: h\ntoken: 123456789\n",
+            "helper: h\ntoken: [hunter2, x]\n",
+            "helper: h\nbroker_provisioning_password: 987654321\n",
+            "helper: [\"/h\", \"--password\", \"hunter2\"]\n",
+            "helper: \"/h --password 'hunter2\"\n",
+        ] {
+            let err = parse(text).expect_err(text).to_string();
+            for secret in ["123456789", "987654321", "hunter2"] {
+                assert!(!err.contains(secret), "{text:?}: {err}");
+            }
+            assert!(
+                err.contains("token") || err.contains("password") || err.contains("helper"),
+                "{err}"
+            );
         }
     }
 

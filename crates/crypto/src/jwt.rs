@@ -235,10 +235,26 @@ fn rsa_public_from_pem(bytes: &[u8], path: &Path) -> Result<rsa::RsaPublicKey, J
 }
 
 /// The private key that signs tokens: RSA (RS256) or an ed25519 seed (EdDSA).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum JwtSigner {
     Rsa(rsa::RsaPrivateKey),
     Ed25519(ed25519_dalek::SigningKey),
+}
+
+// Never print key material: `rsa::RsaPrivateKey`'s own `Debug` shows the private exponent
+// and the primes.
+impl std::fmt::Debug for JwtSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use rsa::traits::PublicKeyParts;
+        match self {
+            JwtSigner::Rsa(key) => write!(f, "JwtSigner::Rsa({} bit, private)", key.size() * 8),
+            JwtSigner::Ed25519(key) => write!(
+                f,
+                "JwtSigner::Ed25519(public {}, private)",
+                hex::encode(key.verifying_key().as_bytes())
+            ),
+        }
+    }
 }
 
 impl JwtSigner {

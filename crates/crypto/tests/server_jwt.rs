@@ -782,3 +782,60 @@ fn chain_issue_clamps_exp_and_refuses_after_t_expires() {
         }
     }
 }
+
+/// Key material, as it appears in a key file: the seed's hex and each base64 line of a PEM
+/// body, plus the private numbers of an RSA key in the forms `Debug` could print them.
+fn key_material(file: &str) -> Vec<String> {
+    let text = read_vector(file);
+    let mut material: Vec<String> = text
+        .lines()
+        .filter(|l| !l.starts_with("-----") && l.len() >= 16)
+        .map(str::to_string)
+        .collect();
+    if let Ok(block) = pem::parse(&text) {
+        use rsa::pkcs1::DecodeRsaPrivateKey;
+        use rsa::traits::PrivateKeyParts;
+        if let Ok(key) = rsa::RsaPrivateKey::from_pkcs1_der(block.contents()) {
+            material.push(key.d().to_string());
+            for prime in key.primes() {
+                material.push(prime.to_string());
+            }
+            material.push(format!("{:?}", key.d()));
+        }
+    }
+    material
+}
+
+#[test]
+fn issuers_and_signers_never_print_their_keys() {
+    // (signing key, signing token)
+    let cases: &[(&str, Option<&str>)] = &[
+        (
+            "tokens/testdata/ed25519/other.seed",
+            Some("generated/chain-issuer-client.jwt"),
+        ),
+        ("tokens/testdata/ed25519/other.seed", None),
+        ("provisioner/host/testdata/jwt-signer.pem", None),
+        ("tokens/testdata/rsa/signer-key.pem", None),
+    ];
+    for (signing_key, signing_token) in cases {
+        let token_path = signing_token.map(vector_path);
+        let issuer = ServerJwtIssuer::load(
+            &vector_path(signing_key),
+            token_path.as_deref(),
+            NOW,
+            &fs_read,
+        )
+        .expect(signing_key);
+        let signer = JwtSigner::from_key_file(&vector_path(signing_key), &fs_read).ok();
+        let shown = format!("{issuer:?} {issuer:#?} {signer:?} {signer:#?}");
+        let material = key_material(signing_key);
+        assert!(!material.is_empty(), "{signing_key}");
+        for secret in material {
+            assert!(
+                !shown.contains(&secret),
+                "{signing_key}: key material in Debug output: {shown}"
+            );
+        }
+    }
+}
