@@ -186,6 +186,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
         log::warn!("could not publish our startup event: {err}");
     }
 
+    conn.observe(metrics.clone());
     let mut rpc = RpcClient::new(conn.clone(), metrics.clone());
     if let Some(timeout) = config.rpc_timeout {
         rpc = rpc.with_ddl_timeout(timeout);

@@ -153,6 +153,8 @@ pub struct Metrics {
     pub work_queue_dropped: IntCounter,
     /// Replies and events we refused as malformed, by `kind` (ours; not in Go).
     pub malformed_messages: IntCounterVec,
+    /// Messages dropped because a bound was reached, by `kind` (ours; not in Go).
+    pub dropped_messages: IntCounterVec,
     pub election_campaigns: IntCounterVec,
     pub election_leader: GaugeVec,
     pub election_interval_seconds: GaugeVec,
@@ -165,6 +167,11 @@ impl choria_broker::observe::Observer for Metrics {
     }
     fn rpc_error(&self, action: &str) {
         self.rpc_errors.with_label_values(&[action]).inc();
+    }
+    fn dropped(&self, kind: &str, count: u64) {
+        self.dropped_messages
+            .with_label_values(&[kind])
+            .inc_by(count);
     }
     fn malformed(&self, kind: &str) {
         self.malformed_messages.with_label_values(&[kind]).inc();
@@ -325,6 +332,11 @@ impl Metrics {
             work_queue_dropped: counter(
                 "choria_provisioner_work_queue_dropped",
                 "Nodes dropped because the work queue was full",
+            ),
+            dropped_messages: counter_vec(
+                "choria_provisioner_dropped_messages",
+                "Messages dropped because a bound was reached (a subscription's pending limit, a reply queue, discovery's budget)",
+                &["kind"],
             ),
             malformed_messages: counter_vec(
                 "choria_provisioner_malformed_messages",

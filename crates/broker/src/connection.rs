@@ -40,6 +40,7 @@ use choria_wire::signing::Signer;
 use choria_wire::v1::{self, client, COLLECTIVE};
 
 use crate::gate::{Halt, Never, Watch};
+use crate::observe::Observer;
 
 /// How long `close` waits for the crate to flush and shut down before giving up on it.
 const CLOSE_LIMIT: Duration = Duration::from_secs(5);
@@ -234,7 +235,7 @@ struct Inner {
     /// `_INBOX.<random>.` once the first [`Connection::request`] subscribed it.
     inbox_prefix: Mutex<Option<String>>,
     /// request id → the waiting caller's channel (ids are unique across both prefixes).
-    waiters: Mutex<HashMap<String, Sender<Delivery>>>,
+    waiters: Mutex<HashMap<String, Route>>,
     connected: Arc<AtomicBool>,
     closing: Arc<AtomicBool>,
     /// Dropped by `close`, which wakes our background threads at once.
@@ -243,6 +244,8 @@ struct Inner {
     flush_kick: Option<Sender<()>>,
     threads: Mutex<Vec<(JoinHandle<()>, Receiver<()>)>>,
     unknown_replies: AtomicU64,
+    /// Where drops are reported, once the daemon says (see [`Connection::observe`]).
+    observer: Mutex<Option<Arc<dyn Observer>>>,
     overflowed_replies: AtomicU64,
 }
 
@@ -377,6 +380,7 @@ impl Connection {
                     subject: wildcard.clone(),
                     source,
                 })?;
+            sub.set_message_limits(REPLY_PENDING_LIMIT);
             Some(sub)
         } else {
             None
@@ -404,6 +408,7 @@ impl Connection {
             threads: Mutex::new(Vec::new()),
             unknown_replies: AtomicU64::new(0),
             overflowed_replies: AtomicU64::new(0),
+            observer: Mutex::new(None),
         });
         let conn = Connection { inner };
 
@@ -544,13 +549,48 @@ impl Connection {
     /// no fast reply is lost. `capacity` bounds the replies held for the caller; more are
     /// counted and dropped. Dropping the waiter unregisters it.
     pub fn expect_replies(&self, request_id: &str, capacity: usize) -> ReplyWaiter {
+        self.expect_screened(request_id, capacity, |bytes: Vec<u8>| Some(bytes))
+    }
+
+    /// As [`Connection::expect_replies`], but every reply first goes through `screen`, on the
+    /// dispatcher thread, and only what it returns is queued. Screening before queueing is
+    /// what keeps junk from filling the bounded queue and pushing the real reply out: the
+    /// screen checks (and counts, and logs) whatever it refuses, and can keep state across the
+    /// replies of its request.
+    pub fn expect_screened<T, F>(
+        &self,
+        request_id: &str,
+        capacity: usize,
+        screen: F,
+    ) -> ReplyWaiter<T>
+    where
+        T: Send + 'static,
+        F: Fn(Vec<u8>) -> Option<T> + Send + Sync + 'static,
+    {
         let (tx, rx) = bounded(capacity.max(1));
-        self.inner.waiters.lock().insert(request_id.to_string(), tx);
+        let route: Route = Arc::new(move |delivery: Delivery| match screen(delivery.data) {
+            None => Routed::Screened,
+            Some(item) => match tx.try_send(item) {
+                Ok(()) => Routed::Queued,
+                Err(TrySendError::Full(_)) => Routed::Full,
+                Err(TrySendError::Disconnected(_)) => Routed::Gone,
+            },
+        });
+        self.inner
+            .waiters
+            .lock()
+            .insert(request_id.to_string(), route);
         ReplyWaiter {
             inner: self.inner.clone(),
             request_id: request_id.to_string(),
             replies: rx,
         }
+    }
+
+    /// Reports what the connection drops to `observer` (`dropped{kind}`): replies beyond a
+    /// request's queue and messages beyond a subscription's pending limit.
+    pub fn observe(&self, observer: Arc<dyn Observer>) {
+        *self.inner.observer.lock() = Some(observer);
     }
 
     /// Replies that arrived for a request id nobody waits for (late or stray), since start.
@@ -588,7 +628,12 @@ impl Connection {
         let id = v1::new_request_id();
         let reply_to = format!("{prefix}{id}");
         let (tx, rx) = bounded(1);
-        self.inner.waiters.lock().insert(id.clone(), tx);
+        let route: Route = Arc::new(move |delivery: Delivery| match tx.try_send(delivery) {
+            Ok(()) => Routed::Queued,
+            Err(TrySendError::Full(_)) => Routed::Full,
+            Err(TrySendError::Disconnected(_)) => Routed::Gone,
+        });
+        self.inner.waiters.lock().insert(id.clone(), route);
         let waiter = ReplyWaiter {
             inner: self.inner.clone(),
             request_id: id,
@@ -633,6 +678,7 @@ impl Connection {
                     subject: wildcard.clone(),
                     source,
                 })?;
+        sub.set_message_limits(REPLY_PENDING_LIMIT);
         let dispatcher = self.inner.clone();
         let routed = prefix.clone();
         self.spawn("broker-inbox", move || {
@@ -761,9 +807,43 @@ struct Delivery {
     no_responders: bool,
 }
 
+/// What the dispatcher does with a message for a registered request id: screen it, queue it.
+type Route = Arc<dyn Fn(Delivery) -> Routed + Send + Sync>;
+
+/// What became of one routed message.
+enum Routed {
+    Queued,
+    /// The screen refused it (and counted it).
+    Screened,
+    /// The caller's queue is full: dropped.
+    Full,
+    /// The caller is gone.
+    Gone,
+}
+
+/// Pending messages a reply subscription may hold in the `nats` crate before it drops (the
+/// crate's channels are unbounded otherwise). The dispatcher screens a message in
+/// microseconds, so only a flood reaches this.
+pub const REPLY_PENDING_LIMIT: usize = 10_000;
+
+/// `dropped{kind}` for replies beyond a subscription's pending limit or a request's queue.
+pub const DROPPED_REPLY: &str = "reply";
+
+fn report_dropped(inner: &Inner, kind: &str, count: u64) {
+    if count == 0 {
+        return;
+    }
+    if let Some(observer) = inner.observer.lock().as_ref() {
+        observer.dropped(kind, count);
+    }
+}
+
 /// A reply dispatcher: one thread reading one wildcard subscription whose last subject token
 /// after `prefix` is the request id.
 fn dispatch_replies(inner: &Inner, sub: nats::Subscription, prefix: &str) {
+    // What the crate dropped beyond the pending limit is counted once a second.
+    let tally = crossbeam_channel::tick(Duration::from_secs(1));
+    let mut dropped_before = 0u64;
     loop {
         let msg = select! {
             recv(sub.receiver()) -> msg => match msg {
@@ -776,6 +856,12 @@ fn dispatch_replies(inner: &Inner, sub: nats::Subscription, prefix: &str) {
                 }
             },
             recv(inner.closed) -> _ => break,
+            recv(tally) -> _ => {
+                let dropped = sub.dropped_messages().unwrap_or(0) as u64;
+                report_dropped(inner, DROPPED_REPLY, dropped.saturating_sub(dropped_before));
+                dropped_before = dropped_before.max(dropped);
+                continue;
+            },
         };
         let request_id = match msg.subject.strip_prefix(prefix) {
             Some(rest) => rest,
@@ -790,20 +876,21 @@ fn dispatch_replies(inner: &Inner, sub: nats::Subscription, prefix: &str) {
                 continue;
             }
         };
-        let waiter = inner.waiters.lock().get(request_id).cloned();
-        match waiter {
-            Some(tx) => match tx.try_send(Delivery {
+        let route = inner.waiters.lock().get(request_id).cloned();
+        match route {
+            Some(route) => match route(Delivery {
                 no_responders: msg.is_no_responders(),
                 data: msg.data,
             }) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) => {
+                Routed::Queued | Routed::Screened => {}
+                Routed::Full => {
                     inner.overflowed_replies.fetch_add(1, Ordering::Relaxed);
+                    report_dropped(inner, DROPPED_REPLY, 1);
                     if crate::log_limit::global().allow("reply_queue_full", request_id) {
                         log::warn!("dropping a reply to request {request_id}: its queue is full");
                     }
                 }
-                Err(TrySendError::Disconnected(_)) => {
+                Routed::Gone => {
                     inner.unknown_replies.fetch_add(1, Ordering::Relaxed);
                 }
             },
@@ -932,20 +1019,21 @@ impl<T: Copy> Inbox<T> {
 
 /// What [`ReplyWaiter::next_before`] waited for.
 #[derive(Debug, PartialEq)]
-pub enum Next {
-    Reply(Vec<u8>),
+pub enum Next<T = Vec<u8>> {
+    Reply(T),
     Deadline,
     Halted(Halt),
 }
 
-/// Replies to one request id, as registered by [`Connection::expect_replies`].
-pub struct ReplyWaiter {
+/// Replies to one request id, as registered by [`Connection::expect_replies`] (transport
+/// bytes) or [`Connection::expect_screened`] (what the screen made of them).
+pub struct ReplyWaiter<T = Vec<u8>> {
     inner: Arc<Inner>,
     request_id: String,
-    replies: Receiver<Delivery>,
+    replies: Receiver<T>,
 }
 
-impl ReplyWaiter {
+impl<T> ReplyWaiter<T> {
     pub fn request_id(&self) -> &str {
         &self.request_id
     }
@@ -958,12 +1046,12 @@ impl ReplyWaiter {
     /// The next reply's transport bytes before `deadline`, unless the gate `watch` guards
     /// closes first. A closed gate wins over a reply that arrives with it: once paused or
     /// stopping, no reply is acted on.
-    pub fn next_before(&self, deadline: Instant, watch: &Watch) -> Next {
+    pub fn next_before(&self, deadline: Instant, watch: &Watch) -> Next<T> {
         let timer = crossbeam_channel::at(deadline);
         select! {
             recv(self.replies) -> delivery => match delivery {
                 Ok(_) if watch.is_closed() => Next::Halted(watch.halt()),
-                Ok(delivery) => Next::Reply(delivery.data),
+                Ok(delivery) => Next::Reply(delivery),
                 // Unregistered by `close`: nothing more will come.
                 Err(_) => Next::Deadline,
             },
@@ -972,19 +1060,18 @@ impl ReplyWaiter {
         }
     }
 
-    /// The next reply's transport bytes, or `None` once `deadline` passes (or on close).
-    pub fn next_until(&self, deadline: Instant) -> Option<Vec<u8>> {
+    /// The next reply, or `None` once `deadline` passes (or on close).
+    pub fn next_until(&self, deadline: Instant) -> Option<T> {
         let now = Instant::now();
-        let delivery = if now >= deadline {
+        if now >= deadline {
             self.replies.try_recv().ok()
         } else {
             self.replies.recv_deadline(deadline).ok()
-        };
-        delivery.map(|d| d.data)
+        }
     }
 }
 
-impl Drop for ReplyWaiter {
+impl<T> Drop for ReplyWaiter<T> {
     fn drop(&mut self) {
         self.inner.waiters.lock().remove(&self.request_id);
     }
@@ -1019,6 +1106,17 @@ impl Subscription {
 
     pub fn subject(&self) -> &str {
         &self.subject
+    }
+
+    /// Bounds the messages the `nats` crate holds for this subscription (unbounded
+    /// otherwise); more are dropped and counted in [`Subscription::dropped`].
+    pub fn limit_pending(&self, messages: usize) {
+        self.sub.set_message_limits(messages);
+    }
+
+    /// Messages dropped beyond the pending limit, since the subscription was made.
+    pub fn dropped(&self) -> u64 {
+        self.sub.dropped_messages().unwrap_or(0) as u64
     }
 }
 
@@ -1086,6 +1184,46 @@ mod tests {
         assert!(waiter.next_until(deadline).is_some());
         assert!(waiter.next_until(deadline).is_some());
         assert_eq!(waiter.next_until(Instant::now()), None);
+        conn.close();
+    }
+
+    #[test]
+    fn screened_replies_keep_junk_out_of_the_queue() {
+        let server = NatsServer::start().expect("nats-server");
+        let conn = Connection::connect(&settings(&server.url()), "test").expect("connect");
+        // A queue of one, which 100 junk replies would fill 100 times over.
+        let waiter = conn.expect_screened("eeee", 1, |bytes: Vec<u8>| {
+            (bytes == b"good").then_some("accepted")
+        });
+        for _ in 0..100 {
+            conn.publish(&conn.reply_subject("eeee"), b"junk").unwrap();
+        }
+        conn.publish(&conn.reply_subject("eeee"), b"good").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert_eq!(waiter.next_until(deadline), Some("accepted"));
+        assert_eq!(conn.overflowed_replies(), 0);
+        conn.close();
+    }
+
+    #[test]
+    fn a_subscription_beyond_its_pending_limit_drops_and_counts() {
+        let server = NatsServer::start().expect("nats-server");
+        let conn = Connection::connect(&settings(&server.url()), "test").expect("connect");
+        let sub = conn.subscribe("flood.subject").unwrap();
+        sub.limit_pending(10);
+        for _ in 0..200 {
+            conn.publish("flood.subject", b"x").unwrap();
+        }
+        conn.flush(Duration::from_secs(10)).unwrap();
+        wait_for(Duration::from_secs(10), "the drops", || {
+            sub.dropped() >= 190
+        });
+        let mut held = 0;
+        while sub.next_timeout(Duration::from_millis(100)).is_some() {
+            held += 1;
+        }
+        assert!(held <= 10, "{held} messages held beyond the limit of 10");
+        assert_eq!(held as u64 + sub.dropped(), 200);
         conn.close();
     }
 

@@ -2,14 +2,23 @@
 //! `discovery` agent of every server that has `choria_provision` loaded, and the distinct senders
 //! of the replies.
 //!
-//! The window slides: it ends 300 ms after the last reply, and never later than
+//! The window slides: it ends 300 ms after the last new sender, and never later than
 //! `discovery_timeout` after the ping. Like Go, only the transport header `mc_sender` of a
-//! reply is read (no hash or envelope check); the fleet de-duplicates by identity anyway, and
-//! we de-duplicate here too.
+//! reply is read (no hash or envelope check).
+//!
+//! Any node can answer, as often as it likes, with anything. So replies are screened on the
+//! connection's dispatcher thread before they are queued: a reply whose sender is missing or
+//! not a valid identity is counted and dropped there, a sender already seen this round is
+//! dropped, and only new identities are queued. What a round holds is bounded in count
+//! ([`MAX_SENDERS`]) and in bytes ([`MAX_SENDER_BYTES`] of identity text), never in "replies
+//! times the broker's maximum payload"; senders beyond are dropped and counted
+//! (`dropped{kind="discovery_reply"}`), and found by a later round or their startup event.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fmt;
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use choria_wire::identity::Identity;
@@ -28,9 +37,11 @@ pub const DISCOVERY_SUBJECT: &str = "provisioning.broadcast.agent.discovery";
 /// How long after the last reply the window stays open (Go's `SlidingWindow`).
 pub const SLIDING_WINDOW: Duration = Duration::from_millis(300);
 
-/// Replies held before the collector reads them. Servers answer within milliseconds of each
-/// other, so this is sized for a large fleet answering at once.
-const REPLY_QUEUE: usize = 100_000;
+/// Distinct senders one round takes (the queue's bound too): a large fleet answering at once.
+pub const MAX_SENDERS: usize = 100_000;
+
+/// Bytes of identity text one round takes: 100,000 names of 80 bytes.
+pub const MAX_SENDER_BYTES: usize = 8 * 1024 * 1024;
 
 /// `malformed_messages{kind}` for a discovery reply without a readable sender.
 pub const MALFORMED_DISCOVERY_REPLY: &str = "discovery_reply";
@@ -116,7 +127,15 @@ impl Discovery {
         let watch = gate.watch().map_err(DiscoveryError::Halted)?;
         self.observer.discover_cycle();
         let request_id = v1::new_request_id();
-        let waiter = self.conn.expect_replies(&request_id, REPLY_QUEUE);
+        let screen = SenderScreen {
+            observer: self.observer.clone(),
+            seen: Mutex::new((HashSet::new(), 0)),
+        };
+        let waiter = self
+            .conn
+            .expect_screened(&request_id, MAX_SENDERS, move |bytes: Vec<u8>| {
+                screen.screen(&bytes)
+            });
         if let Err(err) = self.ping(&request_id) {
             self.observer.discovery_error();
             return Err(err);
@@ -127,10 +146,9 @@ impl Discovery {
         let mut senders = BTreeSet::new();
         loop {
             match waiter.next_before(window_end, &watch) {
-                Next::Reply(bytes) => {
-                    if self.collect(&bytes, &mut senders) {
-                        window_end = hard_end.min(Instant::now() + SLIDING_WINDOW);
-                    }
+                Next::Reply(identity) => {
+                    senders.insert(identity);
+                    window_end = hard_end.min(Instant::now() + SLIDING_WINDOW);
                 }
                 Next::Deadline => break,
                 // The ping is out; a closed gate just means nobody will use the answers.
@@ -140,35 +158,60 @@ impl Discovery {
         // Replies already queued arrived in time; take exactly those.
         let now = Instant::now();
         for _ in 0..waiter.queued() {
-            if let Some(bytes) = waiter.next_until(now) {
-                self.collect(&bytes, &mut senders);
+            if let Some(identity) = waiter.next_until(now) {
+                senders.insert(identity);
             }
         }
         Ok(senders.into_iter().collect())
     }
 }
 
-impl Discovery {
-    /// Adds the reply's sender; false (and counted) when the reply names none, or one that
-    /// is not a valid identity.
-    fn collect(&self, transport: &[u8], senders: &mut BTreeSet<Identity>) -> bool {
-        match client::transport_sender(transport) {
+/// `dropped{kind}` for discovery replies beyond a round's bounds.
+pub const DROPPED_DISCOVERY_REPLY: &str = "discovery_reply";
+
+/// The screen of one round's replies, run on the dispatcher thread: the senders seen so far
+/// and the bytes of their names.
+struct SenderScreen {
+    observer: Arc<dyn Observer>,
+    seen: Mutex<(HashSet<Identity>, usize)>,
+}
+
+impl SenderScreen {
+    /// A new, valid sender to queue; `None` (counted when refused) for anything else.
+    fn screen(&self, transport: &[u8]) -> Option<Identity> {
+        let identity = match client::transport_sender(transport) {
             Ok(sender) => match Identity::parse(&sender) {
-                Ok(identity) => {
-                    senders.insert(identity);
-                    true
-                }
+                Ok(identity) => identity,
                 Err(err) => {
                     let reason = format!("its sender {} is refused: {err}", escape(&sender));
                     self.malformed(MALFORMED_DISCOVERY_SENDER, &reason);
-                    false
+                    return None;
                 }
             },
             Err(err) => {
                 self.malformed(MALFORMED_DISCOVERY_REPLY, &err.to_string());
-                false
+                return None;
             }
+        };
+        let mut seen = self.seen.lock();
+        let (senders, bytes) = &mut *seen;
+        if senders.contains(identity.as_str()) {
+            return None;
         }
+        if senders.len() >= MAX_SENDERS || *bytes + identity.len() > MAX_SENDER_BYTES {
+            self.observer.dropped(DROPPED_DISCOVERY_REPLY, 1);
+            if crate::log_limit::global().allow(DROPPED_DISCOVERY_REPLY, "") {
+                log::warn!(
+                    "discovery: dropping {identity}: this round already holds {} senders ({} bytes)",
+                    senders.len(),
+                    bytes
+                );
+            }
+            return None;
+        }
+        *bytes += identity.len();
+        senders.insert(identity.clone());
+        Some(identity)
     }
 
     fn malformed(&self, kind: &'static str, reason: &str) {

@@ -34,6 +34,10 @@ pub const MALFORMED_EVENT_IDENTITY: &str = "event_identity";
 /// How long `start` waits for the broker to confirm the subscription.
 const SUBSCRIBE_CONFIRM_LIMIT: Duration = Duration::from_secs(5);
 
+/// Events the `nats` crate may hold before the listener reads them; beyond, a flood is
+/// dropped and counted (`dropped{kind="lifecycle_event"}`) instead of growing memory.
+pub const EVENT_PENDING_LIMIT: usize = 10_000;
+
 /// The component of the provisioner's own lifecycle events.
 pub const OWN_COMPONENT: &str = "provisioner";
 
@@ -64,6 +68,7 @@ impl EventListener {
         }
         let subject = lifecycle::event_subject("startup", component);
         let subscription = conn.subscribe(&subject)?;
+        subscription.limit_pending(EVENT_PENDING_LIMIT);
         // Once the broker confirms, no startup event published after `start` is missed. A
         // failure is not fatal: the crate re-subscribes after the reconnect.
         if let Err(err) = conn.flush(SUBSCRIBE_CONFIRM_LIMIT) {
@@ -110,20 +115,32 @@ fn listen(
     gate: &Gate,
     observer: &dyn Observer,
 ) {
-    // The counts of suppressed log lines come out once a window even when a flood stops.
+    // The counts of suppressed log lines come out once a window even when a flood stops;
+    // what the crate dropped beyond the pending limit is counted once a second.
     let flush = crossbeam_channel::tick(log_limit::WINDOW);
+    let tally = crossbeam_channel::tick(Duration::from_secs(1));
+    let mut dropped_before = 0u64;
+    let mut count_dropped = || {
+        let dropped = subscription.dropped();
+        if dropped > dropped_before {
+            observer.dropped(MALFORMED_EVENT, dropped - dropped_before);
+            dropped_before = dropped;
+        }
+    };
     loop {
         select! {
             recv(subscription.messages()) -> msg => match msg {
                 Ok(msg) => {
                     handle_event(&msg.data, subscription.subject(), admit, gate, observer);
                 }
-                Err(_) => return,
+                Err(_) => break,
             },
-            recv(stopped) -> _ => return,
+            recv(stopped) -> _ => break,
             recv(flush) -> _ => log_limit::global().flush(),
+            recv(tally) -> _ => count_dropped(),
         }
     }
+    count_dropped();
 }
 
 /// What became of one message on the startup subject.

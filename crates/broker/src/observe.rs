@@ -10,6 +10,9 @@ pub trait Observer: Send + Sync {
     fn rpc_error(&self, _action: &str) {}
     /// A message of `kind` was refused as malformed.
     fn malformed(&self, _kind: &str) {}
+    /// `count` messages of `kind` were dropped because a bound was reached (a subscription's
+    /// pending limit, a request's reply queue, discovery's byte budget).
+    fn dropped(&self, _kind: &str, _count: u64) {}
     /// A discovery cycle started.
     fn discover_cycle(&self) {}
     /// A discovery cycle could not send its request.
@@ -32,6 +35,7 @@ pub struct NoObserver;
 impl Observer for NoObserver {}
 
 /// An observer that counts every report by name, for tests and tools: `malformed:<kind>`,
+/// `dropped:<kind>` (the sum of the counts),
 /// `rpc_error:<action>`, `rpc_time:<action>` (tries timed), `discover_cycle`,
 /// `discovery_error`, `event_discovered`, `election_campaign:<key>:<identity>:<state>`; and
 /// holds the last value of `election_leader:<key>:<identity>` (0 or 1) and
@@ -70,6 +74,13 @@ impl Observer for Counts {
     }
     fn malformed(&self, kind: &str) {
         self.add(format!("malformed:{kind}"));
+    }
+    fn dropped(&self, kind: &str, count: u64) {
+        *self
+            .counts
+            .lock()
+            .entry(format!("dropped:{kind}"))
+            .or_insert(0) += count;
     }
     fn discover_cycle(&self) {
         self.add("discover_cycle".into());

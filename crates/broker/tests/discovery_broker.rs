@@ -16,6 +16,7 @@ use serde_json::json;
 use choria_broker::connection::Connection;
 use choria_broker::discovery::{
     Discovery, DiscoveryError, DISCOVERY_SUBJECT, MALFORMED_DISCOVERY_REPLY,
+    MALFORMED_DISCOVERY_SENDER,
 };
 use choria_broker::gate::{Gate, Halt};
 use choria_broker::observe::Counts;
@@ -205,6 +206,43 @@ fn duplicates_are_merged_and_malformed_replies_counted_and_survived() {
         assert_eq!(ping.reply_to, conn.reply_subject(&ping.request_id));
         rack.stop();
     }
+    conn.close();
+}
+
+/// The hostile names of the reproduction and the review, answered as discovery senders
+/// beside a good one: only the good one is found, each hostile one is counted, and the round
+/// and the connection go on.
+#[test]
+fn hostile_senders_are_refused_counted_and_never_found() {
+    let server = NatsServer::start().expect("nats-server");
+    let metrics = Arc::new(Counts::default());
+    let (discovery, conn) = discovery(&server, &metrics);
+    let hostile: Vec<String> = vec![
+        "x 0\r\n\r\nUNSUB 1\r\nPUB evil.injected 5\r\nHELLO".into(),
+        ">".into(),
+        "*".into(),
+        "a b c".into(),
+        "a\tb".into(),
+        "n".repeat(5 * 1024),
+        "a\0b".into(),
+        "\r\n".into(),
+    ];
+    let mut senders = hostile.clone();
+    senders.push("good.example.net".into());
+    // The good name again, many times: found once.
+    senders.extend(std::iter::repeat("good.example.net".to_string()).take(50));
+    let rack = start_rack(&server.url(), "hostile-rack", senders, vec![]);
+
+    let found = discovery.discover(&Gate::new(false)).expect("discovery");
+
+    assert_eq!(found, vec!["good.example.net".to_string()]);
+    assert_eq!(
+        metrics.get(&format!("malformed:{MALFORMED_DISCOVERY_SENDER}")),
+        hostile.len() as u64
+    );
+    assert!(conn.is_connected(), "the connection survived");
+    conn.flush(Duration::from_secs(10)).expect("and still works");
+    rack.stop();
     conn.close();
 }
 
