@@ -241,7 +241,8 @@ fn hostile_senders_are_refused_counted_and_never_found() {
         hostile.len() as u64
     );
     assert!(conn.is_connected(), "the connection survived");
-    conn.flush(Duration::from_secs(10)).expect("and still works");
+    conn.flush(Duration::from_secs(10))
+        .expect("and still works");
     rack.stop();
     conn.close();
 }
