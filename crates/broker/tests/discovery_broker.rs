@@ -230,7 +230,7 @@ fn hostile_senders_are_refused_counted_and_never_found() {
     let mut senders = hostile.clone();
     senders.push("good.example.net".into());
     // The good name again, many times: found once.
-    senders.extend(std::iter::repeat("good.example.net".to_string()).take(50));
+    senders.extend(std::iter::repeat_n("good.example.net".to_string(), 50));
     let rack = start_rack(&server.url(), "hostile-rack", senders, vec![]);
 
     let found = discovery.discover(&Gate::new(false)).expect("discovery");
