@@ -25,7 +25,8 @@ pub mod csr;
 pub mod ed25519;
 pub mod jwt;
 pub mod key_transport;
-pub mod ksuid;
+/// KSUIDs live in `choria-wire` (v2 request ids need them too); re-exported for `jti` claims.
+pub use choria_wire::ksuid;
 pub mod server_jwt;
 pub mod stand_in;
 

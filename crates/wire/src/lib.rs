@@ -5,10 +5,13 @@
 //!   simulator and the tests) in separate modules.
 //! - [`identity`]: the checked node [`identity::Identity`], the only way into a node subject.
 //! - [`text`]: untrusted text made safe for a log line.
+//! - [`v2`]: protocol v2 (the `choria` security provider: ed25519 and JWTs), in the same halves.
+//! - [`ksuid`]: KSUIDs, v2 request ids and token ids.
 //! - [`json`]: Go's `encoding/json` escaping, so signed and hashed bytes match go-choria's.
 //! - [`lifecycle`]: lifecycle events in the Choria and CloudEvents formats.
 //! - [`choria_cfg`]: the client configuration file (`choria.cfg`), text in, settings out.
-//! - [`signing`]: request signing (x509 RSA) or the insecure placeholder.
+//! - [`signing`]: request signing (x509 RSA for v1, ed25519 for v2) or the insecure placeholder,
+//!   and the [`signing::Protocol`] a connection speaks.
 //!
 //! This crate never starts a thread and never does I/O: no sockets, no files, no clock (times
 //! arrive as arguments). Whoever reads a file hands its text in; every rule is therefore
@@ -17,7 +20,9 @@
 pub mod choria_cfg;
 pub mod identity;
 pub mod json;
+pub mod ksuid;
 pub mod lifecycle;
 pub mod signing;
 pub mod text;
 pub mod v1;
+pub mod v2;

@@ -1,7 +1,13 @@
-//! Request signing for protocol v1 (go-choria protocol/v1/security_request.go,
-//! providers/security/filesec/file_security.go SignBytes): the x509 `file` security provider signs
-//! the exact Request JSON bytes with RSA PKCS#1 v1.5 over SHA-256 and sends the certificate PEM
-//! verbatim; insecure mode sends `"insecure"` for both.
+//! Request signing, and with it the protocol requests go out in ([`Protocol`]):
+//!
+//! - protocol v1 (go-choria protocol/v1/security_request.go,
+//!   providers/security/filesec/file_security.go SignBytes): the x509 `file` security provider
+//!   signs the exact Request JSON bytes with RSA PKCS#1 v1.5 over SHA-256 and sends the
+//!   certificate PEM verbatim; insecure mode sends `"insecure"` for both ([`Signer`]);
+//! - protocol v2 (go-choria protocol/v2/secure_request.go, providers/security/choria/
+//!   choria_security.go SignBytes): the `choria` provider signs the exact Request JSON bytes with
+//!   the ed25519 seed of `plugin.security.choria.seed_file` (pure Ed25519, no prehash) and sends
+//!   its client JWT as the caller ([`ChoriaSigner`]).
 //!
 //! Keys are loaded and checked once, at start, so signing a request cannot fail later.
 
@@ -41,6 +47,78 @@ impl fmt::Debug for Signer {
         match self {
             Signer::Insecure => f.write_str("Signer::Insecure"),
             Signer::X509 { key, .. } => write!(f, "Signer::X509 {{ {} bit RSA }}", key.size() * 8),
+        }
+    }
+}
+
+/// The `choria` security provider's request signer (protocol v2): the ed25519 key of its seed
+/// and the client JWT sent beside every signature, trimmed of surrounding white space (a
+/// token file written by hand may end in a newline; the JWT is the same without it).
+#[derive(Clone)]
+pub struct ChoriaSigner {
+    key: ed25519_dalek::SigningKey,
+    token: String,
+}
+
+impl fmt::Debug for ChoriaSigner {
+    // Never print key material; the public key identifies the signer.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ChoriaSigner {{ ed25519 {} }}", self.public_key_hex())
+    }
+}
+
+impl ChoriaSigner {
+    /// A signer from the 32-byte seed and the client JWT text.
+    pub fn new(seed: &[u8; 32], token: &str) -> ChoriaSigner {
+        ChoriaSigner {
+            key: ed25519_dalek::SigningKey::from_bytes(seed),
+            token: token.trim().to_string(),
+        }
+    }
+
+    /// The client JWT: a v2 SecureRequest's `caller`, and the CONNECT `auth_token` and `jwt`.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The ed25519 signature of `bytes` (go-choria internal/util/ed25519.go, Ed25519Sign).
+    pub fn sign(&self, bytes: &[u8]) -> [u8; 64] {
+        use ed25519_dalek::Signer as _;
+        self.key.sign(bytes).to_bytes()
+    }
+
+    /// Lowercase hex of the public key, as a client JWT's `public_key` claim writes it.
+    pub fn public_key_hex(&self) -> String {
+        hex::encode(self.key.verifying_key().to_bytes())
+    }
+}
+
+/// The protocol requests are sent in, with what signs them. Go derives the one from the other
+/// (go-choria choria/protocol.go, RequestProtocol: an ed25519+JWT provider speaks v2, x509
+/// speaks v1), and a provisioning-mode server answers only the version its provisioning JWT
+/// names, so the two never mix on one connection.
+#[derive(Clone, Debug)]
+pub enum Protocol {
+    /// `plugin.security.provider = file`, or `choria_insecure`.
+    V1(Signer),
+    /// `plugin.security.provider = choria`.
+    V2(ChoriaSigner),
+}
+
+impl Protocol {
+    /// `"v1"` or `"v2"`, for logs and hints.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Protocol::V1(_) => "v1",
+            Protocol::V2(_) => "v2",
+        }
+    }
+
+    /// Whether requests carry a real signature (not `insecure`).
+    pub fn is_signed(&self) -> bool {
+        match self {
+            Protocol::V1(signer) => signer.is_secure(),
+            Protocol::V2(_) => true,
         }
     }
 }
@@ -301,6 +379,36 @@ mod tests {
         RsaPublicKey::from(key)
             .verify(Pkcs1v15Sign::new::<Sha256>(), &Sha256::digest(bytes), &raw)
             .unwrap();
+    }
+
+    /// The signature in the v2 known answers (`generated/protocol-v2.json`) is ed25519 over the
+    /// request bytes with `generated/server.seed`.
+    #[test]
+    fn choria_signer_reproduces_the_v2_vector_signature() {
+        let vectors: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(vector_path("generated/protocol-v2.json")).unwrap(),
+        )
+        .unwrap();
+        let seed_hex = std::fs::read_to_string(vector_path("generated/server.seed")).unwrap();
+        let seed: [u8; 32] = hex::decode(seed_hex.trim()).unwrap().try_into().unwrap();
+        let signer = ChoriaSigner::new(&seed, " CALLER.JWT.X\n");
+        assert_eq!(signer.token(), "CALLER.JWT.X");
+        assert_eq!(
+            signer.public_key_hex(),
+            "fb6312e24624d06a83f35276d0e7cce20a0778ddacb86610a85f9fa20d8bf1cd"
+        );
+        let request = vectors["request"].as_str().unwrap();
+        let secure: serde_json::Value =
+            serde_json::from_str(vectors["secure_request"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            STANDARD.encode(signer.sign(request.as_bytes())),
+            secure["signature"].as_str().unwrap()
+        );
+        assert!(!format!("{signer:?}").contains(&seed_hex[..16]));
+        let v2 = Protocol::V2(signer);
+        assert_eq!((v2.name(), v2.is_signed()), ("v2", true));
+        let v1 = Protocol::V1(Signer::Insecure);
+        assert_eq!((v1.name(), v1.is_signed()), ("v1", false));
     }
 
     #[test]

@@ -196,6 +196,7 @@ pub fn decode_reply(transport: &[u8]) -> Result<Reply, ProtocolError> {
     let computed = STANDARD.encode(Sha256::digest(message.as_bytes()));
     if claimed != computed {
         return Err(ProtocolError::HashMismatch {
+            layer,
             claimed: claimed.to_string(),
             computed,
         });

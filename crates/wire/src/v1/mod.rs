@@ -52,7 +52,7 @@ pub(crate) const GO_STD_DECODE: GeneralPurpose = GeneralPurpose::new(
         .with_decode_padding_mode(DecodePaddingMode::RequireCanonical),
 );
 
-/// Which message layer a [`ProtocolError`] is about.
+/// Which message layer a [`ProtocolError`] is about (protocol v1 or v2, see [`crate::v2`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layer {
     Transport,
@@ -61,6 +61,11 @@ pub enum Layer {
     SecureReply,
     Reply,
     RpcReply,
+    TransportV2,
+    SecureRequestV2,
+    RequestV2,
+    SecureReplyV2,
+    ReplyV2,
 }
 
 impl fmt::Display for Layer {
@@ -72,6 +77,11 @@ impl fmt::Display for Layer {
             Layer::SecureReply => "secure reply (choria:secure:reply:1)",
             Layer::Reply => "reply (choria:reply:1)",
             Layer::RpcReply => "RPC reply body",
+            Layer::TransportV2 => "transport (io.choria.protocol.v2.transport)",
+            Layer::SecureRequestV2 => "secure request (io.choria.protocol.v2.secure_request)",
+            Layer::RequestV2 => "request (io.choria.protocol.v2.request)",
+            Layer::SecureReplyV2 => "secure reply (io.choria.protocol.v2.secure_reply)",
+            Layer::ReplyV2 => "reply (io.choria.protocol.v2.reply)",
         })
     }
 }
@@ -101,8 +111,12 @@ pub enum ProtocolError {
         field: &'static str,
         error: String,
     },
-    /// The secure reply's `hash` is not base64(SHA-256(message)).
-    HashMismatch { claimed: String, computed: String },
+    /// The secure reply's `hash` is not base64(SHA-256(the reply it carries)).
+    HashMismatch {
+        layer: Layer,
+        claimed: String,
+        computed: String,
+    },
     /// Serialising one of our own layers failed (should not happen; reported, not panicked).
     Encode { layer: Layer, error: String },
 }
@@ -135,10 +149,14 @@ impl fmt::Display for ProtocolError {
                 field,
                 error,
             } => write!(f, "{layer}: field `{field}` is not valid base64: {error}"),
-            ProtocolError::HashMismatch { claimed, computed } => write!(
+            ProtocolError::HashMismatch {
+                layer,
+                claimed,
+                computed,
+            } => write!(
                 f,
-                "{}: field `hash` is {} but the SHA-256 of `message` is {computed:?}",
-                Layer::SecureReply,
+                "{layer}: field `hash` is {} but the SHA-256 of the reply it carries is \
+                 {computed:?}",
                 crate::text::escape(claimed)
             ),
             ProtocolError::Encode { layer, error } => {

@@ -1,7 +1,8 @@
-//! KSUIDs as segmentio/ksuid makes them, for server JWT `jti` claims (tokens server.go,
-//! NewServerClaims): 20 bytes = 4-byte big-endian seconds since 1400000000 + 16 random bytes,
-//! written as 27 base62 characters (`0-9A-Za-z`), left-padded with `0`. Chain verification requires
-//! the KSUID's time to equal the token's `iat`, so it is built from the same second.
+//! KSUIDs as segmentio/ksuid makes them: protocol v2 request ids (go-choria choria/framework.go,
+//! NewRequestID) and token `jti` claims (tokens server.go, NewServerClaims). 20 bytes = 4-byte
+//! big-endian seconds since 1400000000 + 16 random bytes, written as 27 base62 characters
+//! (`0-9A-Za-z`), left-padded with `0`. Chain verification requires the KSUID's time to equal
+//! the token's `iat`, so it is built from the same second.
 
 use std::fmt;
 
