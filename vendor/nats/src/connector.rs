@@ -10,6 +10,9 @@
 // WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 // See the License for the specific language governing permissions and
 // limitations under the License.
+//
+// Modified by the choria-provisioner project (see PATCHED.md): the AuthStyle::Combined arm
+// of the CONNECT below.
 
 use lazy_static::__Deref;
 use parking_lot::{Mutex, MutexGuard};
@@ -322,6 +325,24 @@ impl Connector {
                 connect_info.auth_token = Some(token.to_string().into());
             }
             AuthStyle::Credentials { jwt_cb, sig_cb } => {
+                let jwt = jwt_cb()?;
+                let sig = sig_cb(server_info.nonce.as_bytes())?;
+                connect_info.user_jwt = Some(jwt);
+                connect_info.signature = Some(sig);
+            }
+            AuthStyle::Combined {
+                user_pass,
+                token,
+                jwt_cb,
+                sig_cb,
+            } => {
+                if let Some((user, pass)) = user_pass {
+                    connect_info.user = Some(SecureString::from(user.to_string()));
+                    connect_info.pass = Some(SecureString::from(pass.to_string()));
+                }
+                if let Some(token) = token {
+                    connect_info.auth_token = Some(token.to_string().into());
+                }
                 let jwt = jwt_cb()?;
                 let sig = sig_cb(server_info.nonce.as_bytes())?;
                 connect_info.user_jwt = Some(jwt);

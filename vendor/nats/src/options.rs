@@ -10,6 +10,10 @@
 // WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 // See the License for the specific language governing permissions and
 // limitations under the License.
+//
+// Modified by the choria-provisioner project (see PATCHED.md): AuthStyle::Combined and
+// Options::with_combined_auth send user and password, a token, and a JWT with the signed
+// server nonce in one CONNECT.
 
 use std::cmp;
 use std::convert::TryInto;
@@ -272,6 +276,33 @@ impl Options {
             auth: AuthStyle::Credentials {
                 jwt_cb: Arc::new(move || jwt_cb().map(|s| s.into())),
                 sig_cb: Arc::new(move |nonce| Ok(base64_url::encode(&sig_cb(nonce)).into())),
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Authenticate with user and password, a token, and a JWT with a signature of the server's
+    /// nonce, all in the same CONNECT (choria-provisioner patch: a Choria Broker with an
+    /// Organization Issuer wants all of them from its provisioner; see PATCHED.md). `jwt_cb`
+    /// runs and `sig_cb` signs the fresh nonce on every (re)connect; the signature is sent
+    /// base64url without padding, as `with_jwt` sends it. Either callback may refuse with an
+    /// error, which fails that connection attempt.
+    pub fn with_combined_auth<J, S>(
+        user_pass: Option<(&str, &str)>,
+        token: Option<&str>,
+        jwt_cb: J,
+        sig_cb: S,
+    ) -> Options
+    where
+        J: Fn() -> io::Result<String> + Send + Sync + 'static,
+        S: Fn(&[u8]) -> io::Result<Vec<u8>> + Send + Sync + 'static,
+    {
+        Options {
+            auth: AuthStyle::Combined {
+                user_pass: user_pass.map(|(user, pass)| (user.to_string(), pass.to_string())),
+                token: token.map(str::to_string),
+                jwt_cb: Arc::new(move || jwt_cb().map(|s| s.into())),
+                sig_cb: Arc::new(move |nonce| sig_cb(nonce).map(|sig| base64_url::encode(&sig).into())),
             },
             ..Default::default()
         }
@@ -681,6 +712,16 @@ pub(crate) enum AuthStyle {
         sig_cb: Arc<dyn Fn(&[u8]) -> io::Result<SecureString> + Send + Sync>,
     },
 
+    /// choria-provisioner patch: user and password, token, and JWT with the nonce signature,
+    /// together in one CONNECT.
+    Combined {
+        user_pass: Option<(String, String)>,
+        token: Option<String>,
+        jwt_cb: Arc<dyn Fn() -> io::Result<SecureString> + Send + Sync>,
+        #[allow(clippy::type_complexity)]
+        sig_cb: Arc<dyn Fn(&[u8]) -> io::Result<SecureString> + Send + Sync>,
+    },
+
     /// Authenticate using an nkey.
     NKey {
         /// Securely loads the public nkey.
@@ -700,6 +741,8 @@ impl fmt::Debug for AuthStyle {
                 f.debug_tuple("Token").field(user).field(pass).finish()
             }
             AuthStyle::Credentials { .. } => f.debug_struct("Credentials").finish(),
+            // No secrets in logs.
+            AuthStyle::Combined { .. } => f.debug_struct("Combined").finish(),
             AuthStyle::NKey { .. } => f.debug_struct("NKey").finish(),
         }
     }
