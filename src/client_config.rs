@@ -11,12 +11,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use choria_broker::connection::{ConnectSettings, TlsFiles};
+use choria_broker::clock::unix_now;
+use choria_broker::connection::{ConnectSettings, Tls, TlsFiles};
+use choria_crypto::client_token::{check_provisioner_token, parse_seed};
+use choria_crypto::ed25519::public_key_hex_from_seed;
 use choria_wire::choria_cfg::{
-    ClientConfig, ClientConfigError, KEY_CA, KEY_CERTIFICATE, KEY_KEY, KEY_PROVIDER,
-    PROVISIONER_USER,
+    ClientConfig, ClientConfigError, KEY_CA, KEY_CERTIFICATE, KEY_CHORIA_CA,
+    KEY_CHORIA_CERTIFICATE, KEY_CHORIA_KEY, KEY_CHORIA_SEED_FILE, KEY_CHORIA_TOKEN_FILE, KEY_KEY,
+    KEY_PROVIDER, PROVISIONER_USER,
 };
-use choria_wire::signing::{SecurityError, Signer};
+use choria_wire::signing::{ChoriaSigner, Protocol, SecurityError, Signer};
 
 /// Why `choria.cfg` could not be used.
 #[derive(Debug)]
@@ -121,14 +125,180 @@ fn hostname_f(limit: Duration) -> Result<String, String> {
     Ok(name.to_string())
 }
 
+/// What a security provider brings to the connection.
+struct Security {
+    tls: Option<Tls>,
+    protocol: Protocol,
+    /// The CONNECT `auth_token`.
+    token: Option<String>,
+    caller_id: String,
+    token_expires: Option<i64>,
+}
+
+/// A path go-choria's `util.FileExist` accepts: configured and present.
+fn existing(path: &Option<PathBuf>) -> Option<PathBuf> {
+    path.as_ref().filter(|p| p.exists()).cloned()
+}
+
+/// The `file` provider (go-choria providers/security/filesec): certificate, key and CA, all
+/// required; requests signed with the key (protocol v1).
+fn file_provider(client: &ClientConfig) -> Result<Security, ClientConfigError> {
+    let path = &client.path;
+    let need = |value: &Option<PathBuf>, key: &'static str| {
+        value
+            .clone()
+            .ok_or_else(|| ClientConfigError::MissingSecuritySetting {
+                path: path.clone(),
+                key,
+                provider: "file",
+                purpose: "for TLS and request signing",
+            })
+    };
+    let certificate = need(&client.certificate, KEY_CERTIFICATE)?;
+    let key = need(&client.key, KEY_KEY)?;
+    let ca = need(&client.ca, KEY_CA)?;
+    if let Err(error) = std::fs::metadata(&ca) {
+        return Err(ClientConfigError::Security {
+            path: path.clone(),
+            line: client.line_of(KEY_CA),
+            key: KEY_CA,
+            error: SecurityError::Read {
+                path: ca.clone(),
+                error,
+            },
+        });
+    }
+    let signer = signer_from_files(&certificate, &key).map_err(|error| {
+        // Name the setting the failing file came from.
+        let setting = match &error {
+            SecurityError::Read { path: p, .. } if p == &certificate => KEY_CERTIFICATE,
+            SecurityError::BadCertificate { .. } => KEY_CERTIFICATE,
+            _ => KEY_KEY,
+        };
+        ClientConfigError::Security {
+            path: path.clone(),
+            line: client.line_of(setting),
+            key: setting,
+            error,
+        }
+    })?;
+    Ok(Security {
+        tls: Some(Tls::Verified(TlsFiles {
+            certificate,
+            key,
+            ca,
+        })),
+        protocol: Protocol::V1(signer),
+        token: None,
+        caller_id: client.caller_id(),
+        token_expires: None,
+    })
+}
+
+/// The `choria` provider (go-choria providers/security/choria/choria_security.go): its client
+/// JWT and seed, checked at start (see `choria_crypto::client_token`), requests in protocol v2,
+/// the JWT as the connection token, and TLS as its TLSConfig sets it up, unless `plain_tcp`.
+fn choria_provider(client: &ClientConfig, plain_tcp: bool) -> Result<Security, ClientConfigError> {
+    let path = &client.path;
+    let files = &client.choria;
+    let need = |value: &Option<PathBuf>, key: &'static str, purpose: &'static str| {
+        value
+            .clone()
+            .ok_or_else(|| ClientConfigError::MissingSecuritySetting {
+                path: path.clone(),
+                key,
+                provider: "choria",
+                purpose,
+            })
+    };
+    let token_file = need(
+        &files.token_file,
+        KEY_CHORIA_TOKEN_FILE,
+        "the provisioner's client JWT, which the broker and every request carry",
+    )?;
+    let seed_file = need(
+        &files.seed_file,
+        KEY_CHORIA_SEED_FILE,
+        "the ed25519 seed that signs requests and the broker's nonce",
+    )?;
+    let refuse = |key: &'static str, file: &Path, reason: String| ClientConfigError::ChoriaFile {
+        path: path.clone(),
+        line: client.line_of(key),
+        key,
+        file: file.to_path_buf(),
+        reason,
+    };
+    let read = |key: &'static str, file: &Path| {
+        std::fs::read_to_string(file).map_err(|e| refuse(key, file, format!("cannot read: {e}")))
+    };
+    let seed = parse_seed(&read(KEY_CHORIA_SEED_FILE, &seed_file)?)
+        .map_err(|e| refuse(KEY_CHORIA_SEED_FILE, &seed_file, e.to_string()))?;
+    let now = u64::try_from(unix_now()).unwrap_or(0);
+    let checked = check_provisioner_token(
+        &read(KEY_CHORIA_TOKEN_FILE, &token_file)?,
+        &public_key_hex_from_seed(&seed),
+        now,
+    )
+    .map_err(|e| refuse(KEY_CHORIA_TOKEN_FILE, &token_file, e.to_string()))?;
+
+    let tls = if plain_tcp {
+        log::warn!(
+            "plain_tcp is set: connecting to the broker over plain TCP, without TLS (test \
+             brokers only; the token and every request are still signed)"
+        );
+        None
+    } else {
+        // go-choria's TLSConfig silently leaves out files that do not exist; we say so.
+        for (key, value) in [
+            (KEY_CHORIA_CERTIFICATE, &files.certificate),
+            (KEY_CHORIA_KEY, &files.key),
+            (KEY_CHORIA_CA, &files.ca),
+        ] {
+            if let Some(missing) = value.as_ref().filter(|p| !p.exists()) {
+                log::warn!(
+                    "{}: {key} = {}: no such file; going on without it, as go-choria does",
+                    path.display(),
+                    missing.display()
+                );
+            }
+        }
+        let client_cert = match (existing(&files.certificate), existing(&files.key)) {
+            (Some(certificate), Some(key)) => Some((certificate, key)),
+            _ => None,
+        };
+        let ca = existing(&files.ca);
+        if ca.is_none() {
+            log::warn!(
+                "{}: {KEY_CHORIA_CA} is not set: the broker's TLS certificate is not verified, \
+                 as go-choria's choria security provider does without a CA (the JWTs carry the \
+                 trust); set it to verify the broker too",
+                path.display()
+            );
+        }
+        Some(Tls::Choria {
+            client: client_cert,
+            ca,
+        })
+    };
+    Ok(Security {
+        tls,
+        protocol: Protocol::V2(ChoriaSigner::new(&seed, &checked.token)),
+        token: Some(checked.token),
+        caller_id: checked.caller_id,
+        token_expires: checked.expires,
+    })
+}
+
 /// Apply what the Go provisioner forces (cmd/provisioner.go, run) and load the signing material:
 /// `insecure` (`choria_insecure`) forces provider `file`, no TLS and unsigned requests;
 /// a non-empty `provisioning_password` (`broker_provisioning_password`) connects as user
-/// `provisioner`.
+/// `provisioner`. The `choria` provider speaks protocol v2 and presents its client JWT to the
+/// broker; `plain_tcp` (ours, for test brokers) drops its TLS.
 pub(crate) fn connect_settings(
     client: &ClientConfig,
     insecure: bool,
     provisioning_password: &str,
+    plain_tcp: bool,
 ) -> Result<ConnectSettings, ClientConfigError> {
     let path = &client.path;
     let unsupported = |reason: &'static str| ClientConfigError::UnsupportedProvider {
@@ -142,76 +312,40 @@ pub(crate) fn connect_settings(
     } else {
         client.security_provider.as_str()
     };
-    let (tls, signer) =
-        match provider {
-            "file" if insecure => (None, Signer::Insecure),
-            "file" => {
-                let need = |value: &Option<PathBuf>, key: &'static str| {
-                    value
-                        .clone()
-                        .ok_or_else(|| ClientConfigError::MissingSecuritySetting {
-                            path: path.clone(),
-                            key,
-                        })
-                };
-                let certificate = need(&client.certificate, KEY_CERTIFICATE)?;
-                let key = need(&client.key, KEY_KEY)?;
-                let ca = need(&client.ca, KEY_CA)?;
-                if let Err(error) = std::fs::metadata(&ca) {
-                    return Err(ClientConfigError::Security {
-                        path: path.clone(),
-                        line: client.line_of(KEY_CA),
-                        key: KEY_CA,
-                        error: SecurityError::Read {
-                            path: ca.clone(),
-                            error,
-                        },
-                    });
-                }
-                let signer = signer_from_files(&certificate, &key).map_err(|error| {
-                    // Name the setting the failing file came from.
-                    let setting = match &error {
-                        SecurityError::Read { path: p, .. } if p == &certificate => KEY_CERTIFICATE,
-                        SecurityError::BadCertificate { .. } => KEY_CERTIFICATE,
-                        _ => KEY_KEY,
-                    };
-                    ClientConfigError::Security {
-                        path: path.clone(),
-                        line: client.line_of(setting),
-                        key: setting,
-                        error,
-                    }
-                })?;
-                (
-                    Some(TlsFiles {
-                        certificate,
-                        key,
-                        ca,
-                    }),
-                    signer,
-                )
-            }
-            "choria" => {
-                return Err(unsupported(
-                    "protocol v2 not supported yet (the choria provider speaks v2); \
-                 use file (x509) or choria_insecure",
-                ))
-            }
-            "puppet" | "pkcs11" | "certmanager" => return Err(unsupported(
-                "this security provider is not supported yet; use file (x509) or choria_insecure",
-            )),
-            "" => {
-                return Err(unsupported(
-                    "not set, and go-choria's default (puppet) is not supported yet; set it to \
-                 file (x509) or use choria_insecure",
-                ))
-            }
-            _ => {
-                return Err(unsupported(
-                    "unknown security provider; use file (x509) or choria_insecure",
-                ))
-            }
-        };
+    if plain_tcp && provider != "choria" {
+        return Err(unsupported(
+            "plain_tcp in the provisioner's configuration needs the choria provider (for a \
+             plain test broker with the file provider use choria_insecure)",
+        ));
+    }
+    let security = match provider {
+        "file" if insecure => Security {
+            tls: None,
+            protocol: Protocol::V1(Signer::Insecure),
+            token: None,
+            caller_id: client.caller_id(),
+            token_expires: None,
+        },
+        "file" => file_provider(client)?,
+        "choria" => choria_provider(client, plain_tcp)?,
+        "puppet" | "pkcs11" | "certmanager" => {
+            return Err(unsupported(
+                "this security provider is not supported yet; use file (x509), choria \
+                 (Organization Issuer networks) or choria_insecure",
+            ))
+        }
+        "" => {
+            return Err(unsupported(
+                "not set, and go-choria's default (puppet) is not supported yet; set it to \
+                 file (x509) or choria (Organization Issuer networks), or use choria_insecure",
+            ))
+        }
+        _ => {
+            return Err(unsupported(
+                "unknown security provider; use file (x509), choria or choria_insecure",
+            ))
+        }
+    };
     let (user, password) = if provisioning_password.is_empty() {
         (None, None)
     } else {
@@ -224,11 +358,12 @@ pub(crate) fn connect_settings(
         urls: client.middleware_hosts.clone(),
         user,
         password,
-        token: None,
-        tls,
-        signer,
+        token: security.token,
+        tls: security.tls,
+        protocol: security.protocol,
+        token_expires: security.token_expires,
         identity: client.identity.clone(),
-        caller_id: client.caller_id(),
+        caller_id: security.caller_id,
         discovery_timeout: client.discovery_timeout,
         ttl: client.ttl,
     })
@@ -339,13 +474,12 @@ mod tests {
                 Err(&["plugin.security.file.certificate is required"]),
             ),
             (
-                "choria",
+                "choria without its files",
                 "plugin.security.provider = choria\n".into(),
                 false,
                 Err(&[
-                    ":3:",
-                    "plugin.security.provider = \"choria\"",
-                    "protocol v2 not supported yet",
+                    "plugin.security.choria.token_file is required",
+                    "provider = choria",
                 ]),
             ),
             (
@@ -385,11 +519,12 @@ mod tests {
         ];
         for (name, extra, insecure, expected) in cases {
             let cfg = parse(&file_provider_config(&extra)).unwrap();
-            let got = connect_settings(&cfg, insecure, "");
+            let got = connect_settings(&cfg, insecure, "", false);
             match (got, expected) {
                 (Ok(s), Ok((tls, signed))) => {
                     assert_eq!(s.tls.is_some(), tls, "{name}");
-                    assert_eq!(s.signer.is_secure(), signed, "{name}");
+                    assert_eq!(s.protocol.is_signed(), signed, "{name}");
+                    assert_eq!(s.protocol.name(), "v1", "{name}");
                     assert_eq!(s.urls, ["nats://b:4222"], "{name}");
                     assert_eq!(s.caller_id, "choria=rip.mcollective", "{name}");
                     assert_eq!((s.user, s.password), (None, None), "{name}");
@@ -410,10 +545,198 @@ mod tests {
         }
     }
 
+    /// The `choria` provider: the start-up checks of the token and seed, each a one-line
+    /// error naming the setting and the file, and TLS as go-choria's TLSConfig.
+    #[test]
+    fn choria_provider_table() {
+        use choria_crypto::jwt::{sign_jwt, JwtSigner};
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let token = vector_path("generated/chain-issuer-client.jwt")
+            .display()
+            .to_string();
+        let seed = vector_path("tokens/testdata/ed25519/other.seed")
+            .display()
+            .to_string();
+        let org_seed = vector_path("tokens/testdata/ed25519/signer.seed")
+            .display()
+            .to_string();
+        // The vector token's claims without the provisioner permission, signed by some key
+        // (the daemon cannot check the signature: only the broker knows the issuer).
+        let text = std::fs::read_to_string(&token).unwrap();
+        let claims = choria_crypto::jwt::decode_unverified(&text).unwrap().claims;
+        let mut unpermitted = claims.clone();
+        unpermitted.insert(
+            "permissions".into(),
+            serde_json::json!({"fleet_management": true}),
+        );
+        let any_key =
+            JwtSigner::from_key_file(Path::new(&file("any.seed", &"09".repeat(32))), &|p| {
+                std::fs::read(p)
+            })
+            .unwrap();
+        let unpermitted = file(
+            "unpermitted.jwt",
+            &sign_jwt(&serde_json::Value::Object(unpermitted), &any_key).unwrap(),
+        );
+        let mut expired = claims;
+        expired.insert("exp".into(), serde_json::json!(1_000_000_000));
+        let expired = file(
+            "expired.jwt",
+            &sign_jwt(&serde_json::Value::Object(expired), &any_key).unwrap(),
+        );
+        let junk = file("junk.jwt", "not a token\n");
+        let ca = good("certs/ca.pem");
+        let cert = good("certs/rip.mcollective.pem");
+        let key = good("private_keys/rip.mcollective.pem");
+        let provider = |token: &str, seed: &str, extra: &str| {
+            format!(
+                "plugin.security.provider = choria\nplugin.security.choria.token_file = \
+                 {token}\nplugin.security.choria.seed_file = {seed}\n{extra}"
+            )
+        };
+
+        // (name, config, plain_tcp, outcome): Ok((client cert?, ca?)) with TLS, Ok(None)
+        // without, or Err(fragments).
+        type Outcome = Result<Option<(bool, bool)>, &'static [&'static str]>;
+        let cases: Vec<(&str, String, bool, Outcome)> = vec![
+            ("token and seed", provider(&token, &seed, ""), false, Ok(Some((false, false)))),
+            ("plain tcp", provider(&token, &seed, ""), true, Ok(None)),
+            (
+                "with a CA",
+                provider(&token, &seed, &format!("plugin.security.choria.ca = {ca}\n")),
+                false,
+                Ok(Some((false, true))),
+            ),
+            (
+                "with a client certificate",
+                provider(
+                    &token,
+                    &seed,
+                    &format!(
+                        "plugin.security.choria.certificate = {cert}\nplugin.security.choria.key = {key}\n"
+                    ),
+                ),
+                false,
+                Ok(Some((true, false))),
+            ),
+            (
+                "certificate without key, CA missing: neither used, as Go",
+                provider(
+                    &token,
+                    &seed,
+                    "plugin.security.choria.certificate = /etc/x.pem\nplugin.security.choria.ca = /nonexistent/ca.pem\n",
+                ),
+                false,
+                Ok(Some((false, false))),
+            ),
+            (
+                "no token file set",
+                format!("plugin.security.provider = choria\nplugin.security.choria.seed_file = {seed}\n"),
+                false,
+                Err(&["plugin.security.choria.token_file is required with plugin.security.provider = choria"]),
+            ),
+            (
+                "no seed file set",
+                format!("plugin.security.provider = choria\nplugin.security.choria.token_file = {token}\n"),
+                false,
+                Err(&["plugin.security.choria.seed_file is required"]),
+            ),
+            (
+                "missing token",
+                provider("/nonexistent/provisioner.jwt", &seed, ""),
+                false,
+                Err(&[":4:", "plugin.security.choria.token_file = /nonexistent/provisioner.jwt", "cannot read"]),
+            ),
+            (
+                "junk token",
+                provider(&junk, &seed, ""),
+                false,
+                Err(&["plugin.security.choria.token_file", "junk.jwt", "not a JWT"]),
+            ),
+            (
+                "token without the permission",
+                provider(&unpermitted, &seed, ""),
+                false,
+                Err(&["unpermitted.jwt", "lacks the provisioner permission"]),
+            ),
+            (
+                "expired token",
+                provider(&expired, &seed, ""),
+                false,
+                Err(&["expired.jwt", "expired at 1000000000"]),
+            ),
+            (
+                "seed of another key",
+                provider(&token, &org_seed, ""),
+                false,
+                Err(&["chain-issuer-client.jwt", "do not belong together"]),
+            ),
+            (
+                "seed not hex",
+                provider(&token, &junk, ""),
+                false,
+                Err(&[":5:", "plugin.security.choria.seed_file", "junk.jwt", "not an ed25519 seed"]),
+            ),
+            (
+                "plain tcp with the file provider",
+                "plugin.security.provider = file\n".into(),
+                true,
+                Err(&["plain_tcp", "choria_insecure"]),
+            ),
+        ];
+        for (name, extra, plain_tcp, expected) in cases {
+            let cfg = parse(&file_provider_config(&extra)).unwrap();
+            match (connect_settings(&cfg, false, "pw", plain_tcp), expected) {
+                (Ok(s), Ok(tls)) => {
+                    assert_eq!(s.protocol.name(), "v2", "{name}");
+                    let got = match &s.tls {
+                        None => None,
+                        Some(Tls::Choria { client, ca }) => Some((client.is_some(), ca.is_some())),
+                        Some(other) => panic!("{name}: {other:?}"),
+                    };
+                    assert_eq!(got, tls, "{name}");
+                    assert_eq!(s.token.as_deref(), Some(text.trim()), "{name}");
+                    assert_eq!(s.token_expires, Some(2_584_459_692), "{name}");
+                    // The caller id is the token's callerid claim, not choria=<identity>.
+                    let caller = choria_crypto::jwt::decode_unverified(&text).unwrap().claims
+                        ["callerid"]
+                        .as_str()
+                        .unwrap()
+                        .to_string();
+                    assert_eq!(s.caller_id, caller, "{name}");
+                    assert_eq!(
+                        (s.user.as_deref(), s.password.as_deref()),
+                        (Some("provisioner"), Some("pw")),
+                        "{name}"
+                    );
+                }
+                (Err(e), Err(fragments)) => {
+                    let message = e.to_string();
+                    assert!(!message.contains('\n'), "{name}: not one line: {message}");
+                    assert!(message.contains(CFG), "{name}: {message}");
+                    for fragment in fragments {
+                        assert!(
+                            message.contains(fragment),
+                            "{name}: {message:?} lacks {fragment:?}"
+                        );
+                    }
+                }
+                (Ok(s), Err(_)) => panic!("{name}: accepted as {s:?}"),
+                (Err(e), Ok(_)) => panic!("{name}: refused: {e}"),
+            }
+        }
+    }
+
     #[test]
     fn provisioning_password_connects_as_provisioner() {
         let cfg = parse(&file_provider_config("ttl = 45\ndiscovery_timeout = 3\n")).unwrap();
-        let s = connect_settings(&cfg, true, "s3cret").unwrap();
+        let s = connect_settings(&cfg, true, "s3cret", false).unwrap();
         assert_eq!(s.user.as_deref(), Some("provisioner"));
         assert_eq!(s.password.as_deref(), Some("s3cret"));
         assert_eq!(s.identity, "rip.mcollective");

@@ -85,6 +85,9 @@ pub struct Config {
     pub token: Secret,
     pub lifecycle_component: String,
     pub choria_insecure: bool,
+    /// Ours: with `plugin.security.provider = choria`, plain TCP to the broker instead of TLS
+    /// (test brokers and the demo; go-choria's client always uses TLS with that provider).
+    pub plain_tcp: bool,
     pub site: String,
     pub monitor_port: u16,
     pub broker_provisioning_password: Secret,
@@ -198,6 +201,7 @@ const KNOWN_KEYS: &[&str] = &[
     "token",
     "lifecycle_component",
     "choria_insecure",
+    "plain_tcp",
     "site",
     "monitor_port",
     "broker_port",
@@ -472,6 +476,7 @@ impl Config {
             token: Secret::new(doc.string(get("token"), "token", "")?),
             lifecycle_component,
             choria_insecure: doc.boolean(get("choria_insecure"), "choria_insecure", false)?,
+            plain_tcp: doc.boolean(get("plain_tcp"), "plain_tcp", false)?,
             site: doc.string(get("site"), "site", "")?,
             monitor_port,
             broker_provisioning_password: Secret::new(doc.string(
@@ -670,6 +675,7 @@ mod tests {
         assert_eq!(c.features, Features::default());
         assert_eq!(c.monitor_port, 0);
         assert!(!c.leader_election && !c.choria_insecure && !c.upgrades_optional);
+        assert!(!c.plain_tcp);
     }
 
     #[test]
@@ -684,6 +690,7 @@ helper_timeout: 30s
 token: s3cret
 lifecycle_component: my_component
 choria_insecure: true
+plain_tcp: true
 site: dc1
 monitor_port: 8080
 broker_provisioning_password: pw
@@ -718,6 +725,7 @@ features:
         assert_eq!(c.token, "s3cret");
         assert_eq!(c.lifecycle_component, "my_component");
         assert!(c.choria_insecure);
+        assert!(c.plain_tcp);
         assert_eq!(c.site, "dc1");
         assert_eq!(c.monitor_port, 8080);
         assert_eq!(c.broker_provisioning_password, "pw");

@@ -128,6 +128,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
         &client,
         config.choria_insecure,
         &config.broker_provisioning_password,
+        config.plain_tcp,
     )
     .map_err(|err| err.to_string())?;
 
@@ -177,10 +178,11 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
         Err(err) => return Err(err.to_string()),
     };
     log::info!(
-        "connected to {} as {} (caller {})",
+        "connected to {} as {} (caller {}, protocol {})",
         settings.urls.join(","),
         settings.identity,
-        settings.caller_id
+        settings.caller_id,
+        settings.protocol.name()
     );
     if let Err(err) = publish_own_startup(&conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
         log::warn!("could not publish our startup event: {err}");

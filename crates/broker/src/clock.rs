@@ -1,6 +1,6 @@
 //! The one source of time of the workspace. Everything that waits, times out or schedules
 //! reads a [`Clock`], so tests drive time without sleeping; wall-clock seconds for message
-//! `time` fields come from [`unix_now`].
+//! `time` fields come from [`unix_now`] (nanoseconds for protocol v2: [`unix_now_nanos`]).
 //!
 //! There is more than one kind of time, and each kind gets its own trait rather than one
 //! clock for all: [`Clock`] is monotonic (`Instant`, which stops while the host is
@@ -23,6 +23,15 @@ pub fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Nanoseconds since the Unix epoch, for protocol v2 `time` fields (0 if the clock is before
+/// 1970; saturated far beyond 2262).
+pub fn unix_now_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }
 

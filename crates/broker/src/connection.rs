@@ -36,8 +36,11 @@ use crossbeam_channel::{bounded, select, Receiver, RecvTimeoutError, Sender, Try
 use parking_lot::Mutex;
 
 use choria_wire::choria_cfg::DEFAULT_TTL;
-use choria_wire::signing::Signer;
-use choria_wire::v1::{self, client, COLLECTIVE};
+use choria_wire::signing::{ChoriaSigner, Protocol, Signer};
+use choria_wire::v1::{self, client, Filter, ProtocolError, COLLECTIVE};
+use choria_wire::v2;
+
+use crate::clock::{unix_now, unix_now_nanos};
 
 use crate::gate::{Halt, Never, Watch};
 use crate::observe::Observer;
@@ -56,6 +59,23 @@ pub struct TlsFiles {
     pub ca: PathBuf,
 }
 
+/// How the connection uses TLS, as the security provider sets it up.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Tls {
+    /// The `file` provider: our certificate and key, and the CA that must have signed the
+    /// broker's certificate (name checked); all three required.
+    Verified(TlsFiles),
+    /// The `choria` provider (go-choria providers/security/choria/choria_security.go,
+    /// TLSConfig): a client certificate when both files are given; the CA as the only root
+    /// when given, else the broker's certificate is not verified at all, which that security
+    /// model does on purpose (the JWTs carry the trust). TLS 1.2 or later either way (rustls
+    /// speaks nothing older).
+    Choria {
+        client: Option<(PathBuf, PathBuf)>,
+        ca: Option<PathBuf>,
+    },
+}
+
 /// What a connection connects and signs with. The daemon builds it from `choria.cfg` and its
 /// own settings; tests, benches and the simulator build it directly.
 #[derive(Clone)]
@@ -63,11 +83,20 @@ pub struct ConnectSettings {
     pub urls: Vec<String>,
     pub user: Option<String>,
     pub password: Option<String>,
-    /// Sent as the CONNECT `auth_token` (a provisioning-mode server presents its JWT so).
+    /// Sent as the CONNECT `auth_token` (a provisioning-mode server presents its JWT so; with
+    /// the `choria` provider the provisioner presents its client JWT).
     pub token: Option<String>,
-    pub tls: Option<TlsFiles>,
-    pub signer: Signer,
+    pub tls: Option<Tls>,
+    /// The protocol requests go out in and what signs them. With [`Protocol::V2`] the CONNECT
+    /// also carries the signer's JWT and its signature of the server's nonce (`jwt`, `sig`),
+    /// as go-choria's client does (choria/connection.go, Connect, `nats.UserJWT`).
+    pub protocol: Protocol,
+    /// When the v2 signer's JWT expires (Unix seconds): no reconnect signs a nonce with it
+    /// after that (tokens tokens.go, NatsConnectionHelpers refuses an expired token).
+    pub token_expires: Option<i64>,
     pub identity: String,
+    /// The caller id requests carry: `choria=<identity>` for v1, the client JWT's `callerid`
+    /// claim for v2. Reply subjects are `provisioning.reply.<md5(caller_id)>.<request id>`.
     pub caller_id: String,
     pub discovery_timeout: Duration,
     pub ttl: u64,
@@ -83,7 +112,8 @@ impl fmt::Debug for ConnectSettings {
             .field("password", &set(&self.password))
             .field("token", &set(&self.token))
             .field("tls", &self.tls)
-            .field("signer", &self.signer)
+            .field("protocol", &self.protocol)
+            .field("token_expires", &self.token_expires)
             .field("identity", &self.identity)
             .field("caller_id", &self.caller_id)
             .field("discovery_timeout", &self.discovery_timeout)
@@ -102,7 +132,8 @@ impl ConnectSettings {
             password: None,
             token: None,
             tls: None,
-            signer: Signer::Insecure,
+            protocol: Protocol::V1(Signer::Insecure),
+            token_expires: None,
             identity: identity.to_string(),
             caller_id: format!("choria={identity}"),
             discovery_timeout,
@@ -194,6 +225,176 @@ impl fmt::Display for ConnectionError {
 }
 
 impl std::error::Error for ConnectionError {}
+
+/// What to check when the broker refused a connection, by what we sent. nats-server answers a
+/// CONNECT it does not accept with `-ERR 'Authorization Violation'`, and so does a Choria
+/// Broker whose Organization Issuer check fails.
+fn refusal_hint(settings: &ConnectSettings, error: &str) -> &'static str {
+    if error.contains("Authorization Violation") {
+        return match settings.protocol {
+            Protocol::V2(_) => {
+                " (the broker refused our credentials: check broker_provisioning_password, and \
+                 that plugin.security.choria.token_file holds a client JWT issued by the \
+                 broker's Organization Issuer with the provisioner permission, and seed_file \
+                 its key)"
+            }
+            Protocol::V1(_) => {
+                " (the broker refused our credentials: check broker_provisioning_password; a \
+                 broker with an Organization Issuer also wants plugin.security.provider = \
+                 choria and its client JWT)"
+            }
+        };
+    }
+    let tls_trouble = error.contains("TLS") || error.contains("certificate");
+    match &settings.tls {
+        Some(Tls::Verified(_)) if tls_trouble => {
+            " (check plugin.security.file.certificate, .key and .ca in the Choria client \
+             configuration, and the broker's CA)"
+        }
+        Some(Tls::Choria { .. }) if tls_trouble => {
+            " (check plugin.security.choria.certificate, .key and .ca in the Choria client \
+             configuration, and that the broker speaks TLS)"
+        }
+        _ => "",
+    }
+}
+
+/// The rustls configuration for the `choria` provider without a CA: the broker's certificate
+/// is not verified (go-choria sets InsecureSkipVerify then), but its handshake signature still
+/// is, so the session is with whoever holds that certificate's key.
+fn unverified_tls_config(
+    client: Option<&(PathBuf, PathBuf)>,
+) -> Result<nats::rustls::ClientConfig, ConnectionError> {
+    use nats::rustls::pki_types::pem::PemObject;
+    use nats::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let provider = Arc::new(nats::rustls::crypto::ring::default_provider());
+    let builder = nats::rustls::ClientConfig::builder()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(NoServerVerification(provider)));
+    let Some((certificate, key)) = client else {
+        return Ok(builder.with_no_client_auth());
+    };
+    let bad = |what: &'static str, path: &Path, reason: String| ConnectionError::TlsFile {
+        what,
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidData, reason),
+    };
+    let chain = CertificateDer::pem_file_iter(certificate)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| bad("certificate", certificate, e.to_string()))?;
+    if chain.is_empty() {
+        return Err(bad(
+            "certificate",
+            certificate,
+            "no certificate in it".into(),
+        ));
+    }
+    let private_key =
+        PrivateKeyDer::from_pem_file(key).map_err(|e| bad("key", key, e.to_string()))?;
+    builder
+        .with_client_auth_cert(chain, private_key)
+        .map_err(|e| bad("key", key, format!("does not go with the certificate: {e}")))
+}
+
+/// A server certificate verifier that accepts any certificate (see [`unverified_tls_config`])
+/// and checks only the handshake signatures with it.
+#[derive(Debug)]
+struct NoServerVerification(Arc<nats::rustls::crypto::CryptoProvider>);
+
+impl nats::rustls::client::danger::ServerCertVerifier for NoServerVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &nats::rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[nats::rustls::pki_types::CertificateDer<'_>],
+        _server_name: &nats::rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: nats::rustls::pki_types::UnixTime,
+    ) -> Result<nats::rustls::client::danger::ServerCertVerified, nats::rustls::Error> {
+        Ok(nats::rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &nats::rustls::pki_types::CertificateDer<'_>,
+        dss: &nats::rustls::DigitallySignedStruct,
+    ) -> Result<nats::rustls::client::danger::HandshakeSignatureValid, nats::rustls::Error> {
+        nats::rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &nats::rustls::pki_types::CertificateDer<'_>,
+        dss: &nats::rustls::DigitallySignedStruct,
+    ) -> Result<nats::rustls::client::danger::HandshakeSignatureValid, nats::rustls::Error> {
+        nats::rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<nats::rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The credentials of one CONNECT. With protocol v2 all of user/password, token and JWT with
+/// the nonce signature go in the same CONNECT, through the vendored crate's one patch
+/// (`vendor/nats/PATCHED.md`); otherwise user/password or else the token, as before.
+fn auth_options(settings: &ConnectSettings) -> nats::Options {
+    let user_pass = settings
+        .user
+        .as_deref()
+        .map(|user| (user, settings.password.as_deref().unwrap_or("")));
+    let token = settings.token.as_deref().map(str::trim);
+    match &settings.protocol {
+        Protocol::V2(signer) => {
+            let jwt = signer.token().to_string();
+            let expires = settings.token_expires;
+            let jwt_signer = signer.clone();
+            nats::Options::with_combined_auth(
+                user_pass,
+                token,
+                move || match expires {
+                    Some(exp) if unix_now() >= exp => Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "the client JWT expired at {exp} (Unix time): cannot sign the \
+                             broker's nonce with it; renew plugin.security.choria.token_file"
+                        ),
+                    )),
+                    _ => Ok(jwt.clone()),
+                },
+                move |nonce| Ok(jwt_signer.sign(nonce).to_vec()),
+            )
+        }
+        Protocol::V1(_) => match (user_pass, token) {
+            (Some((user, password)), _) => nats::Options::with_user_pass(user, password),
+            (None, Some(token)) => nats::Options::with_token(token),
+            (None, None) => nats::Options::new(),
+        },
+    }
+}
+
+/// One request as the protocol-independent part of the daemon decides it; the connection adds
+/// who sends it, the time, the ttl and the collective, and writes it in its protocol.
+pub struct Outgoing<'a> {
+    pub agent: &'a str,
+    /// RPC request JSON, or [`v1::DISCOVERY_PING`].
+    pub payload: &'a str,
+    pub filter: &'a Filter,
+    /// From [`Connection::new_request_id`].
+    pub request_id: &'a str,
+}
 
 /// Tuning knobs for [`Connection::connect_with`]; the defaults are what the daemon uses.
 #[derive(Debug, Clone)]
@@ -307,21 +508,35 @@ impl Connection {
             });
         }
 
-        let mut options = match (&settings.user, &settings.password, &settings.token) {
-            (Some(user), password, _) => {
-                nats::Options::with_user_pass(user, password.as_deref().unwrap_or(""))
+        let mut options = auth_options(settings);
+        match &settings.tls {
+            None => {}
+            Some(Tls::Verified(tls)) => {
+                check_readable("certificate", &tls.certificate)?;
+                check_readable("key", &tls.key)?;
+                check_readable("CA", &tls.ca)?;
+                options = options
+                    .tls_required(true)
+                    .client_cert(&tls.certificate, &tls.key)
+                    .add_root_certificate(&tls.ca);
             }
-            (None, _, Some(token)) => nats::Options::with_token(token.trim()),
-            _ => nats::Options::new(),
-        };
-        if let Some(tls) = &settings.tls {
-            check_readable("certificate", &tls.certificate)?;
-            check_readable("key", &tls.key)?;
-            check_readable("CA", &tls.ca)?;
-            options = options
-                .tls_required(true)
-                .client_cert(&tls.certificate, &tls.key)
-                .add_root_certificate(&tls.ca);
+            Some(Tls::Choria {
+                client,
+                ca: Some(ca),
+            }) => {
+                check_readable("CA", ca)?;
+                options = options.tls_required(true).add_root_certificate(ca);
+                if let Some((certificate, key)) = client {
+                    check_readable("certificate", certificate)?;
+                    check_readable("key", key)?;
+                    options = options.client_cert(certificate, key);
+                }
+            }
+            Some(Tls::Choria { client, ca: None }) => {
+                options = options
+                    .tls_required(true)
+                    .tls_client_config(unverified_tls_config(client.as_ref())?);
+            }
         }
 
         let connected = Arc::new(AtomicBool::new(false));
@@ -355,19 +570,10 @@ impl Connection {
         let urls = settings.urls.join(",");
         let nats = options
             .connect(servers)
-            .map_err(|source| {
-                let text = source.to_string();
-                let tls_trouble = settings.tls.is_some()
-                    && (text.contains("TLS") || text.contains("certificate"));
-                ConnectionError::Connect {
-                    urls: urls.clone(),
-                    source,
-                    hint: if tls_trouble {
-                        " (check plugin.security.file.certificate, .key and .ca in the Choria client configuration, and the broker's CA)"
-                    } else {
-                        ""
-                    },
-                }
+            .map_err(|source| ConnectionError::Connect {
+                urls: urls.clone(),
+                hint: refusal_hint(settings, &source.to_string()),
+                source,
             })?;
         connected.store(true, Ordering::SeqCst);
 
@@ -507,17 +713,85 @@ impl Connection {
         }
     }
 
-    /// Encodes a request the way Go's connector publishes it, with our `seen-by` hop when
-    /// the broker URL is known.
+    /// A fresh request id in the connection's protocol: a UUID without dashes for v1, a KSUID
+    /// for v2 (go-choria choria/framework.go, NewRequestID).
+    pub fn new_request_id(&self) -> String {
+        match self.inner.settings.protocol {
+            Protocol::V1(_) => v1::new_request_id(),
+            Protocol::V2(_) => v2::new_request_id(unix_now()),
+        }
+    }
+
+    /// Encodes a request in the connection's protocol the way Go's connector publishes it,
+    /// with our `seen-by` (v1) or `trace` (v2) hop when the broker URL is known. v1 carries
+    /// the time in seconds, v2 in nanoseconds.
     pub fn encode_request(
         &self,
-        spec: &client::RequestSpec,
+        request: &Outgoing,
         reply_to: &str,
-    ) -> Result<Vec<u8>, v1::ProtocolError> {
-        let signer = &self.inner.settings.signer;
-        match self.seen_by_url() {
-            Some(url) => client::encode_request_via(spec, reply_to, signer, url),
-            None => client::encode_request(spec, reply_to, signer),
+    ) -> Result<Vec<u8>, ProtocolError> {
+        let settings = &self.inner.settings;
+        match &settings.protocol {
+            Protocol::V1(signer) => {
+                let spec = client::RequestSpec {
+                    agent: request.agent,
+                    message: request.payload,
+                    filter: request.filter,
+                    ttl: settings.ttl,
+                    time: unix_now(),
+                    request_id: request.request_id,
+                    sender_id: &settings.identity,
+                    caller_id: &settings.caller_id,
+                    collective: COLLECTIVE,
+                };
+                match self.seen_by_url() {
+                    Some(url) => client::encode_request_via(&spec, reply_to, signer, url),
+                    None => client::encode_request(&spec, reply_to, signer),
+                }
+            }
+            Protocol::V2(signer) => {
+                let spec = v2::client::RequestSpec {
+                    agent: request.agent,
+                    payload: request.payload.as_bytes(),
+                    filter: Some(request.filter),
+                    ttl: settings.ttl,
+                    time: unix_now_nanos(),
+                    request_id: request.request_id,
+                    sender_id: &settings.identity,
+                    caller_id: &settings.caller_id,
+                    collective: COLLECTIVE,
+                };
+                match self.seen_by_url() {
+                    Some(url) => v2::client::encode_request_via(&spec, reply_to, signer, url),
+                    None => v2::client::encode_request(&spec, reply_to, signer),
+                }
+            }
+        }
+    }
+
+    /// Decodes a reply in the connection's protocol, checking every layer and the hash as
+    /// go-choria's RPC client does (replies of provisioning-mode servers are unsigned).
+    pub fn decode_reply(&self, transport: &[u8]) -> Result<client::Reply, ProtocolError> {
+        match self.inner.settings.protocol {
+            Protocol::V1(_) => client::decode_reply(transport),
+            Protocol::V2(_) => v2::client::decode_reply(transport),
+        }
+    }
+
+    /// The function that reads a reply's sender header in the connection's protocol, for
+    /// code that screens replies away from the connection (the dispatcher thread).
+    pub fn sender_reader(&self) -> fn(&[u8]) -> Result<String, ProtocolError> {
+        match self.inner.settings.protocol {
+            Protocol::V1(_) => client::transport_sender,
+            Protocol::V2(_) => v2::client::transport_sender,
+        }
+    }
+
+    /// The v2 signer, when the connection speaks protocol v2.
+    pub fn choria_signer(&self) -> Option<&ChoriaSigner> {
+        match &self.inner.settings.protocol {
+            Protocol::V2(signer) => Some(signer),
+            Protocol::V1(_) => None,
         }
     }
 
@@ -625,6 +899,7 @@ impl Connection {
         let prefix = self
             .inbox_prefix()
             .map_err(|e| RequestError::Transport(e.to_string()))?;
+        // A NATS inbox id, not a Choria request: the v1 shape whatever the protocol.
         let id = v1::new_request_id();
         let reply_to = format!("{prefix}{id}");
         let (tx, rx) = bounded(1);
@@ -1329,11 +1604,11 @@ mod tests {
         );
 
         let mut with_tls = settings(&format!("nats://127.0.0.1:{port}"));
-        with_tls.tls = Some(TlsFiles {
+        with_tls.tls = Some(Tls::Verified(TlsFiles {
             certificate: "/nonexistent/cert.pem".into(),
             key: "/nonexistent/key.pem".into(),
             ca: "/nonexistent/ca.pem".into(),
-        });
+        }));
         let err = Connection::connect(&with_tls, "t")
             .err()
             .expect("missing files");

@@ -3,8 +3,9 @@
 //! of the replies.
 //!
 //! The window slides: it ends 300 ms after the last new sender, and never later than
-//! `discovery_timeout` after the ping. Like Go, only the transport header `mc_sender` of a
-//! reply is read (no hash or envelope check).
+//! `discovery_timeout` after the ping. Like Go, only the transport header naming the sender
+//! (`mc_sender` in v1, `sender` in v2) of a reply is read (no hash or envelope check). The
+//! ping goes out in the connection's protocol.
 //!
 //! Any node can answer, as often as it likes, with anything. So replies are screened on the
 //! connection's dispatcher thread before they are queued: a reply whose sender is missing or
@@ -23,11 +24,9 @@ use std::time::{Duration, Instant};
 
 use choria_wire::identity::Identity;
 use choria_wire::text::escape;
-use choria_wire::v1::client::{self, RequestSpec};
 use choria_wire::v1::{self, Filter, ProtocolError};
 
-use crate::clock::unix_now;
-use crate::connection::{Connection, ConnectionError, Next};
+use crate::connection::{Connection, ConnectionError, Next, Outgoing};
 use crate::gate::{Gate, Halt};
 use crate::observe::Observer;
 
@@ -96,23 +95,17 @@ impl Discovery {
     }
 
     fn ping(&self, request_id: &str) -> Result<(), DiscoveryError> {
-        let settings = self.conn.settings();
         let filter = Filter::agent("choria_provision");
-        let spec = RequestSpec {
+        let request = Outgoing {
             agent: "discovery",
-            message: v1::DISCOVERY_PING,
+            payload: v1::DISCOVERY_PING,
             filter: &filter,
-            ttl: settings.ttl,
-            time: unix_now(),
             request_id,
-            sender_id: &settings.identity,
-            caller_id: &settings.caller_id,
-            collective: v1::COLLECTIVE,
         };
         let reply_to = self.conn.reply_subject(request_id);
         let transport = self
             .conn
-            .encode_request(&spec, &reply_to)
+            .encode_request(&request, &reply_to)
             .map_err(DiscoveryError::Encode)?;
         self.conn
             .publish(DISCOVERY_SUBJECT, &transport)
@@ -126,9 +119,10 @@ impl Discovery {
         // Nothing goes out while paused or stopping.
         let watch = gate.watch().map_err(DiscoveryError::Halted)?;
         self.observer.discover_cycle();
-        let request_id = v1::new_request_id();
+        let request_id = self.conn.new_request_id();
         let screen = SenderScreen {
             observer: self.observer.clone(),
+            sender_of: self.conn.sender_reader(),
             seen: Mutex::new((HashSet::new(), 0)),
         };
         let waiter = self
@@ -173,13 +167,15 @@ pub const DROPPED_DISCOVERY_REPLY: &str = "discovery_reply";
 /// and the bytes of their names.
 struct SenderScreen {
     observer: Arc<dyn Observer>,
+    /// Reads a reply's sender header in the connection's protocol.
+    sender_of: fn(&[u8]) -> Result<String, ProtocolError>,
     seen: Mutex<(HashSet<Identity>, usize)>,
 }
 
 impl SenderScreen {
     /// A new, valid sender to queue; `None` (counted when refused) for anything else.
     fn screen(&self, transport: &[u8]) -> Option<Identity> {
-        let identity = match client::transport_sender(transport) {
+        let identity = match (self.sender_of)(transport) {
             Ok(sender) => match Identity::parse(&sender) {
                 Ok(identity) => identity,
                 Err(err) => {

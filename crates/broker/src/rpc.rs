@@ -13,12 +13,11 @@ use std::time::{Duration, Instant};
 
 use choria_wire::identity::{node_subject, Identity};
 use choria_wire::text::escape;
-use choria_wire::v1::client::{self, RequestSpec};
-use choria_wire::v1::{self, Filter};
+use choria_wire::v1::client;
+use choria_wire::v1::Filter;
 
 use crate::backoff;
-use crate::clock::unix_now;
-use crate::connection::{Connection, Next, ReplyWaiter};
+use crate::connection::{Connection, Next, Outgoing, ReplyWaiter};
 use crate::gate::{Gate, Halt, Watch};
 use crate::observe::Observer;
 
@@ -155,21 +154,15 @@ impl RpcClient {
         filter: &Filter,
         watch: &Watch,
     ) -> TryOutcome {
-        let settings = self.conn.settings();
-        let request_id = v1::new_request_id();
+        let request_id = self.conn.new_request_id();
         let reply_to = self.conn.reply_subject(&request_id);
-        let spec = RequestSpec {
+        let request = Outgoing {
             agent,
-            message: body,
+            payload: body,
             filter,
-            ttl: settings.ttl,
-            time: unix_now(),
             request_id: &request_id,
-            sender_id: &settings.identity,
-            caller_id: &settings.caller_id,
-            collective: v1::COLLECTIVE,
         };
-        let transport = match self.conn.encode_request(&spec, &reply_to) {
+        let transport = match self.conn.encode_request(&request, &reply_to) {
             Ok(bytes) => bytes,
             Err(err) => return TryOutcome::SendFailed(format!("could not encode: {err}")),
         };
@@ -198,7 +191,7 @@ impl RpcClient {
                 Next::Deadline => return TryOutcome::Timeout,
                 Next::Halted(halt) => return TryOutcome::Halted(halt),
             };
-            let reply = match client::decode_reply(&bytes) {
+            let reply = match self.conn.decode_reply(&bytes) {
                 Ok(reply) => reply,
                 Err(err) => {
                     self.malformed(malformed::REPLY, identity, label, &err.to_string());

@@ -8,6 +8,8 @@
 //! signing key, chain token), the caller hands in a [`ReadFile`], so the filesystem is the
 //! caller's business too.
 //!
+//! - [`client_token`]: the provisioner's own client JWT and seed (`choria` provider), checked at
+//!   start.
 //! - [`csr`]: `gencsr` replies: the last CN is the identity; Go's deny-list rules.
 //! - [`certificate`]: a helper's certificate: its facts (subject, SANs, validity, serial,
 //!   fingerprint), the node's name, the deny list, and pairing with the node's key.
@@ -21,6 +23,7 @@
 //! Each submodule has one error enum whose `Display` names what was wrong.
 
 pub mod certificate;
+pub mod client_token;
 pub mod csr;
 pub mod ed25519;
 pub mod jwt;

@@ -29,7 +29,7 @@ use super::ksuid::{self, KsuidError};
 /// `purpose` of server tokens.
 pub const SERVER_PURPOSE: &str = "choria_server";
 /// `purpose` the chain issuer token T must have.
-pub const CLIENT_ID_PURPOSE: &str = "choria_client_id";
+pub use crate::client_token::CLIENT_ID_PURPOSE;
 /// `iss` of plain (non-chain) server tokens.
 pub const PROVISIONER_ISSUER: &str = "Choria Provisioner";
 /// `iss` prefix of org-issued tokens (`I-<org public key hex>`).

@@ -21,6 +21,12 @@ pub const KEY_PROVIDER: &str = "plugin.security.provider";
 pub const KEY_CERTIFICATE: &str = "plugin.security.file.certificate";
 pub const KEY_KEY: &str = "plugin.security.file.key";
 pub const KEY_CA: &str = "plugin.security.file.ca";
+/// The `choria` provider's files (go-choria config/choria.go, ChoriaSecurity*).
+pub const KEY_CHORIA_TOKEN_FILE: &str = "plugin.security.choria.token_file";
+pub const KEY_CHORIA_SEED_FILE: &str = "plugin.security.choria.seed_file";
+pub const KEY_CHORIA_CERTIFICATE: &str = "plugin.security.choria.certificate";
+pub const KEY_CHORIA_KEY: &str = "plugin.security.choria.key";
+pub const KEY_CHORIA_CA: &str = "plugin.security.choria.ca";
 
 /// go-choria defaults.
 pub const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -46,8 +52,21 @@ pub struct ClientConfig {
     pub certificate: Option<PathBuf>,
     pub key: Option<PathBuf>,
     pub ca: Option<PathBuf>,
+    /// The `choria` provider's settings, each as written.
+    pub choria: ChoriaProviderFiles,
     /// The line each key was (last) set on, for error messages.
     pub key_lines: BTreeMap<String, usize>,
+}
+
+/// `plugin.security.choria.*`: the provisioner's client JWT and ed25519 seed, and the
+/// optional TLS files.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChoriaProviderFiles {
+    pub token_file: Option<PathBuf>,
+    pub seed_file: Option<PathBuf>,
+    pub certificate: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub ca: Option<PathBuf>,
 }
 
 /// What was wrong with the client configuration, and where.
@@ -77,8 +96,22 @@ pub enum ClientConfigError {
         provider: String,
         reason: &'static str,
     },
-    /// The `file` provider without one of its three files.
-    MissingSecuritySetting { path: PathBuf, key: &'static str },
+    /// The provider (`file` or `choria`) without one of the files it needs.
+    MissingSecuritySetting {
+        path: PathBuf,
+        key: &'static str,
+        provider: &'static str,
+        /// What the file is for.
+        purpose: &'static str,
+    },
+    /// A `choria` provider file (token, seed) that cannot be used.
+    ChoriaFile {
+        path: PathBuf,
+        line: Option<usize>,
+        key: &'static str,
+        file: PathBuf,
+        reason: String,
+    },
     /// A `file` provider file that cannot be used.
     Security {
         path: PathBuf,
@@ -131,10 +164,27 @@ impl fmt::Display for ClientConfigError {
                 "{}: {KEY_PROVIDER} = {provider:?}: {reason}",
                 at(path, *line)
             ),
-            ClientConfigError::MissingSecuritySetting { path, key } => write!(
+            ClientConfigError::MissingSecuritySetting {
+                path,
+                key,
+                provider,
+                purpose,
+            } => write!(
                 f,
-                "{}: {key} is required with {KEY_PROVIDER} = file (for TLS and request signing)",
+                "{}: {key} is required with {KEY_PROVIDER} = {provider} ({purpose})",
                 path.display()
+            ),
+            ClientConfigError::ChoriaFile {
+                path,
+                line,
+                key,
+                file,
+                reason,
+            } => write!(
+                f,
+                "{}: {key} = {}: {reason}",
+                at(path, *line),
+                file.display()
             ),
             ClientConfigError::Security {
                 path,
@@ -312,6 +362,13 @@ impl ClientConfig {
             certificate: file(KEY_CERTIFICATE),
             key: file(KEY_KEY),
             ca: file(KEY_CA),
+            choria: ChoriaProviderFiles {
+                token_file: file(KEY_CHORIA_TOKEN_FILE),
+                seed_file: file(KEY_CHORIA_SEED_FILE),
+                certificate: file(KEY_CHORIA_CERTIFICATE),
+                key: file(KEY_CHORIA_KEY),
+                ca: file(KEY_CHORIA_CA),
+            },
             key_lines: settings
                 .iter()
                 .map(|(key, (_, line))| (key.clone(), *line))
@@ -356,6 +413,8 @@ plugin.security.file.certificate = /etc/choria/ssl/cert.pem
 plugin.security.file.key = /etc/choria/ssl/key.pem
 plugin.security.file.ca = /etc/choria/ssl/ca.pem
 some.other.key = with = signs
+plugin.security.choria.token_file = /etc/choria-provisioner/provisioner.jwt
+plugin.security.choria.seed_file = /etc/choria-provisioner/provisioner.seed
 ";
         let cfg = parse(text).unwrap();
         assert_eq!(
@@ -378,6 +437,14 @@ some.other.key = with = signs
         assert_eq!(cfg.key, Some(PathBuf::from("/etc/choria/ssl/key.pem")));
         assert_eq!(cfg.ca, Some(PathBuf::from("/etc/choria/ssl/ca.pem")));
         assert_eq!(cfg.key_lines.get("ttl"), Some(&7));
+        assert_eq!(
+            cfg.choria,
+            ChoriaProviderFiles {
+                token_file: Some("/etc/choria-provisioner/provisioner.jwt".into()),
+                seed_file: Some("/etc/choria-provisioner/provisioner.seed".into()),
+                ..ChoriaProviderFiles::default()
+            }
+        );
     }
 
     #[test]
