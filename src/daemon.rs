@@ -194,7 +194,8 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
         rpc = rpc.with_ddl_timeout(timeout);
     }
     let cycle = Cycle::new(config.clone(), Arc::new(rpc), metrics.clone())
-        .map_err(|err| err.to_string())?;
+        .map_err(|err| err.to_string())?
+        .speaking(settings.protocol.name());
     let discovery = Discovery::new(conn.clone(), metrics.clone());
 
     let threads = FleetThreads::start(

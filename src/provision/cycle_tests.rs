@@ -570,6 +570,50 @@ fn a_refused_lock_at_any_step_leaves_the_node_to_its_owner_at_once() {
     }
 }
 
+/// A node silent on the cycle's first action (whichever that is) gets the protocol hint, once;
+/// silence later in the cycle is not a protocol problem and gets none.
+#[test]
+fn a_node_silent_from_the_start_is_hinted_once() {
+    // (mode, action that times out, hinted?)
+    let cases = [
+        (Mode::Plain, I, true),
+        (Mode::Jwt, J, true),
+        (Mode::Ed25519, J, true),
+        (Mode::Jwt, I, false),
+        (Mode::Ed25519, G, false),
+        (Mode::Plain, CF, false),
+    ];
+    for (mode, silent, hinted) in cases {
+        let h = harness(
+            mode,
+            "",
+            &configuration_answer(),
+            &[(silent, Reply::Timeout)],
+        );
+        for _ in 0..3 {
+            let outcome = h.cycle.provision(&node_identity(), &Gate::new(false));
+            assert!(
+                matches!(&outcome, ProvisionOutcome::Failed(m) if m.contains("no reply")),
+                "{mode:?} {silent}: {outcome:?}"
+            );
+        }
+        assert_eq!(
+            h.cycle.silent_hints(),
+            usize::from(hinted),
+            "{mode:?} {silent}"
+        );
+    }
+    // The hint names the other protocol and the setting that speaks it.
+    let v1 = crate::provision::silent_node_hint("v1", "n1", "choria_provision#jwt", 3);
+    assert!(
+        v1.starts_with("n1: sighted, but answered none of the 3 tries"),
+        "{v1}"
+    );
+    assert!(v1.contains("`v2: true`") && v1.contains("plugin.security.provider = choria"));
+    let v2 = crate::provision::silent_node_hint("v2", "n1", "rpcutil#inventory", 5);
+    assert!(v2.contains("lacks `v2: true`") && v2.contains("plugin.security.provider = file"));
+}
+
 #[test]
 fn a_closed_gate_stops_the_cycle_before_anything_starts() {
     let h = harness(Mode::Plain, "", &configuration_answer(), &[]);

@@ -93,6 +93,35 @@ pub struct Cycle {
     rpc: Arc<dyn NodeRpc>,
     metrics: Arc<Metrics>,
     rules: Rules,
+    /// The protocol our requests are in (`"v1"`, `"v2"`), for the silent-node hint.
+    protocol: &'static str,
+    /// Nodes already given the silent-node hint (bounded: see [`SILENT_HINTS_KEPT`]).
+    silent_hinted: parking_lot::Mutex<std::collections::HashSet<String>>,
+}
+
+/// How many nodes' silent-node hints are remembered; past that, no more hints are given
+/// (enough to name the problem; a whole fleet on the other protocol would flood the log).
+pub const SILENT_HINTS_KEPT: usize = 1_000;
+
+/// The warning for a node that was sighted (startup event or discovery) but answered none of
+/// the tries of its cycle's first action. A provisioning-mode server answers only the protocol
+/// its `provisioning.jwt` names (`v2: true` → v2; go-choria choria/framework.go,
+/// ConfigureProvisioning) and drops the other silently; the Go daemon logs nothing that says so.
+pub fn silent_node_hint(protocol: &str, identity: &str, action: &str, tries: u32) -> String {
+    let advice = if protocol == "v2" {
+        "this provisioner speaks protocol v2 (plugin.security.provider = choria); a node whose \
+         provisioning.jwt lacks `v2: true` accepts only protocol v1 and needs a provisioner with \
+         plugin.security.provider = file (or choria_insecure)"
+    } else {
+        "this provisioner speaks protocol v1; a node whose provisioning.jwt has `v2: true` \
+         (`choria jwt prov --protocol-v2`) accepts only protocol v2 and needs \
+         plugin.security.provider = choria in the provisioner's choria.cfg (an Organization \
+         Issuer network)"
+    };
+    format!(
+        "{identity}: sighted, but answered none of the {tries} tries of {action}: if it is up, \
+         check its protocol: {advice}"
+    )
 }
 
 /// What the cycle and `helper-test` both need from the configuration to ask the helper and
@@ -190,7 +219,53 @@ impl Cycle {
             rpc,
             metrics,
             rules,
+            protocol: "v1",
+            silent_hinted: parking_lot::Mutex::new(std::collections::HashSet::new()),
         })
+    }
+
+    /// The protocol the RPC client speaks (`"v1"` or `"v2"`), named in the silent-node hint.
+    pub fn speaking(mut self, protocol: &'static str) -> Cycle {
+        self.protocol = protocol;
+        self
+    }
+
+    /// The cycle's first RPC: a node that does not answer it has answered nothing at all.
+    fn first_action(&self) -> (&'static str, &'static str) {
+        if self.config.features.jwt {
+            ("choria_provision", "jwt")
+        } else if self.config.features.ed25519 {
+            ("choria_provision", "gen25519")
+        } else {
+            ("rpcutil", "inventory")
+        }
+    }
+
+    /// How many nodes were given the silent-node hint.
+    #[cfg(test)]
+    pub(crate) fn silent_hints(&self) -> usize {
+        self.silent_hinted.lock().len()
+    }
+
+    /// Warns once per node (up to [`SILENT_HINTS_KEPT`] nodes) that it answered nothing.
+    fn hint_silent_node(&self, identity: &str, agent: &str, action: &str) {
+        if self.first_action() != (agent, action) {
+            return;
+        }
+        let mut hinted = self.silent_hinted.lock();
+        if hinted.len() >= SILENT_HINTS_KEPT || !hinted.insert(identity.to_string()) {
+            return;
+        }
+        drop(hinted);
+        log::warn!(
+            "{}",
+            silent_node_hint(
+                self.protocol,
+                identity,
+                &format!("{agent}#{action}"),
+                max_tries(agent, action)
+            )
+        );
     }
 
     /// One directed RPC, mapped to the cycle's terms.
@@ -214,13 +289,16 @@ impl Cycle {
                     escape(&message)
                 ),
             )),
-            RpcOutcome::Timeout => Err(failed(
-                identity,
-                format!(
-                    "{agent}#{action} failed: no reply after {} tries",
-                    max_tries(agent, action)
-                ),
-            )),
+            RpcOutcome::Timeout => {
+                self.hint_silent_node(identity, agent, action);
+                Err(failed(
+                    identity,
+                    format!(
+                        "{agent}#{action} failed: no reply after {} tries",
+                        max_tries(agent, action)
+                    ),
+                ))
+            }
         }
     }
 
