@@ -106,6 +106,8 @@ pub struct Config {
     /// Overrides the agent DDL timeout of every RPC try (20 s for choria_provision, 2 s for
     /// rpcutil); `discovery_timeout` from choria.cfg is added as in Go. `None`: the DDL's.
     pub rpc_timeout: Option<Duration>,
+    /// One JSON line per finished cycle is appended here; `None` (the default): no audit trail.
+    pub audit_file: Option<PathBuf>,
 }
 
 /// Go's default `cert_deny_list` (`config/config.go`).
@@ -220,6 +222,7 @@ const KNOWN_KEYS: &[&str] = &[
     "work_queue_size",
     "release_delay",
     "rpc_timeout",
+    "audit_file",
 ];
 
 const FEATURE_KEYS: &[&str] = &["pki", "jwt", "ed25519", "upgrades"];
@@ -506,6 +509,9 @@ impl Config {
                     Some(doc.duration(Some(v), "rpc_timeout", "0s")?).filter(|d| !d.is_zero())
                 }
             },
+            audit_file: Some(doc.string(get("audit_file"), "audit_file", "")?)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
         };
         if config.features.jwt && config.jwt_verify_cert.is_empty() {
             warnings.push(format!(
@@ -671,6 +677,7 @@ mod tests {
         assert_eq!(c.work_queue_size, 50_000);
         assert_eq!(c.release_delay, Duration::from_secs(60));
         assert_eq!(c.rpc_timeout, None);
+        assert_eq!(c.audit_file, None, "no audit trail unless asked");
         assert_eq!(c.leader_election_api_prefix, "choria.streams");
         assert_eq!(c.features, Features::default());
         assert_eq!(c.monitor_port, 0);
@@ -706,6 +713,7 @@ upgrades_optional: true
 work_queue_size: 10
 release_delay: 5s
 rpc_timeout: 3s
+audit_file: /var/log/choria-provisioner-audit.jsonl
 features:
   jwt: true
   ed25519: true
@@ -741,6 +749,10 @@ features:
         assert_eq!(c.work_queue_size, 10);
         assert_eq!(c.release_delay, Duration::from_secs(5));
         assert_eq!(c.rpc_timeout, Some(Duration::from_secs(3)));
+        assert_eq!(
+            c.audit_file,
+            Some(PathBuf::from("/var/log/choria-provisioner-audit.jsonl"))
+        );
         assert_eq!(
             c.features,
             Features {
@@ -916,6 +928,7 @@ features:
         assert_eq!(c.features, d.features);
         assert_eq!(c.lifecycle_component, d.lifecycle_component);
         assert_eq!(c.leader_election_api_prefix, d.leader_election_api_prefix);
+        assert_eq!(c.audit_file, d.audit_file);
         assert_eq!(
             (c.monitor_port, c.leader_election, c.choria_insecure),
             (0, false, false)

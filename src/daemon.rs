@@ -15,6 +15,7 @@ use choria_broker::gate::Gate;
 use choria_broker::listener::{publish_own_startup, EventListener};
 use choria_broker::rpc::RpcClient;
 
+use crate::audit::AuditLog;
 use crate::cli::RunArgs;
 use crate::client_config::{self, connect_settings};
 use crate::config::Config;
@@ -193,9 +194,15 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
     if let Some(timeout) = config.rpc_timeout {
         rpc = rpc.with_ddl_timeout(timeout);
     }
-    let cycle = Cycle::new(config.clone(), Arc::new(rpc), metrics.clone())
+    let mut cycle = Cycle::new(config.clone(), Arc::new(rpc), metrics.clone())
         .map_err(|err| err.to_string())?
         .speaking(settings.protocol.name());
+    if let Some(path) = &config.audit_file {
+        let log = AuditLog::open(path)
+            .map_err(|err| format!("audit_file: cannot open {}: {err}", path.display()))?;
+        log::info!("appending one audit line per cycle to {}", path.display());
+        cycle = cycle.with_audit(Arc::new(log), &settings.identity);
+    }
     let discovery = Discovery::new(conn.clone(), metrics.clone());
 
     let threads = FleetThreads::start(

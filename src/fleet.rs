@@ -42,7 +42,8 @@ pub enum ProvisionOutcome {
 
 /// One node's provisioning cycle (the `provision` module implements it).
 pub trait ProvisionCycle: Send + Sync {
-    fn provision(&self, identity: &Identity, gate: &Gate) -> ProvisionOutcome;
+    /// Provisions the node `found` by discovery or an event (the audit trail says which).
+    fn provision(&self, identity: &Identity, found: Source, gate: &Gate) -> ProvisionOutcome;
 }
 
 /// Broadcast discovery (`choria_broker::discovery::Discovery` implements it).
@@ -70,6 +71,8 @@ pub struct Ticket {
     pub identity: Identity,
     pub number: u64,
     pub admitted: Instant,
+    /// How the node was found.
+    pub source: Source,
 }
 
 /// What `admit` did with a sighting.
@@ -189,6 +192,7 @@ impl Fleet {
             identity: identity.clone(),
             number,
             admitted: now,
+            source,
         };
         admissions.entries.insert(
             identity.clone(),
@@ -380,7 +384,7 @@ fn work_one(
         Start::Provision => {}
     }
     fleet.metrics.busy_workers.inc();
-    let outcome = cycle.provision(&ticket.identity, &fleet.gate);
+    let outcome = cycle.provision(&ticket.identity, ticket.source, &fleet.gate);
     fleet.metrics.busy_workers.dec();
     let held = match &outcome {
         ProvisionOutcome::Provisioned { hold } => {
@@ -782,6 +786,7 @@ mod tests {
             identity: second.identity.clone(),
             number: 1,
             admitted: second.admitted,
+            source: Source::Discovery,
         };
         assert_eq!(fleet.start(&first), Start::Stale);
         assert!(!fleet.finish(&first));
@@ -886,7 +891,7 @@ mod tests {
     }
 
     impl ProvisionCycle for ScriptedCycle {
-        fn provision(&self, identity: &Identity, gate: &Gate) -> ProvisionOutcome {
+        fn provision(&self, identity: &Identity, _found: Source, gate: &Gate) -> ProvisionOutcome {
             if gate.check().is_err() {
                 return ProvisionOutcome::Halted;
             }

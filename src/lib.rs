@@ -8,6 +8,7 @@
 //! metrics, and the wiring. It talks to the broker only through `choria-broker`, and never
 //! contains the simulator or test kits. Its modules are private except what the benches use.
 
+mod audit;
 mod cli;
 mod client_config;
 mod config;

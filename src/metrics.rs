@@ -1,6 +1,7 @@
 //! The Prometheus registry with every metric of the Go daemon (provisioner config/stats.go,
 //! host/stats.go, hosts/stats.go), the election metrics of go-choria
-//! (providers/election/streams/stats.go), and `choria_provisioner_work_queue_dropped`; and the tiny
+//! (providers/election/streams/stats.go), `choria_provisioner_work_queue_dropped` and
+//! `choria_provisioner_audit_errors` (ours); and the tiny
 //! HTTP listener that serves them at `/metrics`.
 //!
 //! Every metric is created at start, at zero, for our `site`, so dashboards see the full set
@@ -151,6 +152,8 @@ pub struct Metrics {
     pub waiting_nodes: Gauge,
     pub helper_shutdown_requests: IntCounter,
     pub work_queue_dropped: IntCounter,
+    /// Audit lines that could not be written (ours; not in Go).
+    pub audit_errors: IntCounter,
     /// Replies and events we refused as malformed, by `kind` (ours; not in Go).
     pub malformed_messages: IntCounterVec,
     /// Messages dropped because a bound was reached, by `kind` (ours; not in Go).
@@ -338,6 +341,10 @@ impl Metrics {
                 "Messages dropped because a bound was reached (a subscription's pending limit, a reply queue, discovery's budget)",
                 &["kind"],
             ),
+            audit_errors: counter(
+                "choria_provisioner_audit_errors",
+                "Audit trail lines that could not be written",
+            ),
             malformed_messages: counter_vec(
                 "choria_provisioner_malformed_messages",
                 "Replies and events refused as malformed",
@@ -508,6 +515,7 @@ mod tests {
             "choria_provisioner_discovered{site=\"testsite\"} 0",
             "choria_provisioner_paused{site=\"testsite\"} 0",
             "choria_provisioner_work_queue_dropped{site=\"testsite\"} 0",
+            "choria_provisioner_audit_errors{site=\"testsite\"} 0",
             "choria_provisioner_helper_time_sum{site=\"testsite\"} 0",
             "choria_provisioner_helper_time_count{site=\"testsite\"} 0",
             "choria_provisioner_rpc_time_count{rpc=\"rpcutil#inventory\",site=\"testsite\"} 0",

@@ -221,66 +221,12 @@ fn pki_with_csrs_signed_by_the_sample_ca_helper() {
     provisioner.stop();
 }
 
-/// Signs a certificate with the test CA for a private key it generates itself, and returns
-/// that key with the certificate: the provisioner must carry it to the node encrypted.
-const KEY_HELPER: &str = r#"#!/usr/bin/env python3
-import json, os, subprocess, sys, tempfile
-
-ca_dir, brokers = sys.argv[1], sys.argv[2]
-node = json.load(sys.stdin)
-identity = node["identity"]
-if not node.get("jwt"):
-    sys.exit("key-helper: no verified provisioning JWT claims for %s" % identity)
-ssldir = node["csr"]["ssldir"]
-
-def openssl(*args):
-    done = subprocess.run(["openssl"] + list(args), capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-        sys.exit("key-helper: openssl %s: %s" % (args[0], done.stderr))
-    return done.stdout
-
-with tempfile.TemporaryDirectory() as work:
-    key_file = os.path.join(work, "key.pem")
-    csr_file = os.path.join(work, "req.csr")
-    # PKCS#1 ("RSA PRIVATE KEY"), as go-choria writes and reads private.pem.
-    openssl("genrsa", "-traditional", "-out", key_file, "2048")
-    openssl("req", "-new", "-key", key_file, "-subj", "/CN=" + identity, "-out", csr_file)
-    certificate = openssl("x509", "-req", "-in", csr_file, "-CA", os.path.join(ca_dir, "ca.pem"),
-                          "-CAkey", os.path.join(ca_dir, "ca-key.pem"), "-set_serial",
-                          str(int.from_bytes(os.urandom(8), "big")), "-days", "2", "-sha256")
-    key = open(key_file).read()
-ca = open(os.path.join(ca_dir, "ca.pem")).read()
-print("key-helper: made a key and a certificate for %s" % identity, file=sys.stderr)
-json.dump({
-    "defer": False,
-    "msg": "key and certificate from the e2e key helper",
-    "key": key,
-    "certificate": certificate,
-    "ca": ca,
-    "ssldir": ssldir,
-    "configuration": {
-        "identity": identity,
-        "plugin.choria.server.provision": "false",
-        "plugin.choria.middleware_hosts": brokers,
-        "plugin.security.provider": "file",
-        "plugin.security.file.certificate": ssldir + "/certificate.pem",
-        "plugin.security.file.key": ssldir + "/private.pem",
-        "plugin.security.file.ca": ssldir + "/ca.pem",
-    },
-}, sys.stdout)
-"#;
-
 #[test]
 fn pki_with_jwt_transports_the_helpers_private_key() {
     let world = World::new();
     let ca_dir = world.path("ca");
     make_ca(&ca_dir);
-    let helper = python_helper(
-        &world,
-        "key-helper.py",
-        KEY_HELPER,
-        &[&ca_dir.display().to_string(), &world.broker.url()],
-    );
+    let helper = key_helper(&world, &ca_dir);
     let provisioner = Provisioner::start(
         &world,
         ProvisionerSetup {

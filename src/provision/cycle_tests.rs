@@ -21,7 +21,7 @@ use choria_testkit::{certificates, vector_path};
 use choria_wire::identity::Identity;
 
 use crate::config::Config;
-use crate::fleet::{ProvisionCycle, ProvisionOutcome};
+use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
 use crate::metrics::Metrics;
 use crate::provision::Cycle;
 
@@ -440,7 +440,9 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
     let mut failures = Vec::new();
     for c in cases {
         let h = harness(c.mode, c.yaml, &c.answer, &c.overrides);
-        let outcome = h.cycle.provision(&node_identity(), &Gate::new(false));
+        let outcome = h
+            .cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false));
         let calls = h.node.calls();
         if !check(&outcome, &c.want) || calls != c.calls {
             failures.push(format!(
@@ -485,7 +487,9 @@ fn hostile_identities_from_a_csr_or_the_helper_are_counted_as_malformed() {
     ];
     for (name, mode, answer, overrides, kind) in cases {
         let h = harness(mode, "", &answer, &overrides);
-        let outcome = h.cycle.provision(&node_identity(), &Gate::new(false));
+        let outcome = h
+            .cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false));
         assert!(
             matches!(outcome, ProvisionOutcome::Failed(_)),
             "{name}: {outcome:?}"
@@ -554,7 +558,9 @@ fn a_refused_lock_at_any_step_leaves_the_node_to_its_owner_at_once() {
     for (mode, yaml, answer, actions) in runs {
         for (at, action) in actions.iter().enumerate() {
             let h = harness(mode, yaml, &answer, &[(action, Reply::Lock)]);
-            let outcome = h.cycle.provision(&node_identity(), &Gate::new(false));
+            let outcome = h
+                .cycle
+                .provision(&node_identity(), Source::Event, &Gate::new(false));
             assert_eq!(
                 outcome,
                 ProvisionOutcome::OwnedElsewhere,
@@ -591,7 +597,9 @@ fn a_node_silent_from_the_start_is_hinted_once() {
             &[(silent, Reply::Timeout)],
         );
         for _ in 0..3 {
-            let outcome = h.cycle.provision(&node_identity(), &Gate::new(false));
+            let outcome = h
+                .cycle
+                .provision(&node_identity(), Source::Event, &Gate::new(false));
             assert!(
                 matches!(&outcome, ProvisionOutcome::Failed(m) if m.contains("no reply")),
                 "{mode:?} {silent}: {outcome:?}"
@@ -619,7 +627,7 @@ fn a_closed_gate_stops_the_cycle_before_anything_starts() {
     let h = harness(Mode::Plain, "", &configuration_answer(), &[]);
     let gate = Gate::new(true);
     assert_eq!(
-        h.cycle.provision(&node_identity(), &gate),
+        h.cycle.provision(&node_identity(), Source::Event, &gate),
         ProvisionOutcome::Halted
     );
     assert!(h.node.calls().is_empty());
@@ -635,7 +643,8 @@ fn the_helper_sees_the_node_as_go_describes_it() {
     // PKI + JWT: csr and jwt set, ed25519_pubkey null.
     let h = harness(Mode::PkiJwt, "", &configuration_answer(), &[]);
     assert_eq!(
-        h.cycle.provision(&node_identity(), &Gate::new(false)),
+        h.cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     let text = std::fs::read_to_string(&h.stdin_record).expect("helper stdin recorded");
@@ -670,7 +679,8 @@ fn the_helper_sees_the_node_as_go_describes_it() {
     // ed25519: the gen25519 reply goes to the helper.
     let h = harness(Mode::Ed25519, "", &configuration_answer(), &[]);
     assert_eq!(
-        h.cycle.provision(&node_identity(), &Gate::new(false)),
+        h.cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     let input: Value =
@@ -708,7 +718,8 @@ fn requests_carry_what_go_sends() {
         &[],
     );
     assert_eq!(
-        h.cycle.provision(&node_identity(), &Gate::new(false)),
+        h.cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     assert_eq!(h.node.data_of(I), json!({}));
@@ -765,7 +776,8 @@ fn requests_carry_what_go_sends() {
         &[],
     );
     assert_eq!(
-        h.cycle.provision(&node_identity(), &Gate::new(false)),
+        h.cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     assert_eq!(h.node.data_of(CF)["ssldir"], "/helper/ssl");
@@ -782,7 +794,8 @@ fn requests_carry_what_go_sends() {
         &[],
     );
     assert_eq!(
-        h.cycle.provision(&node_identity(), &Gate::new(false)),
+        h.cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: false }
     );
     assert_eq!(
@@ -799,7 +812,8 @@ fn chain_issued_server_jwt_verifies_under_the_org_issuer() {
     );
     let h = harness(Mode::Ed25519, "", &answer, &[]);
     assert_eq!(
-        h.cycle.provision(&node_identity(), &Gate::new(false)),
+        h.cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     let token = h.node.data_of(CF)["server_jwt"]
@@ -837,7 +851,8 @@ fn a_helper_key_reaches_the_node_encrypted_for_it_alone() {
     );
     let h = harness(Mode::PkiJwt, "", &answer, &[]);
     assert_eq!(
-        h.cycle.provision(&node_identity(), &Gate::new(false)),
+        h.cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     let configure = h.node.data_of(CF);
@@ -860,7 +875,9 @@ fn a_helper_key_reaches_the_node_encrypted_for_it_alone() {
     // A fresh pair per run: a second run sends another public key and ciphertext.
     let again = harness(Mode::PkiJwt, "", &answer, &[]);
     assert_eq!(
-        again.cycle.provision(&node_identity(), &Gate::new(false)),
+        again
+            .cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     assert_ne!(
@@ -875,14 +892,18 @@ fn helper_metrics_count_as_go_does() {
     // A helper that cannot be started counts a helper error; defer does not.
     let h = harness(Mode::Plain, "", &json!({"defer": true}), &[]);
     assert!(matches!(
-        h.cycle.provision(&node_identity(), &Gate::new(false)),
+        h.cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false)),
         ProvisionOutcome::Failed(_)
     ));
     assert_eq!(h.metrics.helper_errors.get(), 0);
     assert_eq!(h.metrics.helper_time.get(&[]).1, 1);
 
     let h = harness(Mode::Plain, "", &json!("not an object"), &[]);
-    match h.cycle.provision(&node_identity(), &Gate::new(false)) {
+    match h
+        .cycle
+        .provision(&node_identity(), Source::Event, &Gate::new(false))
+    {
         ProvisionOutcome::Failed(reason) => assert!(
             reason.contains("cannot decode the output of helper"),
             "{reason}"
@@ -893,7 +914,8 @@ fn helper_metrics_count_as_go_does() {
 
     let h = harness(Mode::Plain, "", &json!({"shutdown": true}), &[]);
     assert_eq!(
-        h.cycle.provision(&node_identity(), &Gate::new(false)),
+        h.cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false)),
         ProvisionOutcome::Provisioned { hold: true }
     );
     assert_eq!(h.metrics.helper_shutdown_requests.get(), 1);
@@ -973,7 +995,10 @@ fn a_certificate_for_another_name_or_key_is_refused_before_configure() {
     ];
     for (mode, extra, want) in cases {
         let h = harness(mode, "", &with(configuration_answer(), extra.clone()), &[]);
-        match h.cycle.provision(&node_identity(), &Gate::new(false)) {
+        match h
+            .cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false))
+        {
             ProvisionOutcome::Failed(reason) => {
                 assert!(reason.contains(want), "{extra}: {reason}");
                 assert!(reason.starts_with("rip.mcollective: "), "{reason}");
@@ -985,5 +1010,178 @@ fn a_certificate_for_another_name_or_key_is_refused_before_configure() {
             "{extra}: configure was sent"
         );
         assert_eq!(h.metrics.helper_errors.get(), 0, "not a helper error");
+    }
+}
+
+/// Runs one cycle with an audit file and returns its one line.
+fn audited(h: Harness, found: Source) -> (ProvisionOutcome, Value, Arc<ScriptedNode>) {
+    let path = h._dir.path().join("audit.jsonl");
+    let log = Arc::new(crate::audit::AuditLog::open(&path).expect("audit file"));
+    let node = h.node.clone();
+    let cycle = h.cycle.with_audit(log, "prov1.example.net");
+    let outcome = cycle.provision(&node_identity(), found, &Gate::new(false));
+    let text = std::fs::read_to_string(&path).expect("audit file");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "one line per cycle: {text}");
+    (outcome, serde_json::from_str(lines[0]).expect("JSON"), node)
+}
+
+#[test]
+fn the_audit_line_says_what_was_done_and_what_was_delivered() {
+    use sha2::Digest;
+    let key_pem = vector("tokens/testdata/rsa/signer-key.pem");
+    let certificate = certificates::issue(
+        "CN=rip.mcollective",
+        &[],
+        &certificates::rsa_key_public_key(&key_pem),
+        &[0x01, 0xf0],
+    );
+    let answer = with(
+        configuration_answer(),
+        json!({"key": key_pem, "certificate": certificate, "ca": "CA", "ssldir": "/etc/choria/ssl"}),
+    );
+    let (outcome, line, node) = audited(harness(Mode::PkiJwt, "", &answer, &[]), Source::Event);
+    assert_eq!(outcome, ProvisionOutcome::Provisioned { hold: true });
+    assert_eq!(line["identity"], IDENTITY);
+    assert_eq!(line["instance"]["identity"], "prov1.example.net");
+    assert_eq!(line["instance"]["leader"], Value::Null, "no election");
+    assert_eq!(line["found"], "event");
+    assert_eq!(line["outcome"], "provisioned");
+    assert_eq!(line["reason"], Value::Null);
+    let steps: Vec<(&str, u64, &str)> = line["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["step"].as_str().unwrap(),
+                s["tries"].as_u64().unwrap(),
+                s["result"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (J, 1, "ok"),
+            (I, 1, "ok"),
+            (C, 1, "ok"),
+            ("helper", 1, "exited with code 0"),
+            (CF, 1, "ok"),
+            (R, 1, "ok")
+        ]
+    );
+    let rpc_steps: Vec<String> = steps
+        .iter()
+        .filter(|s| s.0 != "helper")
+        .map(|s| s.0.to_string())
+        .collect();
+    assert_eq!(rpc_steps, node.calls(), "one step per RPC the node saw");
+    assert_eq!(line["helper"]["exit_code"], 0);
+    let der = pem::parse(&certificate).unwrap();
+    assert_eq!(
+        line["issued"]["certificate"]["sha256"],
+        hex::encode(sha2::Sha256::digest(der.contents()))
+    );
+    assert_eq!(line["issued"]["certificate"]["serial"], "01f0");
+    assert_eq!(line["issued"]["key_transported"], true);
+    assert_eq!(line["issued"]["server_jwt"], Value::Null);
+    // Never a key, a certificate or the token in the line.
+    let text = line.to_string();
+    for secret in ["PRIVATE KEY", "BEGIN", "s3cret"] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+
+    // ed25519: the server JWT's id and expiry, as the node received them.
+    let (_, line, node) = audited(
+        harness(Mode::Ed25519, "", &configuration_answer(), &[]),
+        Source::Discovery,
+    );
+    assert_eq!(line["found"], "discovery");
+    let token = node.data_of(CF)["server_jwt"].as_str().unwrap().to_string();
+    let claims = choria_fleet_sim::node::claims_unverified(&token).expect("claims");
+    assert_eq!(line["issued"]["server_jwt"]["jti"], claims["jti"]);
+    assert_eq!(line["issued"]["server_jwt"]["expires_unix"], claims["exp"]);
+    assert!(!line.to_string().contains(&token), "the token itself");
+}
+
+#[test]
+fn the_audit_line_names_every_other_outcome() {
+    // (mode, helper answer, scripted overrides, outcome, reason substring, last step)
+    type Case = (
+        Mode,
+        Value,
+        Vec<(&'static str, Reply)>,
+        &'static str,
+        &'static str,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            Mode::Plain,
+            json!({"defer": true, "msg": "not yet"}),
+            vec![],
+            "deferred",
+            "the helper deferred provisioning: not yet",
+            "helper",
+        ),
+        (
+            Mode::Plain,
+            json!({"shutdown": true, "msg": "gone"}),
+            vec![],
+            "shut_down",
+            "",
+            S,
+        ),
+        (
+            Mode::Plain,
+            configuration_answer(),
+            vec![(CF, Reply::Lock)],
+            "owned_elsewhere",
+            "another provisioner holds the node's provisioning lock",
+            CF,
+        ),
+        (
+            Mode::Plain,
+            configuration_answer(),
+            vec![(I, Reply::Timeout)],
+            "failed",
+            "rpcutil#inventory failed: no reply after 5 tries",
+            I,
+        ),
+        (
+            Mode::Plain,
+            json!("not an object"),
+            vec![],
+            "failed",
+            "cannot decode the output of helper",
+            "helper",
+        ),
+        (
+            Mode::Plain,
+            with(configuration_answer(), json!({"upgrade": "0.30.1"})),
+            vec![],
+            "upgraded",
+            "",
+            U,
+        ),
+    ];
+    for (mode, answer, overrides, outcome, reason, last) in cases {
+        let yaml = if outcome == "upgraded" {
+            "features:\n  upgrades: true\n"
+        } else {
+            ""
+        };
+        let (_, line, _) = audited(harness(mode, yaml, &answer, &overrides), Source::Event);
+        assert_eq!(line["outcome"], outcome, "{line}");
+        let got = line["reason"].as_str().unwrap_or("");
+        assert!(got.contains(reason), "{outcome}: {got}");
+        let steps = line["steps"].as_array().unwrap();
+        assert_eq!(steps.last().unwrap()["step"], last, "{outcome}: {line}");
+        if outcome == "upgraded" {
+            assert_eq!(line["issued"]["upgrade"], "0.30.1");
+        } else {
+            assert_eq!(line["issued"]["upgrade"], Value::Null);
+        }
     }
 }

@@ -216,6 +216,11 @@ impl IssuedServerJwt {
     pub fn id(&self) -> &str {
         self.claims.get("jti").and_then(Value::as_str).unwrap_or("")
     }
+
+    /// The `exp` claim, Unix seconds.
+    pub fn expires_unix(&self) -> Option<i64> {
+        self.claims.get("exp").and_then(Value::as_i64)
+    }
 }
 
 impl fmt::Debug for IssuedServerJwt {

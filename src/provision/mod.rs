@@ -27,11 +27,15 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::{json, Value};
 
+use crate::audit::{
+    AuditLine, AuditLog, CertificateRecord, Decided, HelperRecord, Instance, ServerJwtRecord, Trail,
+};
 use crate::config::Config;
-use crate::fleet::{ProvisionCycle, ProvisionOutcome};
+use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
 use crate::metrics::Metrics;
 use choria_broker::gate::Gate;
 use choria_broker::rpc::{max_tries, NodeRpc, RpcOutcome};
@@ -97,6 +101,7 @@ pub struct Cycle {
     protocol: &'static str,
     /// Nodes already given the silent-node hint (bounded: see [`SILENT_HINTS_KEPT`]).
     silent_hinted: parking_lot::Mutex<std::collections::HashSet<String>>,
+    audit: Option<CycleAudit>,
 }
 
 /// How many nodes' silent-node hints are remembered; past that, no more hints are given
@@ -122,6 +127,12 @@ pub fn silent_node_hint(protocol: &str, identity: &str, action: &str, tries: u32
         "{identity}: sighted, but answered none of the {tries} tries of {action}: if it is up, \
          check its protocol: {advice}"
     )
+}
+
+/// Where the cycle writes its audit lines, and the instance it names in them.
+struct CycleAudit {
+    log: Arc<AuditLog>,
+    instance: String,
 }
 
 /// What the cycle and `helper-test` both need from the configuration to ask the helper and
@@ -221,6 +232,7 @@ impl Cycle {
             rules,
             protocol: "v1",
             silent_hinted: parking_lot::Mutex::new(std::collections::HashSet::new()),
+            audit: None,
         })
     }
 
@@ -268,9 +280,20 @@ impl Cycle {
         );
     }
 
+    /// Appends one line per finished cycle to `log`, naming this instance `instance` (the
+    /// identity its requests carry).
+    pub fn with_audit(mut self, log: Arc<AuditLog>, instance: &str) -> Cycle {
+        self.audit = Some(CycleAudit {
+            log,
+            instance: instance.to_string(),
+        });
+        self
+    }
+
     /// One directed RPC, mapped to the cycle's terms.
     fn call(
         &self,
+        trail: &mut Trail,
         gate: &Gate,
         identity: &Identity,
         agent: &str,
@@ -278,7 +301,15 @@ impl Cycle {
         data: Value,
     ) -> Step<Value> {
         log::debug!("{identity}: calling {agent}#{action}");
-        match self.rpc.call(identity, agent, action, data, gate) {
+        let started = Instant::now();
+        let (outcome, tries) = self.rpc.call_counted(identity, agent, action, data, gate);
+        trail.step(
+            &format!("{agent}#{action}"),
+            started.elapsed(),
+            tries,
+            rpc_result(&outcome),
+        );
+        match outcome {
             RpcOutcome::Ok(data) => Ok(data),
             RpcOutcome::LockRefused => Err(ProvisionOutcome::OwnedElsewhere),
             RpcOutcome::Halted(_) => Err(ProvisionOutcome::Halted),
@@ -304,29 +335,30 @@ impl Cycle {
 
     fn provision_call(
         &self,
+        trail: &mut Trail,
         gate: &Gate,
         identity: &Identity,
         action: &str,
         data: Value,
     ) -> Step<Value> {
-        self.call(gate, identity, "choria_provision", action, data)
+        self.call(trail, gate, identity, "choria_provision", action, data)
     }
 
-    fn run(&self, identity: &Identity, gate: &Gate) -> Step<ProvisionOutcome> {
+    fn run(&self, trail: &mut Trail, identity: &Identity, gate: &Gate) -> Step<ProvisionOutcome> {
         let config = &self.config;
         let mut node = NodeFacts::new(identity.clone());
         if config.features.jwt {
-            self.fetch_jwt(gate, &mut node)?;
+            self.fetch_jwt(trail, gate, &mut node)?;
         }
         if config.features.ed25519 {
-            self.fetch_ed25519(gate, &mut node)?;
+            self.fetch_ed25519(trail, gate, &mut node)?;
         }
-        self.fetch_inventory(gate, &mut node)?;
+        self.fetch_inventory(trail, gate, &mut node)?;
         if config.features.pki {
-            self.fetch_csr(gate, &mut node)?;
+            self.fetch_csr(trail, gate, &mut node)?;
         }
 
-        let answer = self.ask_helper(gate, &node)?;
+        let answer = self.ask_helper(trail, gate, &node)?;
         let decision =
             decide(config, &self.rules.deny_list, &node, &answer, now_unix()).map_err(|err| {
                 if matches!(err, AnswerError::ClaimedIdentityInvalid { .. }) {
@@ -339,17 +371,29 @@ impl Cycle {
             })?;
         match decision {
             // Go: "configuration defered: <msg>".
-            Decision::Defer { message } => Err(failed(
-                identity,
-                format!("the helper deferred provisioning: {}", escape(&message)),
-            )),
-            Decision::Shutdown { reason } => self.shut_down(gate, &node, &reason),
-            Decision::Configure(plan) => self.carry_out(gate, &node, *plan),
+            Decision::Defer { message } => {
+                trail.decided = Decided::Deferred;
+                Err(failed(
+                    identity,
+                    format!("the helper deferred provisioning: {}", escape(&message)),
+                ))
+            }
+            Decision::Shutdown { reason } => {
+                trail.decided = Decided::ShutDown;
+                self.shut_down(trail, gate, &node, &reason)
+            }
+            Decision::Configure(plan) => self.carry_out(trail, gate, &node, *plan),
         }
     }
 
     /// Upgrade if the plan says so (which ends the cycle), else configure and restart.
-    fn carry_out(&self, gate: &Gate, node: &NodeFacts, plan: Plan) -> Step<ProvisionOutcome> {
+    fn carry_out(
+        &self,
+        trail: &mut Trail,
+        gate: &Gate,
+        node: &NodeFacts,
+        plan: Plan,
+    ) -> Step<ProvisionOutcome> {
         let identity = &node.identity;
         match &plan.upgrade {
             Upgrade::Move {
@@ -362,10 +406,13 @@ impl Cycle {
                     escape(from),
                     escape(to)
                 );
-                match self.upgrade(gate, node, to, direction) {
+                match self.upgrade(trail, gate, node, to, direction) {
                     // No hold: the node restarts on the new version and is provisioned again
                     // on its next sighting (Go: "no delay so we reprov asap").
-                    Ok(()) => return Ok(ProvisionOutcome::Provisioned { hold: false }),
+                    Ok(()) => {
+                        trail.issued.upgrade = Some(to.clone());
+                        return Ok(ProvisionOutcome::Provisioned { hold: false });
+                    }
                     Err(ProvisionOutcome::Failed(reason)) if self.config.upgrades_optional => {
                         log::warn!(
                             "{identity}: could not upgrade to {}, continuing as upgrades_optional is set: {reason}",
@@ -382,7 +429,18 @@ impl Cycle {
             Upgrade::NotAsked | Upgrade::FeatureOff { .. } | Upgrade::AlreadyThere { .. } => {}
         }
         let data = plan.configure.map_err(|err| failed(identity, err))?;
-        let reply = self.provision_call(gate, identity, "configure", data)?;
+        let reply = self.provision_call(trail, gate, identity, "configure", data)?;
+        // Delivered: what the node now holds goes on its audit line.
+        trail.issued.certificate = plan.certificate.as_ref().map(|c| CertificateRecord {
+            serial: c.serial_hex.clone(),
+            sha256: c.sha256_hex.clone(),
+        });
+        trail.issued.server_jwt = plan.server_jwt.as_ref().map(|jwt| ServerJwtRecord {
+            jti: jwt.id().to_string(),
+            expires: jwt.expires_unix().map(choria_wire::lifecycle::rfc3339_utc),
+            expires_unix: jwt.expires_unix(),
+        });
+        trail.issued.key_transported = plan.key_transported;
         log::info!(
             "{identity}: configure response: {}",
             escape(&reply_string(&reply, "message", "configure").unwrap_or_default())
@@ -392,6 +450,7 @@ impl Cycle {
         // the next leader would configure it a second time. The node's lock is still ours.
         let finishing = Gate::new(false);
         let restarted = self.provision_call(
+            trail,
             &finishing,
             identity,
             "restart",
@@ -404,10 +463,15 @@ impl Cycle {
         Ok(ProvisionOutcome::Provisioned { hold: true })
     }
 
-    fn fetch_jwt(&self, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
+    fn fetch_jwt(&self, trail: &mut Trail, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
         let identity = node.identity.clone();
-        let reply =
-            self.provision_call(gate, &identity, "jwt", json!({"token": self.config.token}))?;
+        let reply = self.provision_call(
+            trail,
+            gate,
+            &identity,
+            "jwt",
+            json!({"token": self.config.token}),
+        )?;
         let raw = reply_string(&reply, "jwt", "choria_provision#jwt")
             .map_err(|e| failed(&identity, e))?;
         node.server_ecdh_public = reply_string(&reply, "ecdh_public", "choria_provision#jwt")
@@ -418,10 +482,11 @@ impl Cycle {
         Ok(())
     }
 
-    fn fetch_ed25519(&self, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
+    fn fetch_ed25519(&self, trail: &mut Trail, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
         let identity = node.identity.clone();
         let nonce = new_nonce();
         let reply = self.provision_call(
+            trail,
             gate,
             &identity,
             "gen25519",
@@ -446,15 +511,16 @@ impl Cycle {
         Ok(())
     }
 
-    fn fetch_inventory(&self, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
+    fn fetch_inventory(&self, trail: &mut Trail, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
         let identity = node.identity.clone();
-        let reply = self.call(gate, &identity, "rpcutil", "inventory", json!({}))?;
+        let reply = self.call(trail, gate, &identity, "rpcutil", "inventory", json!({}))?;
         take_inventory(node, &reply).map_err(|e| failed(&identity, e))
     }
 
-    fn fetch_csr(&self, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
+    fn fetch_csr(&self, trail: &mut Trail, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
         let identity = node.identity.clone();
         let reply = self.provision_call(
+            trail,
             gate,
             &identity,
             "gencsr",
@@ -481,7 +547,7 @@ impl Cycle {
         Ok(())
     }
 
-    fn ask_helper(&self, gate: &Gate, node: &NodeFacts) -> Step<HelperOutput> {
+    fn ask_helper(&self, trail: &mut Trail, gate: &Gate, node: &NodeFacts) -> Step<HelperOutput> {
         // The helper never starts while paused or stopping (as Go's runHelper refuses when
         // paused).
         if gate.check().is_err() {
@@ -491,13 +557,26 @@ impl Cycle {
         self.metrics
             .helper_time
             .observe(&[], exchange.duration.as_secs_f64());
+        let ended = exchange.exit_text();
+        trail.step("helper", exchange.duration, 1, ended.clone());
+        trail.helper = Some(HelperRecord {
+            exit: ended,
+            exit_code: exchange.exit_code(),
+            duration_ms: u64::try_from(exchange.duration.as_millis()).unwrap_or(u64::MAX),
+        });
         exchange.answer.map_err(|err| {
             self.metrics.helper_errors.inc();
             ProvisionOutcome::Failed(err.to_string())
         })
     }
 
-    fn shut_down(&self, gate: &Gate, node: &NodeFacts, reason: &str) -> Step<ProvisionOutcome> {
+    fn shut_down(
+        &self,
+        trail: &mut Trail,
+        gate: &Gate,
+        node: &NodeFacts,
+        reason: &str,
+    ) -> Step<ProvisionOutcome> {
         let identity = &node.identity;
         if reason.is_empty() {
             log::warn!("{identity}: shutting the node down as the helper asked, no reason given");
@@ -507,13 +586,21 @@ impl Cycle {
                 escape(reason)
             );
         }
-        match self.rpc.call(
+        let started = Instant::now();
+        let (outcome, tries) = self.rpc.call_counted(
             identity,
             "choria_provision",
             "shutdown",
             json!({"token": self.config.token}),
             gate,
-        ) {
+        );
+        trail.step(
+            "choria_provision#shutdown",
+            started.elapsed(),
+            tries,
+            rpc_result(&outcome),
+        );
+        match outcome {
             RpcOutcome::Ok(reply) => {
                 self.metrics.helper_shutdown_requests.inc();
                 log::info!(
@@ -544,11 +631,19 @@ impl Cycle {
     }
 
     /// `release_update` to `target` (Go `handleHostUpgrade`).
-    fn upgrade(&self, gate: &Gate, node: &NodeFacts, target: &str, direction: &str) -> Step<()> {
+    fn upgrade(
+        &self,
+        trail: &mut Trail,
+        gate: &Gate,
+        node: &NodeFacts,
+        target: &str,
+        direction: &str,
+    ) -> Step<()> {
         let identity = &node.identity;
         let config = &self.config;
         let reply = self
             .provision_call(
+                trail,
                 gate,
                 identity,
                 "release_update",
@@ -683,14 +778,42 @@ pub fn configure_request(fields: ConfigureFields) -> Value {
 }
 
 impl ProvisionCycle for Cycle {
-    fn provision(&self, identity: &Identity, gate: &Gate) -> ProvisionOutcome {
-        let outcome = match self.run(identity, gate) {
+    fn provision(&self, identity: &Identity, found: Source, gate: &Gate) -> ProvisionOutcome {
+        // With an election, a cycle runs only while this instance leads (the gate is open).
+        let leader = self.config.leader_election.then(|| !gate.is_paused());
+        let mut trail = Trail::new();
+        let outcome = match self.run(&mut trail, identity, gate) {
             Ok(outcome) | Err(outcome) => outcome,
         };
         if let ProvisionOutcome::Provisioned { .. } = outcome {
             self.metrics.provisioned.inc();
         }
+        if let Some(audit) = &self.audit {
+            let instance = Instance {
+                identity: audit.instance.clone(),
+                leader,
+            };
+            let line = AuditLine::new(identity.as_str(), instance, found, &outcome, trail);
+            if let Err(err) = audit.log.append(&line) {
+                self.metrics.audit_errors.inc();
+                log::error!(
+                    "{identity}: could not append to the audit file {}: {err}",
+                    audit.log.path().display()
+                );
+            }
+        }
         outcome
+    }
+}
+
+/// How an RPC ended, in a word or two, for the audit trail.
+fn rpc_result(outcome: &RpcOutcome) -> String {
+    match outcome {
+        RpcOutcome::Ok(_) => "ok".to_string(),
+        RpcOutcome::Status { code, .. } => format!("status {code}"),
+        RpcOutcome::Timeout => "timeout".to_string(),
+        RpcOutcome::LockRefused => "lock refused".to_string(),
+        RpcOutcome::Halted(_) => "halted".to_string(),
     }
 }
 

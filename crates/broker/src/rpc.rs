@@ -48,6 +48,20 @@ pub trait NodeRpc: Send + Sync {
         data: serde_json::Value,
         gate: &Gate,
     ) -> RpcOutcome;
+
+    /// As [`NodeRpc::call`], with the number of tries made (0 when the gate was closed before
+    /// the first), which the audit trail records. The default suits an implementation that
+    /// tries once.
+    fn call_counted(
+        &self,
+        identity: &Identity,
+        agent: &str,
+        action: &str,
+        data: serde_json::Value,
+        gate: &Gate,
+    ) -> (RpcOutcome, u32) {
+        (self.call(identity, agent, action, data, gate), 1)
+    }
 }
 
 /// Tries per action, as the Go provisioner's `host/rpc.go`.
@@ -249,6 +263,17 @@ impl NodeRpc for RpcClient {
         data: serde_json::Value,
         gate: &Gate,
     ) -> RpcOutcome {
+        self.call_counted(identity, agent, action, data, gate).0
+    }
+
+    fn call_counted(
+        &self,
+        identity: &Identity,
+        agent: &str,
+        action: &str,
+        data: serde_json::Value,
+        gate: &Gate,
+    ) -> (RpcOutcome, u32) {
         let label = format!("{agent}#{action}");
         let tries = max_tries(agent, action).max(1);
         let body = client::rpc_request_body(agent, action, &data);
@@ -260,25 +285,25 @@ impl NodeRpc for RpcClient {
             if attempt > 0 {
                 let pause = backoff::five_sec(attempt as usize - 1, &mut rand::thread_rng());
                 if let Err(halt) = gate.sleep(pause) {
-                    return RpcOutcome::Halted(halt);
+                    return (RpcOutcome::Halted(halt), attempt);
                 }
             }
             let watch = match gate.watch() {
                 Ok(watch) => watch,
-                Err(halt) => return RpcOutcome::Halted(halt),
+                Err(halt) => return (RpcOutcome::Halted(halt), attempt),
             };
             let started = Instant::now();
             let result = self.one_try(identity, agent, &label, &body, &filter, &watch);
             self.observer
                 .rpc_time(&label, started.elapsed().as_secs_f64());
             outcome = match result {
-                TryOutcome::Ok(data) => return RpcOutcome::Ok(data),
+                TryOutcome::Ok(data) => return (RpcOutcome::Ok(data), attempt + 1),
                 // Deliberate change from Go, which counts this as an RPC error and retries:
                 // the lock means another provisioner owns the node, so the cycle ends at once
                 // as "owned elsewhere" and several provisioners can share a fleet (see
                 // ARCHITECTURE.md, deliberate differences).
-                TryOutcome::LockRefused => return RpcOutcome::LockRefused,
-                TryOutcome::Halted(halt) => return RpcOutcome::Halted(halt),
+                TryOutcome::LockRefused => return (RpcOutcome::LockRefused, attempt + 1),
+                TryOutcome::Halted(halt) => return (RpcOutcome::Halted(halt), attempt + 1),
                 TryOutcome::Status { code, message } => {
                     log::warn!(
                         "{label} on {identity} try {}/{tries}: status {code}: {}",
@@ -305,7 +330,7 @@ impl NodeRpc for RpcClient {
             };
             self.observer.rpc_error(&label);
         }
-        outcome
+        (outcome, tries)
     }
 }
 

@@ -544,7 +544,7 @@ fn a_missed_try_is_retried_and_every_request_is_well_formed() {
         let node = start_node(&server.url(), &identity, silent_for(&identity, silent));
         let label = format!("{agent}#{action}");
 
-        let outcome = rpc.call(
+        let (outcome, tries) = rpc.call_counted(
             &id(&identity),
             agent,
             action,
@@ -559,6 +559,7 @@ fn a_missed_try_is_retried_and_every_request_is_well_formed() {
             RpcOutcome::Ok(json!({"answered": identity, "try": requests - 1})),
             "{node_name}"
         );
+        assert_eq!(tries as usize, requests, "{node_name}: tries counted");
         assert_eq!(seen.len(), requests, "{node_name}: requests the node saw");
         assert_eq!(
             metrics.get(&format!("rpc_error:{label}")),

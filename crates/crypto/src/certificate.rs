@@ -91,7 +91,8 @@ pub struct CertificateFacts {
     pub dns_names: Vec<String>,
     pub not_before_unix: i64,
     pub not_after_unix: i64,
-    /// The serial number, lowercase hex without separators or leading zeros.
+    /// The serial number: lowercase hex of its minimal big-endian bytes, as openssl prints it
+    /// (`0a1b2c`, no sign byte, no separators).
     pub serial_hex: String,
     /// SHA-256 over the certificate's DER, lowercase hex (what `openssl x509 -fingerprint
     /// -sha256` prints, without the colons).
@@ -147,7 +148,7 @@ pub fn parse_certificate(pem_text: &str) -> Result<CertificateFacts, Certificate
         dns_names,
         not_before_unix: validity.not_before.timestamp(),
         not_after_unix: validity.not_after.timestamp(),
-        serial_hex: cert.serial.to_str_radix(16),
+        serial_hex: hex::encode(cert.serial.to_bytes_be()),
         sha256_hex: hex::encode(Sha256::digest(der)),
         public_key_der: cert.public_key().raw.to_vec(),
     })
@@ -268,8 +269,8 @@ mod tests {
         assert_eq!(facts.subject, "O=Choria, CN=n1.example.net");
         assert_eq!(facts.sans, ["DNS:n1.example.net", "DNS:alias.example.net"]);
         assert_eq!(
-            facts.serial_hex, "a1b2c",
-            "no leading zeros, as openssl prints it"
+            facts.serial_hex, "0a1b2c",
+            "whole bytes without a sign byte, as openssl prints it"
         );
         assert_eq!(facts.sha256_hex.len(), 64);
         let der = pem::parse(&pem_text).expect("pem");

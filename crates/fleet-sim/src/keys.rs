@@ -127,6 +127,29 @@ pub fn parse_rsa_private(pem_text: &str) -> Result<RsaPrivateKey, KeyError> {
         .map_err(|e| KeyError::NotRsa(e.to_string()))
 }
 
+/// The first certificate of a PEM text as an auditor names it: (SHA-256 of its DER as
+/// lowercase hex, its serial as lowercase hex of the minimal big-endian bytes, as openssl
+/// prints it).
+pub fn certificate_fingerprint(pem_text: &str) -> Result<(String, String), KeyError> {
+    use sha2::Digest;
+    use x509_cert::der::DecodePem;
+    use x509_cert::der::Encode;
+    let cert = x509_cert::Certificate::from_pem(pem_text.trim_start().as_bytes())
+        .map_err(|e| KeyError::NotRsa(format!("certificate does not parse: {e}")))?;
+    let der = cert
+        .to_der()
+        .map_err(|e| KeyError::NotRsa(format!("certificate does not encode: {e}")))?;
+    let serial = cert.tbs_certificate.serial_number.as_bytes();
+    let first = serial
+        .iter()
+        .position(|&b| b != 0)
+        .unwrap_or(serial.len().saturating_sub(1));
+    Ok((
+        hex::encode(sha2::Sha256::digest(&der)),
+        hex::encode(&serial[first..]),
+    ))
+}
+
 /// The RSA public key of the first certificate in a PEM text (what a transported key must pair
 /// with: the node installs both side by side).
 pub fn certificate_rsa_public(pem_text: &str) -> Result<RsaPublicKey, KeyError> {

@@ -70,6 +70,25 @@ pub struct CheckRecord {
     pub detail: String,
 }
 
+/// What one successful `configure` delivered, as the node read it (for checking a
+/// provisioner's audit trail against what the fleet received).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Delivery {
+    pub at: i64,
+    /// `<senderid>.<callerid>` of the provisioner.
+    pub caller: String,
+    /// SHA-256 of the certificate's DER (lowercase hex), when one came and parses.
+    pub certificate_sha256: Option<String>,
+    /// Its serial (lowercase hex of the minimal bytes, as openssl prints it).
+    pub certificate_serial: Option<String>,
+    /// The server JWT's `jti`, when one came.
+    pub server_jwt_id: Option<String>,
+    /// Its `exp`.
+    pub server_jwt_expires: Option<i64>,
+    /// An (encrypted) private key came.
+    pub key: bool,
+}
+
 /// Violations kept per node in full; more are only counted.
 pub const VIOLATIONS_KEPT: usize = 50;
 
@@ -96,6 +115,12 @@ pub struct NodeRecord {
     pub duplicate: Option<String>,
     /// What decided the state after the last restart (see `decide_mode`).
     pub last_boot_decision: Option<String>,
+    /// What each successful `configure` delivered.
+    #[serde(default)]
+    pub deliveries: Vec<Delivery>,
+    /// The versions successful `release_update` calls asked for.
+    #[serde(default)]
+    pub upgrades_requested: Vec<String>,
 }
 
 /// Settings every node shares.
@@ -226,6 +251,36 @@ pub fn claims_unverified(token: &str) -> Result<Map<String, Value>, String> {
         .decode(middle.trim_end_matches('='))
         .map_err(|e| format!("claims are not base64url: {e}"))?;
     serde_json::from_slice(&bytes).map_err(|e| format!("claims are not a JSON object: {e}"))
+}
+
+/// What a `configure` request carried, read as the node reads it.
+fn delivery(input: &ConfigureInput, call: &ActionCall, now_unix: i64) -> Delivery {
+    let certificate = if input.certificate.is_empty() {
+        None
+    } else {
+        keys::certificate_fingerprint(&input.certificate).ok()
+    };
+    let claims = if input.server_jwt.is_empty() {
+        None
+    } else {
+        claims_unverified(&input.server_jwt).ok()
+    };
+    Delivery {
+        at: now_unix,
+        caller: format!("{}.{}", call.sender_id, call.caller_id),
+        certificate_sha256: certificate.as_ref().map(|(sha, _)| sha.clone()),
+        certificate_serial: certificate.map(|(_, serial)| serial),
+        server_jwt_id: claims
+            .as_ref()
+            .and_then(|c| c.get("jti"))
+            .and_then(Value::as_str)
+            .map(String::from),
+        server_jwt_expires: claims
+            .as_ref()
+            .and_then(|c| c.get("exp"))
+            .and_then(Value::as_i64),
+        key: !input.key.is_empty(),
+    }
 }
 
 fn error(action: &str, code: u8, message: impl Into<String>) -> Outcome {
@@ -694,6 +749,9 @@ impl Node {
             self.record.server_jwt_checks.push(check);
             self.server_jwt = Some(input.server_jwt.clone());
         }
+        self.record
+            .deliveries
+            .push(delivery(&input, call, now_unix));
         let lines = settings.len() + 1;
         self.written_config = settings;
         self.note_configured(call);
@@ -831,6 +889,7 @@ impl Node {
             ));
         }
         let _ = &input.repository;
+        self.record.upgrades_requested.push(input.version.clone());
         let mut outcome = ok(a, json!({"message": "Restarting Choria Server after 2s"}));
         outcome.events.push(Event::Upgraded {
             version: self.version.clone(),
@@ -1092,6 +1151,59 @@ mod tests {
             )
         );
         assert!(o.schedule.is_none());
+    }
+
+    #[test]
+    fn each_configure_records_what_it_delivered() {
+        use base64::Engine;
+        let e = env("", json!({"chpd": true, "update": true}));
+        let t = Instant::now();
+        let mut n = node(None);
+        let key_der = rsa::pkcs8::EncodePublicKey::to_public_key_der(&rsa::RsaPublicKey::from(
+            &keys::generate_rsa().expect("key"),
+        ))
+        .expect("spki");
+        let certificate = choria_testkit::certificates::issue(
+            "CN=node1.example.net",
+            &[],
+            key_der.as_bytes(),
+            &[0x00, 0x9a, 0x01],
+        );
+        let b64 = |v: &Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string().as_bytes())
+        };
+        let token = format!(
+            "{}.{}.sig",
+            b64(&json!({"alg": "EdDSA"})),
+            b64(&json!({"jti": "3Mabc", "exp": 1900000000, "identity": "node1.example.net"}))
+        );
+        let conf = json!({
+            "config": "{\"identity\":\"node1.example.net\"}",
+            "certificate": certificate,
+            "server_jwt": token,
+        });
+        n.provision_action(&e, &call("configure", &conf, "p"), t, 7);
+        let upgrade = json!({"version": "0.30.0"});
+        n.provision_action(&e, &call("release_update", &upgrade, "p"), t, 8);
+        let delivered = &n.record.deliveries;
+        assert_eq!(delivered.len(), 1, "{delivered:?}");
+        let d = &delivered[0];
+        assert_eq!(d.at, 7);
+        assert_eq!(d.certificate_serial.as_deref(), Some("9a01"));
+        let der = pem::parse(&certificate).expect("pem");
+        use sha2::Digest;
+        assert_eq!(
+            d.certificate_sha256.as_deref(),
+            Some(hex::encode(sha2::Sha256::digest(der.contents())).as_str())
+        );
+        assert_eq!(d.server_jwt_id.as_deref(), Some("3Mabc"));
+        assert_eq!(d.server_jwt_expires, Some(1900000000));
+        assert!(!d.key);
+        assert_eq!(n.record.upgrades_requested, ["0.30.0"]);
+        // A refused configure delivers nothing.
+        let mut m = node(None);
+        m.provision_action(&e, &call("configure", &json!({"config": ""}), "p"), t, 9);
+        assert!(m.record.deliveries.is_empty());
     }
 
     #[test]

@@ -950,8 +950,9 @@ pub fn yaml_helper(command: &str) -> String {
 
 /// The e2e tests' own helper: configures every node out of provisioning mode, except where
 /// its rules file (argument 1, JSON) says otherwise:
-/// `{"defer": [identity..], "shutdown": [identity..], "upgrade": {identity: version},
-///   "brokers": "nats://..", "record_dir": DIR}`. With `record_dir` it writes each input it
+/// `{"defer": [identity..], "shutdown": [identity..], "fail": [identity..],
+///   "upgrade": {identity: version}, "brokers": "nats://..", "record_dir": DIR}` (`fail`:
+/// exit 1 without an answer). With `record_dir` it writes each input it
 /// was given to `DIR/<identity>.<n>.json`, so tests can check what the provisioner passed.
 pub const RULES_HELPER: &str = r#"#!/usr/bin/env python3
 import json, os, sys, time
@@ -966,6 +967,8 @@ if rules.get("record_dir"):
     with open(os.path.join(rules["record_dir"], name), "w") as f:
         json.dump(node, f)
 
+if identity in rules.get("fail", []):
+    sys.exit("e2e rules fail " + identity)
 if identity in rules.get("defer", []):
     reply = {"defer": True, "msg": "e2e rules defer " + identity}
 elif identity in rules.get("shutdown", []):
@@ -986,6 +989,65 @@ else:
 print("e2e-helper: %s runs %s" % (identity, inventory.get("version")), file=sys.stderr)
 json.dump(reply, sys.stdout)
 "#;
+
+/// Signs a certificate with the test CA for a private key it generates itself, and returns
+/// that key with the certificate: the provisioner must carry it to the node encrypted.
+pub const KEY_HELPER: &str = r#"#!/usr/bin/env python3
+import json, os, subprocess, sys, tempfile
+
+ca_dir, brokers = sys.argv[1], sys.argv[2]
+node = json.load(sys.stdin)
+identity = node["identity"]
+if not node.get("jwt"):
+    sys.exit("key-helper: no verified provisioning JWT claims for %s" % identity)
+ssldir = node["csr"]["ssldir"]
+
+def openssl(*args):
+    done = subprocess.run(["openssl"] + list(args), capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        sys.exit("key-helper: openssl %s: %s" % (args[0], done.stderr))
+    return done.stdout
+
+with tempfile.TemporaryDirectory() as work:
+    key_file = os.path.join(work, "key.pem")
+    csr_file = os.path.join(work, "req.csr")
+    # PKCS#1 ("RSA PRIVATE KEY"), as go-choria writes and reads private.pem.
+    openssl("genrsa", "-traditional", "-out", key_file, "2048")
+    openssl("req", "-new", "-key", key_file, "-subj", "/CN=" + identity, "-out", csr_file)
+    certificate = openssl("x509", "-req", "-in", csr_file, "-CA", os.path.join(ca_dir, "ca.pem"),
+                          "-CAkey", os.path.join(ca_dir, "ca-key.pem"), "-set_serial",
+                          str(int.from_bytes(os.urandom(8), "big")), "-days", "2", "-sha256")
+    key = open(key_file).read()
+ca = open(os.path.join(ca_dir, "ca.pem")).read()
+print("key-helper: made a key and a certificate for %s" % identity, file=sys.stderr)
+json.dump({
+    "defer": False,
+    "msg": "key and certificate from the e2e key helper",
+    "key": key,
+    "certificate": certificate,
+    "ca": ca,
+    "ssldir": ssldir,
+    "configuration": {
+        "identity": identity,
+        "plugin.choria.server.provision": "false",
+        "plugin.choria.middleware_hosts": brokers,
+        "plugin.security.provider": "file",
+        "plugin.security.file.certificate": ssldir + "/certificate.pem",
+        "plugin.security.file.key": ssldir + "/private.pem",
+        "plugin.security.file.ca": ssldir + "/ca.pem",
+    },
+}, sys.stdout)
+"#;
+
+/// Writes [`KEY_HELPER`] into the world for the CA in `ca_dir`; returns the `helper:` command.
+pub fn key_helper(world: &World, ca_dir: &Path) -> String {
+    python_helper(
+        world,
+        "key-helper.py",
+        KEY_HELPER,
+        &[&ca_dir.display().to_string(), &world.broker.url()],
+    )
+}
 
 /// Writes the rules helper and its rules into the world; returns the `helper:` command.
 pub fn rules_helper(world: &World, rules: &serde_json::Value) -> String {

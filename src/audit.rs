@@ -1,0 +1,459 @@
+//! The audit trail (`audit_file`): one JSON line per finished provisioning cycle, saying what
+//! this instance did to which node and what it issued, so an operator can answer "who gave
+//! this node that certificate, and when" without the logs.
+//!
+//! Two ideas to read it. A [`Trail`] is filled as the cycle goes (each RPC step with its
+//! duration and tries, the helper run, what was delivered) and becomes one [`AuditLine`] when
+//! the cycle ends. [`AuditLog`] appends each line with a single `write(2)` on an `O_APPEND`
+//! descriptor, and before each write compares the path's inode with the open file's: when
+//! logrotate has renamed the file away, the next line goes to a fresh file at the path, and no
+//! line is lost (a line written just before the rename is in the renamed file, whole).
+//!
+//! Never in a line: a secret, a private key, a full JWT (only the server JWT's `jti` and
+//! expiry), the helper's output (only how it ended).
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::fleet::{ProvisionOutcome, Source};
+use choria_wire::lifecycle::rfc3339_utc;
+
+/// The mode of an audit file the daemon creates (group-readable for shippers, never world).
+pub const AUDIT_FILE_MODE: u32 = 0o640;
+
+/// One step of a cycle: an RPC (`choria_provision#jwt`, …) or the helper.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StepRecord {
+    pub step: String,
+    pub duration_ms: u64,
+    /// RPC tries made (1 for the helper).
+    pub tries: u32,
+    /// `ok`, `status <code>`, `timeout`, `lock refused`, `halted`, or the helper's end.
+    pub result: String,
+}
+
+/// How the helper run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HelperRecord {
+    /// `exited with code 0`, `killed at the timeout`, …
+    pub exit: String,
+    pub exit_code: Option<i32>,
+    pub duration_ms: u64,
+}
+
+/// A certificate as an auditor names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CertificateRecord {
+    /// Lowercase hex of its serial's bytes, as openssl prints it.
+    pub serial: String,
+    /// SHA-256 over its DER, lowercase hex.
+    pub sha256: String,
+}
+
+/// A server JWT as an auditor names it (never the token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServerJwtRecord {
+    pub jti: String,
+    pub expires: Option<String>,
+    pub expires_unix: Option<i64>,
+}
+
+/// What the node received from this cycle.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Issued {
+    pub certificate: Option<CertificateRecord>,
+    pub server_jwt: Option<ServerJwtRecord>,
+    pub key_transported: bool,
+    /// The version `release_update` moved the node to.
+    pub upgrade: Option<String>,
+}
+
+/// What the helper decided, where the outcome alone does not say (a defer fails the cycle as
+/// in Go; a shutdown finishes it like a provisioning).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decided {
+    Nothing,
+    Deferred,
+    ShutDown,
+}
+
+/// One cycle's record, filled as the cycle goes.
+#[derive(Debug)]
+pub struct Trail {
+    started: Instant,
+    pub steps: Vec<StepRecord>,
+    pub helper: Option<HelperRecord>,
+    pub issued: Issued,
+    pub decided: Decided,
+}
+
+impl Default for Trail {
+    fn default() -> Trail {
+        Trail::new()
+    }
+}
+
+impl Trail {
+    pub fn new() -> Trail {
+        Trail {
+            started: Instant::now(),
+            steps: Vec::new(),
+            helper: None,
+            issued: Issued::default(),
+            decided: Decided::Nothing,
+        }
+    }
+
+    /// Records a step that took `duration`.
+    pub fn step(&mut self, step: &str, duration: Duration, tries: u32, result: impl Into<String>) {
+        self.steps.push(StepRecord {
+            step: step.to_string(),
+            duration_ms: millis(duration),
+            tries,
+            result: result.into(),
+        });
+    }
+}
+
+/// This instance, as each line names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Instance {
+    /// The `identity` of `choria.cfg` (requests carry it as the caller).
+    pub identity: String,
+    /// Whether it held the leadership when the cycle started; `None` without an election.
+    pub leader: Option<bool>,
+}
+
+/// One line of the audit file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AuditLine {
+    /// When the cycle ended, RFC 3339 UTC with milliseconds.
+    pub time: String,
+    pub identity: String,
+    pub instance: Instance,
+    /// `event` or `discovery`.
+    pub found: &'static str,
+    /// `provisioned`, `upgraded`, `deferred`, `shut_down`, `failed`, `owned_elsewhere`,
+    /// `halted`.
+    pub outcome: &'static str,
+    /// Why, for every outcome but `provisioned` and `upgraded`.
+    pub reason: Option<String>,
+    pub duration_ms: u64,
+    pub steps: Vec<StepRecord>,
+    pub helper: Option<HelperRecord>,
+    pub issued: Issued,
+}
+
+impl AuditLine {
+    /// The line for a finished cycle.
+    pub fn new(
+        identity: &str,
+        instance: Instance,
+        found: Source,
+        outcome: &ProvisionOutcome,
+        trail: Trail,
+    ) -> AuditLine {
+        let (outcome, reason) = match (outcome, trail.decided) {
+            (ProvisionOutcome::Provisioned { .. }, Decided::ShutDown) => ("shut_down", None),
+            (ProvisionOutcome::Provisioned { hold: false }, _) => ("upgraded", None),
+            (ProvisionOutcome::Provisioned { hold: true }, _) => ("provisioned", None),
+            (ProvisionOutcome::Failed(reason), Decided::Deferred) => {
+                ("deferred", Some(reason.clone()))
+            }
+            (ProvisionOutcome::Failed(reason), _) => ("failed", Some(reason.clone())),
+            (ProvisionOutcome::OwnedElsewhere, _) => (
+                "owned_elsewhere",
+                Some("another provisioner holds the node's provisioning lock".to_string()),
+            ),
+            (ProvisionOutcome::Halted, _) => (
+                "halted",
+                Some("paused or stopping before the cycle finished".to_string()),
+            ),
+        };
+        AuditLine {
+            time: rfc3339_millis(SystemTime::now()),
+            identity: identity.to_string(),
+            instance,
+            found: match found {
+                Source::Event => "event",
+                Source::Discovery => "discovery",
+            },
+            outcome,
+            reason,
+            duration_ms: millis(trail.started.elapsed()),
+            steps: trail.steps,
+            helper: trail.helper,
+            issued: trail.issued,
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `2026-12-01T16:44:13.123Z`.
+pub fn rfc3339_millis(time: SystemTime) -> String {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let seconds = rfc3339_utc(i64::try_from(since.as_secs()).unwrap_or(i64::MAX));
+    let stem = seconds.trim_end_matches('Z');
+    format!("{stem}.{:03}Z", since.subsec_millis())
+}
+
+/// The open audit file and the inode it had when opened.
+struct Open {
+    file: File,
+    device: u64,
+    inode: u64,
+}
+
+/// The audit file: appended one line per `write`, reopened when rotated away.
+pub struct AuditLog {
+    path: PathBuf,
+    open: Mutex<Option<Open>>,
+}
+
+impl AuditLog {
+    /// Opens (or creates, mode 0640) the file now, so a path the daemon cannot write is a
+    /// start-up error rather than a silent loss.
+    pub fn open(path: &Path) -> std::io::Result<AuditLog> {
+        let open = open_append(path)?;
+        Ok(AuditLog {
+            path: path.to_path_buf(),
+            open: Mutex::new(Some(open)),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one line (a newline is added) with one `write`. Before it, if the path no
+    /// longer names the open file (renamed or removed by rotation), the path is opened anew.
+    pub fn append(&self, line: &AuditLine) -> std::io::Result<()> {
+        let mut bytes = serde_json::to_vec(line).map_err(std::io::Error::other)?;
+        bytes.push(b'\n');
+        self.append_bytes(&bytes)
+    }
+
+    fn append_bytes(&self, bytes: &[u8]) -> std::io::Result<()> {
+        let mut open = self.open.lock();
+        let current = match std::fs::metadata(&self.path) {
+            Ok(meta) => open
+                .as_ref()
+                .is_some_and(|o| o.device == meta.dev() && o.inode == meta.ino()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => false,
+            Err(err) => return Err(err),
+        };
+        if !current {
+            *open = Some(open_append(&self.path)?);
+        }
+        let Some(file) = open.as_mut().map(|o| &mut o.file) else {
+            return Err(std::io::Error::other("the audit file is not open"));
+        };
+        // O_APPEND: the kernel places each write at the end, whole, even with another writer.
+        let written = file.write(bytes)?;
+        if written < bytes.len() {
+            // A regular file short-writes only when the disk is full: keep the line whole if
+            // the rest fits, and say it was split.
+            file.write_all(&bytes[written..])?;
+            log::warn!(
+                "audit line to {} written in two parts (disk nearly full?)",
+                self.path.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Opens `path` for appending, creating it with mode 0640 (whatever the umask) if absent.
+fn open_append(path: &Path) -> std::io::Result<Open> {
+    let existed = path.exists();
+    let file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(AUDIT_FILE_MODE)
+        .open(path)?;
+    if !existed {
+        file.set_permissions(std::fs::Permissions::from_mode(AUDIT_FILE_MODE))?;
+    }
+    let meta = file.metadata()?;
+    Ok(Open {
+        file,
+        device: meta.dev(),
+        inode: meta.ino(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn line(identity: &str) -> AuditLine {
+        let mut trail = Trail::new();
+        trail.step("rpcutil#inventory", Duration::from_millis(3), 1, "ok");
+        AuditLine::new(
+            identity,
+            Instance {
+                identity: "prov1".into(),
+                leader: None,
+            },
+            Source::Event,
+            &ProvisionOutcome::Provisioned { hold: true },
+            trail,
+        )
+    }
+
+    fn lines(path: &Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+            .collect()
+    }
+
+    #[test]
+    fn outcomes_are_named_from_the_cycle_and_the_helpers_decision() {
+        let failed = ProvisionOutcome::Failed("n1: why".into());
+        let provisioned = ProvisionOutcome::Provisioned { hold: true };
+        // (outcome, decided, name, reason)
+        let cases = [
+            (provisioned.clone(), Decided::Nothing, "provisioned", None),
+            (
+                ProvisionOutcome::Provisioned { hold: false },
+                Decided::Nothing,
+                "upgraded",
+                None,
+            ),
+            (provisioned, Decided::ShutDown, "shut_down", None),
+            (
+                failed.clone(),
+                Decided::Deferred,
+                "deferred",
+                Some("n1: why"),
+            ),
+            (failed, Decided::Nothing, "failed", Some("n1: why")),
+            (
+                ProvisionOutcome::OwnedElsewhere,
+                Decided::Nothing,
+                "owned_elsewhere",
+                Some("another provisioner holds the node's provisioning lock"),
+            ),
+            (
+                ProvisionOutcome::Halted,
+                Decided::Nothing,
+                "halted",
+                Some("paused or stopping before the cycle finished"),
+            ),
+        ];
+        for (outcome, decided, name, reason) in cases {
+            let mut trail = Trail::new();
+            trail.decided = decided;
+            let instance = Instance {
+                identity: "p".into(),
+                leader: Some(true),
+            };
+            let line = AuditLine::new("n1", instance, Source::Discovery, &outcome, trail);
+            assert_eq!(line.outcome, name, "{outcome:?} {decided:?}");
+            assert_eq!(line.reason.as_deref(), reason, "{outcome:?}");
+            assert_eq!(line.found, "discovery");
+        }
+    }
+
+    #[test]
+    fn times_are_rfc3339_with_milliseconds() {
+        let time = UNIX_EPOCH + Duration::from_millis(1_700_000_000_042);
+        assert_eq!(rfc3339_millis(time), "2023-11-14T22:13:20.042Z");
+    }
+
+    #[test]
+    fn a_new_file_is_0640_and_each_line_is_one_json_document() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path).expect("opens");
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+        log.append(&line("n1")).expect("append");
+        log.append(&line("n2")).expect("append");
+        let got = lines(&path);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0]["identity"], "n1");
+        assert_eq!(got[1]["outcome"], "provisioned");
+        assert_eq!(got[1]["steps"][0]["step"], "rpcutil#inventory");
+        assert_eq!(got[1]["instance"]["leader"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn a_rename_by_logrotate_is_noticed_and_no_line_is_lost() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("audit.jsonl");
+        let rotated = dir.path().join("audit.jsonl.last");
+        let log = Arc::new(AuditLog::open(&path).expect("opens"));
+        // Writers race the rotations: every line ends up in exactly one of the files.
+        const WRITERS: usize = 4;
+        const PER_WRITER: usize = 3000;
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let log = log.clone();
+                std::thread::Builder::new()
+                    .name(format!("audit-writer-{w}"))
+                    .spawn(move || {
+                        for n in 0..PER_WRITER {
+                            log.append(&line(&format!("w{w}-n{n}"))).expect("append");
+                        }
+                    })
+                    .expect("thread")
+            })
+            .collect();
+        let mut rotations = Vec::new();
+        for round in 0..20 {
+            std::thread::sleep(Duration::from_millis(2));
+            let target = dir.path().join(format!("audit.jsonl.{round}"));
+            if path.exists() {
+                std::fs::rename(&path, &target).expect("rotate by rename");
+                rotations.push(target);
+            }
+        }
+        for writer in writers {
+            writer.join().expect("writer");
+        }
+        // One more after a last rename: it must land in a fresh file at the path.
+        if path.exists() {
+            std::fs::rename(&path, &rotated).expect("rotate");
+        }
+        log.append(&line("after")).expect("append");
+        assert_eq!(lines(&path).len(), 1, "a new file was opened at the path");
+        assert_eq!(lines(&path)[0]["identity"], "after");
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+
+        let busy = rotations.iter().filter(|f| !lines(f).is_empty()).count();
+        assert!(
+            busy >= 2,
+            "the writers outran the rotations ({busy} rotated files)"
+        );
+        let mut seen = std::collections::BTreeSet::new();
+        for file in rotations.iter().chain([&rotated, &path]) {
+            for l in lines(file) {
+                let identity = l["identity"].as_str().expect("identity").to_string();
+                assert!(seen.insert(identity.clone()), "{identity} twice");
+            }
+        }
+        assert_eq!(seen.len(), WRITERS * PER_WRITER + 1, "no line lost");
+    }
+
+    #[test]
+    fn a_path_that_cannot_be_written_is_an_error_at_open() {
+        let err = AuditLog::open(Path::new("/nonexistent-dir/audit.jsonl"))
+            .err()
+            .expect("refused");
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+    }
+}
