@@ -2,7 +2,6 @@
 //! lifecycle listener, the election, and signals. `run` returns the process exit code.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +20,7 @@ use crate::client_config::{self, connect_settings};
 use crate::config::Config;
 use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source};
 use crate::metrics::{Metrics, MetricsServer};
+use crate::pidfile::PidFile;
 use crate::provision::Cycle;
 use choria_broker::clock::SystemClock;
 
@@ -75,27 +75,6 @@ pub fn init_logging(config: &Config, debug: bool) -> Result<(), String> {
         .map_err(|err| format!("could not set up logging: {err}"))
 }
 
-/// The pid file: written at start, removed when dropped.
-pub struct PidFile {
-    path: PathBuf,
-}
-
-impl PidFile {
-    pub fn create(path: &Path) -> Result<PidFile, String> {
-        std::fs::write(path, format!("{}\n", std::process::id()))
-            .map_err(|err| format!("could not write pid file {}: {err}", path.display()))?;
-        Ok(PidFile {
-            path: path.to_path_buf(),
-        })
-    }
-}
-
-impl Drop for PidFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
 /// Runs the daemon until SIGINT or SIGTERM. Returns the exit code.
 pub fn run(args: RunArgs) -> i32 {
     let (config, warnings) = match Config::load(&args.config) {
@@ -123,7 +102,13 @@ pub fn run(args: RunArgs) -> i32 {
 }
 
 fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
-    let _pid = args.pid.as_deref().map(PidFile::create).transpose()?;
+    // Held (locked) until this function returns, then removed if still ours.
+    let _pid = args
+        .pid
+        .as_deref()
+        .map(PidFile::acquire)
+        .transpose()
+        .map_err(|err| err.to_string())?;
     let client = client_config::load(&args.choria_config).map_err(|err| err.to_string())?;
     let settings = connect_settings(
         &client,

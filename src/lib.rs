@@ -17,6 +17,7 @@ mod duration;
 pub mod fleet;
 mod helper_test;
 mod metrics;
+mod pidfile;
 mod provision;
 #[cfg(test)]
 mod test_log;
