@@ -90,6 +90,8 @@ pub struct Config {
     pub plain_tcp: bool,
     pub site: String,
     pub monitor_port: u16,
+    /// Where `/metrics` listens; `None` is every interface, as Go.
+    pub monitor_address: Option<std::net::IpAddr>,
     pub broker_provisioning_password: Secret,
     pub cert_deny_list: Vec<String>,
     pub jwt_verify_cert: String,
@@ -206,6 +208,7 @@ const KNOWN_KEYS: &[&str] = &[
     "plain_tcp",
     "site",
     "monitor_port",
+    "monitor_address",
     "broker_port",
     "broker_provisioning_password",
     "cert_deny_list",
@@ -352,6 +355,19 @@ impl Config {
         let monitor_port = doc.uint(get("monitor_port"), "monitor_port", 0)?;
         let monitor_port = u16::try_from(monitor_port)
             .map_err(|_| doc.invalid("monitor_port", get("monitor_port"), "must be 0 to 65535"))?;
+        let monitor_address = match doc
+            .string(get("monitor_address"), "monitor_address", "")?
+            .trim()
+        {
+            "" => None,
+            text => Some(text.parse::<std::net::IpAddr>().map_err(|_| {
+                doc.invalid(
+                    "monitor_address",
+                    get("monitor_address"),
+                    "must be an IP address such as 127.0.0.1 or ::1 (unset: every interface)",
+                )
+            })?),
+        };
         if let Some(v) = get("broker_port") {
             doc.uint(Some(v), "broker_port", 0)?;
         }
@@ -482,6 +498,7 @@ impl Config {
             plain_tcp: doc.boolean(get("plain_tcp"), "plain_tcp", false)?,
             site: doc.string(get("site"), "site", "")?,
             monitor_port,
+            monitor_address,
             broker_provisioning_password: Secret::new(doc.string(
                 get("broker_provisioning_password"),
                 "broker_provisioning_password",
@@ -681,6 +698,7 @@ mod tests {
         assert_eq!(c.leader_election_api_prefix, "choria.streams");
         assert_eq!(c.features, Features::default());
         assert_eq!(c.monitor_port, 0);
+        assert_eq!(c.monitor_address, None, "every interface, as Go");
         assert!(!c.leader_election && !c.choria_insecure && !c.upgrades_optional);
         assert!(!c.plain_tcp);
     }
@@ -700,6 +718,7 @@ choria_insecure: true
 plain_tcp: true
 site: dc1
 monitor_port: 8080
+monitor_address: "::1"
 broker_provisioning_password: pw
 cert_deny_list: ["/\\.admin$/"]
 jwt_verify_cert: /etc/choria-provisioner/signer.pem
@@ -736,6 +755,7 @@ features:
         assert!(c.plain_tcp);
         assert_eq!(c.site, "dc1");
         assert_eq!(c.monitor_port, 8080);
+        assert_eq!(c.monitor_address, "::1".parse().ok());
         assert_eq!(c.broker_provisioning_password, "pw");
         assert_eq!(c.cert_deny_list, vec!["/\\.admin$/".to_string()]);
         assert_eq!(c.jwt_verify_cert, "/etc/choria-provisioner/signer.pem");
@@ -804,6 +824,10 @@ features:
             ),
             ("helper: h\nworkers: -1", &["workers", "-1"]),
             ("helper: h\nmonitor_port: 70000", &["monitor_port", "70000"]),
+            (
+                "helper: h\nmonitor_address: localhost.example",
+                &["monitor_address", "localhost.example", "IP address"],
+            ),
             (
                 "helper: h\nchoria_insecure: yes please",
                 &["choria_insecure", "true or false"],

@@ -120,10 +120,8 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
 
     let metrics = Arc::new(Metrics::new(&config.site));
     let metrics_server = if config.monitor_port > 0 {
-        let addr = format!("0.0.0.0:{}", config.monitor_port);
-        let server = MetricsServer::start(&addr, metrics.clone())
-            .map_err(|err| format!("could not serve metrics on {addr}: {err}"))?;
-        log::info!("serving metrics on http://{addr}/metrics");
+        let server = start_metrics(&config, metrics.clone())?;
+        log::info!("serving metrics on http://{}/metrics", server.local_addr);
         Some(server)
     } else {
         None
@@ -280,6 +278,28 @@ fn next_event(signals: &Receiver<()>, election: &Receiver<ElectionEvent>) -> Eve
             }
         },
     }
+}
+
+/// `/metrics` on `monitor_address` (default: every interface, IPv6 and IPv4, as Go's `:port`;
+/// IPv4 only where the host has no IPv6) and `monitor_port`.
+fn start_metrics(config: &Config, metrics: Arc<Metrics>) -> Result<MetricsServer, String> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    let port = config.monitor_port;
+    let candidates = match config.monitor_address {
+        Some(ip) => vec![SocketAddr::new(ip, port)],
+        None => vec![
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+        ],
+    };
+    let mut last = String::new();
+    for addr in &candidates {
+        match MetricsServer::start(*addr, metrics.clone()) {
+            Ok(server) => return Ok(server),
+            Err(err) => last = format!("could not serve metrics on {addr}: {err}"),
+        }
+    }
+    Err(last)
 }
 
 /// Won: work, and discover at once rather than waiting up to an interval. Lost: stop, and

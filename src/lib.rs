@@ -16,6 +16,7 @@ mod daemon;
 mod duration;
 pub mod fleet;
 mod helper_test;
+mod http;
 mod metrics;
 mod pidfile;
 mod provision;

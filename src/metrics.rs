@@ -10,13 +10,7 @@
 //! collector that emits exactly `_sum` and `_count` under `# TYPE … summary`.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::unix::io::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use parking_lot::Mutex;
 use prometheus::core::{Collector, Desc};
@@ -391,113 +385,39 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on its own named thread until `stop` is called.
-///
-/// The thread blocks in `accept`; `stop` wakes it by shutting the listening socket down
-/// (on Linux a blocked `accept` then returns at once), so nothing waits in slices.
+/// Serves `GET /metrics` on the daemon's HTTP listener (`crate::http`: bounded requests, a
+/// deadline per connection, several scrapers at once, a shutdown that waits on no client).
 pub struct MetricsServer {
-    listener: Arc<TcpListener>,
-    stopping: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    server: crate::http::HttpServer,
     #[cfg_attr(not(test), allow(dead_code))] // read by the HTTP tests
     pub local_addr: std::net::SocketAddr,
 }
 
 impl MetricsServer {
-    /// Binds `addr` (Go binds `:port` on every interface) and starts serving.
-    pub fn start(addr: &str, metrics: Arc<Metrics>) -> std::io::Result<MetricsServer> {
-        let listener = Arc::new(TcpListener::bind(addr)?);
-        let local_addr = listener.local_addr()?;
-        let stopping = Arc::new(AtomicBool::new(false));
-        let (accepting, stop_flag) = (listener.clone(), stopping.clone());
-        let thread = std::thread::Builder::new()
-            .name("metrics-http".into())
-            .spawn(move || loop {
-                let accepted = accepting.accept();
-                if stop_flag.load(Ordering::SeqCst) {
-                    return;
-                }
-                match accepted {
-                    Ok((stream, _)) => serve_one(stream, &metrics),
-                    // EINTR while signals arrive, or a client that gave up before we took
-                    // it: neither ends the listener.
-                    Err(err)
-                        if matches!(
-                            err.kind(),
-                            std::io::ErrorKind::Interrupted | std::io::ErrorKind::ConnectionAborted
-                        ) => {}
-                    Err(err) => {
-                        // Out of descriptors and the like: say so and retry after a pause,
-                        // rather than spin on an accept that fails at once (`stop` still
-                        // wakes it: the shut-down socket fails the next accept).
-                        log::warn!("metrics listener accept failed: {err}");
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                }
-            })?;
-        Ok(MetricsServer {
-            listener,
-            stopping,
-            thread: Some(thread),
-            local_addr,
-        })
+    /// Binds `addr` and starts serving.
+    pub fn start(
+        addr: std::net::SocketAddr,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<MetricsServer> {
+        let routes: crate::http::Routes =
+            Arc::new(move |method: &str, path: &str| match (method, path) {
+                ("GET", "/metrics") => crate::http::Response {
+                    status: 200,
+                    content_type: "text/plain; version=0.0.4; charset=utf-8",
+                    body: metrics.render().into_bytes(),
+                },
+                (_, "/metrics") => crate::http::Response::text(405, "method not allowed\n"),
+                _ => crate::http::Response::text(404, "404 page not found\n"),
+            });
+        let server = crate::http::HttpServer::start(addr, "metrics-http", routes)?;
+        let local_addr = server.local_addr;
+        Ok(MetricsServer { server, local_addr })
     }
 
-    pub fn stop(mut self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        // SAFETY: shutdown(2) on a socket this struct keeps open; no memory involved.
-        unsafe {
-            libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR);
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+    /// Stops at once, whatever the clients do.
+    pub fn stop(self) {
+        self.server.stop();
     }
-}
-
-fn serve_one(stream: TcpStream, metrics: &Metrics) {
-    let _ = stream.set_nonblocking(false);
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
-    let mut reader = BufReader::new(match stream.try_clone() {
-        Ok(s) => s,
-        Err(_) => return,
-    });
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).is_err() {
-        return;
-    }
-    // Drain the headers, bounded in count, so the client sees a clean response.
-    for _ in 0..100 {
-        let mut line = String::new();
-        match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) if line == "\r\n" || line == "\n" => break,
-            Ok(_) => {}
-        }
-    }
-    let mut parts = request_line.split_whitespace();
-    let method = parts.next().unwrap_or("");
-    let path = parts.next().unwrap_or("");
-    let path = path.split('?').next().unwrap_or("");
-    let mut stream = stream;
-    let response = if method == "GET" && path == "/metrics" {
-        let body = metrics.render();
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
-            body.len(),
-            body
-        )
-    } else {
-        let body = "404 page not found\n";
-        format!(
-            "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
-            body.len(),
-            body
-        )
-    };
-    let _ = stream.write_all(response.as_bytes());
-    let _ = stream.flush();
 }
 
 #[cfg(test)]

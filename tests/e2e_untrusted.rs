@@ -84,3 +84,78 @@ fn a_second_instance_on_the_same_pid_file_refuses_to_start() {
     );
     again.stop();
 }
+
+/// `/metrics` while one client holds a connection open, another streams a request line
+/// without end and a third sends a byte now and then: scrapes are served, and SIGTERM stops
+/// the daemon within its shutdown grace all the same.
+#[test]
+fn metrics_are_served_past_stuck_clients_and_sigterm_is_not_held_up() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    const GRACE: Duration = Duration::from_secs(10);
+
+    let world = World::new();
+    let mut provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!(
+                "{}monitor_address: \"127.0.0.1\"\n",
+                yaml_helper("/bin/false")
+            ),
+            ..Default::default()
+        },
+    );
+    let port = provisioner.monitor_port;
+    assert!(
+        provisioner.log().contains(&format!(
+            "serving metrics on http://127.0.0.1:{port}/metrics"
+        )),
+        "{}",
+        provisioner.logs()
+    );
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let idle = TcpStream::connect(addr).expect("idle client");
+    let streamer = std::thread::Builder::new()
+        .name("endless-line".into())
+        .spawn(move || {
+            let Ok(mut stream) = TcpStream::connect(addr) else {
+                return 0usize;
+            };
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+            let mut sent = 0;
+            let end = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < end {
+                match stream.write(&[b'A'; 512]) {
+                    Ok(n) => sent += n,
+                    Err(_) => break,
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            sent
+        })
+        .expect("thread");
+    let mut slow = TcpStream::connect(addr).expect("slow client");
+    let _ = slow.write_all(b"GET /met");
+
+    for _ in 0..10 {
+        let metrics = scrape(port).unwrap_or_else(|e| panic!("scrape: {e}"));
+        assert_eq!(metrics.get("choria_provisioner_paused"), 0.0);
+    }
+    // New stuck clients while SIGTERM arrives.
+    let idle_again = TcpStream::connect(addr).expect("idle client");
+    let started = Instant::now();
+    let status = provisioner.terminate();
+    let took = started.elapsed();
+    assert!(status.success(), "exit {status}\n{}", provisioner.logs());
+    assert!(
+        took < GRACE,
+        "SIGTERM took {took:?}\n{}",
+        provisioner.logs()
+    );
+    let sent = streamer.join().expect("streamer");
+    assert!(
+        sent < 16 * 1024 * 1024,
+        "{sent} bytes of one request line taken"
+    );
+    drop((idle, idle_again, slow));
+}

@@ -37,7 +37,7 @@ fn dashboard_metric_names() -> Vec<String> {
 #[test]
 fn every_dashboard_metric_is_served_before_the_first_node() {
     let metrics = Arc::new(Metrics::new("dc1"));
-    let server = MetricsServer::start("127.0.0.1:0", metrics).unwrap();
+    let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), metrics).unwrap();
     let (head, body) = get(server.local_addr, "/metrics");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 
