@@ -160,13 +160,13 @@ impl AuditLine {
         trail: Trail,
     ) -> AuditLine {
         let (outcome, reason) = match (outcome, trail.decided) {
-            (ProvisionOutcome::Provisioned { .. }, Decided::ShutDown) => ("shut_down", None),
+            (ProvisionOutcome::ShutDown, _) => ("shut_down", None),
             (ProvisionOutcome::Provisioned { hold: false }, _) => ("upgraded", None),
             (ProvisionOutcome::Provisioned { hold: true }, _) => ("provisioned", None),
-            (ProvisionOutcome::Failed(reason), Decided::Deferred) => {
-                ("deferred", Some(reason.clone()))
+            (ProvisionOutcome::Failed(err), Decided::Deferred) => {
+                ("deferred", Some(err.to_string()))
             }
-            (ProvisionOutcome::Failed(reason), _) => ("failed", Some(reason.clone())),
+            (ProvisionOutcome::Failed(err), _) => ("failed", Some(err.to_string())),
             (ProvisionOutcome::OwnedElsewhere, _) => (
                 "owned_elsewhere",
                 Some("another provisioner holds the node's provisioning lock".to_string()),
@@ -321,25 +321,37 @@ mod tests {
 
     #[test]
     fn outcomes_are_named_from_the_cycle_and_the_helpers_decision() {
-        let failed = ProvisionOutcome::Failed("n1: why".into());
-        let provisioned = ProvisionOutcome::Provisioned { hold: true };
+        let failed = || {
+            ProvisionOutcome::Failed(crate::provision::ProvisionError {
+                identity: choria_wire::identity::Identity::parse("n1").expect("an identity"),
+                failure: crate::provision::Failure::Deferred {
+                    message: "why".into(),
+                },
+            })
+        };
+        let why = "n1: the helper deferred provisioning: why";
         // (outcome, decided, name, reason)
         let cases = [
-            (provisioned.clone(), Decided::Nothing, "provisioned", None),
+            (
+                ProvisionOutcome::Provisioned { hold: true },
+                Decided::Nothing,
+                "provisioned",
+                None,
+            ),
             (
                 ProvisionOutcome::Provisioned { hold: false },
                 Decided::Nothing,
                 "upgraded",
                 None,
             ),
-            (provisioned, Decided::ShutDown, "shut_down", None),
             (
-                failed.clone(),
-                Decided::Deferred,
-                "deferred",
-                Some("n1: why"),
+                ProvisionOutcome::ShutDown,
+                Decided::ShutDown,
+                "shut_down",
+                None,
             ),
-            (failed, Decided::Nothing, "failed", Some("n1: why")),
+            (failed(), Decided::Deferred, "deferred", Some(why)),
+            (failed(), Decided::Nothing, "failed", Some(why)),
             (
                 ProvisionOutcome::OwnedElsewhere,
                 Decided::Nothing,

@@ -291,13 +291,13 @@ fn choria_provider(client: &ClientConfig, plain_tcp: bool) -> Result<Security, C
 
 /// Apply what the Go provisioner forces (cmd/provisioner.go, run) and load the signing material:
 /// `insecure` (`choria_insecure`) forces provider `file`, no TLS and unsigned requests;
-/// a non-empty `provisioning_password` (`broker_provisioning_password`) connects as user
-/// `provisioner`. The `choria` provider speaks protocol v2 and presents its client JWT to the
+/// a `provisioning_password` (`broker_provisioning_password`) connects as user `provisioner`.
+/// The `choria` provider speaks protocol v2 and presents its client JWT to the
 /// broker; `plain_tcp` (ours, for test brokers) drops its TLS.
 pub(crate) fn connect_settings(
     client: &ClientConfig,
     insecure: bool,
-    provisioning_password: &str,
+    provisioning_password: Option<&str>,
     plain_tcp: bool,
 ) -> Result<ConnectSettings, ClientConfigError> {
     let path = &client.path;
@@ -346,13 +346,12 @@ pub(crate) fn connect_settings(
             ))
         }
     };
-    let (user, password) = if provisioning_password.is_empty() {
-        (None, None)
-    } else {
-        (
+    let (user, password) = match provisioning_password {
+        None => (None, None),
+        Some(password) => (
             Some(PROVISIONER_USER.to_string()),
-            Some(provisioning_password.to_string()),
-        )
+            Some(password.to_string()),
+        ),
     };
     Ok(ConnectSettings {
         urls: client.middleware_hosts.clone(),
@@ -519,7 +518,7 @@ mod tests {
         ];
         for (name, extra, insecure, expected) in cases {
             let cfg = parse(&file_provider_config(&extra)).unwrap();
-            let got = connect_settings(&cfg, insecure, "", false);
+            let got = connect_settings(&cfg, insecure, None, false);
             match (got, expected) {
                 (Ok(s), Ok((tls, signed))) => {
                     assert_eq!(s.tls.is_some(), tls, "{name}");
@@ -692,7 +691,10 @@ mod tests {
         ];
         for (name, extra, plain_tcp, expected) in cases {
             let cfg = parse(&file_provider_config(&extra)).unwrap();
-            match (connect_settings(&cfg, false, "pw", plain_tcp), expected) {
+            match (
+                connect_settings(&cfg, false, Some("pw"), plain_tcp),
+                expected,
+            ) {
                 (Ok(s), Ok(tls)) => {
                     assert_eq!(s.protocol.name(), "v2", "{name}");
                     let got = match &s.tls {
@@ -736,7 +738,7 @@ mod tests {
     #[test]
     fn provisioning_password_connects_as_provisioner() {
         let cfg = parse(&file_provider_config("ttl = 45\ndiscovery_timeout = 3\n")).unwrap();
-        let s = connect_settings(&cfg, true, "s3cret", false).unwrap();
+        let s = connect_settings(&cfg, true, Some("s3cret"), false).unwrap();
         assert_eq!(s.user.as_deref(), Some("provisioner"));
         assert_eq!(s.password.as_deref(), Some("s3cret"));
         assert_eq!(s.identity, "rip.mcollective");

@@ -2,6 +2,11 @@
 //! (provisioner config/config.go) with its defaults and rules, plus our documented additions
 //! (`helper_timeout`, `work_queue_size`, `release_delay`, `leader_election_api_prefix`).
 //!
+//! This module owns every rule about the configuration: types, ranges, the keys each feature
+//! needs, the log level, the helper command line and the deny list (compiled here, once). What
+//! it hands out is checked and typed: an unset path or secret is `None`, never `""`, and the
+//! settings a feature needs exist exactly when the feature is on.
+//!
 //! Go turns the YAML into JSON and decodes that with the struct's JSON tags, so key names are
 //! exact and values must have the JSON type of the field. Unknown keys are a warning here (Go
 //! ignores them silently). Every error names the file, the key and the value.
@@ -10,7 +15,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_norway::Value;
+use serde_norway::{Mapping, Value};
+
+use choria_crypto::csr::DenyList;
 
 use crate::duration;
 
@@ -59,7 +66,7 @@ impl serde::Serialize for Secret {
 /// line, whose arguments may hold one.
 const SECRET_KEYS: [&str; 3] = ["token", "broker_provisioning_password", "helper"];
 
-/// `features:` in the YAML.
+/// `features:` in the YAML, as switched on (`ed25519` turns `jwt` on, as in Go).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Features {
     pub pki: bool,
@@ -68,7 +75,113 @@ pub struct Features {
     pub upgrades: bool,
 }
 
-/// The validated configuration. Field names are the YAML keys.
+/// `features.jwt`: how a node's provisioning JWT is checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtCheck {
+    /// `jwt_verify_cert`: a PEM file (RSA or ed25519) or a hex ed25519 public key.
+    pub verify_cert: String,
+}
+
+/// `features.ed25519`: how server JWTs are issued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerJwtIssuing {
+    /// `jwt_signing_key`: the issuer's seed file.
+    pub signing_key: PathBuf,
+    /// `jwt_signing_token`: the chain issuer's token, for chain-issued server JWTs.
+    pub signing_token: Option<PathBuf>,
+    /// `server_jwt_validity`.
+    pub validity: Duration,
+}
+
+/// `features.upgrades`: moving nodes to the version the helper names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upgrades {
+    /// `upgrades_repository`; without one an upgrade fails its node (or is skipped, when
+    /// optional).
+    pub repository: Option<String>,
+    /// `upgrades_optional`: a failed upgrade does not fail the node.
+    pub optional: bool,
+}
+
+/// `loglevel`: the names Go's logrus accepts, each mapped to the nearest level we log at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    /// Every accepted name, in order of verbosity (`fatal` and `panic` log errors only).
+    const NAMES: [(&'static str, LogLevel); 8] = [
+        ("trace", LogLevel::Trace),
+        ("debug", LogLevel::Debug),
+        ("info", LogLevel::Info),
+        ("warn", LogLevel::Warn),
+        ("warning", LogLevel::Warn),
+        ("error", LogLevel::Error),
+        ("fatal", LogLevel::Error),
+        ("panic", LogLevel::Error),
+    ];
+
+    /// The level a name selects, case-insensitively.
+    pub fn parse(name: &str) -> Option<LogLevel> {
+        LogLevel::NAMES
+            .iter()
+            .find(|(known, _)| known.eq_ignore_ascii_case(name))
+            .map(|(_, level)| *level)
+    }
+
+    /// What the `log` crate filters at.
+    pub fn filter(self) -> log::LevelFilter {
+        match self {
+            LogLevel::Trace => log::LevelFilter::Trace,
+            LogLevel::Debug => log::LevelFilter::Debug,
+            LogLevel::Info => log::LevelFilter::Info,
+            LogLevel::Warn => log::LevelFilter::Warn,
+            LogLevel::Error => log::LevelFilter::Error,
+        }
+    }
+
+    fn names() -> String {
+        let names: Vec<&str> = LogLevel::NAMES.iter().map(|(name, _)| *name).collect();
+        names.join(", ")
+    }
+}
+
+/// The `helper` setting split with shell quoting rules (as Go's go-shellquote since provisioner
+/// #214): `/usr/bin/helper --ca "/etc/my ca"` is a program and two arguments. Never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelperCommand {
+    words: Vec<String>,
+}
+
+impl HelperCommand {
+    /// Splits a command line; the error says why it cannot be.
+    pub fn parse(line: &str) -> Result<HelperCommand, String> {
+        let words = shlex::split(line).ok_or_else(|| {
+            "cannot split the helper command: unbalanced quotes or a trailing backslash".to_string()
+        })?;
+        if words.is_empty() {
+            return Err("cannot split the helper command: it names no program".to_string());
+        }
+        Ok(HelperCommand { words })
+    }
+
+    /// The program, which names the helper in messages (its arguments may hold secrets).
+    pub fn program(&self) -> &str {
+        &self.words[0]
+    }
+
+    pub fn args(&self) -> &[String] {
+        &self.words[1..]
+    }
+}
+
+/// The validated configuration. Field names are the YAML keys, except the settings of each
+/// feature, which are grouped and present exactly when the feature is on.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where it was read from, for error messages.
@@ -78,10 +191,10 @@ pub struct Config {
     pub interval: Duration,
     /// `None`: log to stderr (Go's default writes a file named `info`; we fix that).
     pub logfile: Option<PathBuf>,
-    pub loglevel: String,
-    /// The helper command line, unsplit; `provision::helper` splits it with shell rules.
-    pub helper: String,
+    pub loglevel: LogLevel,
+    pub helper: HelperCommand,
     pub helper_timeout: Duration,
+    /// Sent with every `choria_provision` action; empty when unset, as Go sends it.
     pub token: Secret,
     pub lifecycle_component: String,
     pub choria_insecure: bool,
@@ -92,17 +205,19 @@ pub struct Config {
     pub monitor_port: u16,
     /// Where `/metrics` listens; `None` is every interface, as Go.
     pub monitor_address: Option<std::net::IpAddr>,
-    pub broker_provisioning_password: Secret,
-    pub cert_deny_list: Vec<String>,
-    pub jwt_verify_cert: String,
-    pub jwt_signing_key: String,
-    pub jwt_signing_token: String,
-    pub server_jwt_validity: Duration,
+    /// Connect to the broker as user `provisioner` with this password.
+    pub broker_provisioning_password: Option<Secret>,
+    /// `cert_deny_list`, compiled (Go's defaults when empty).
+    pub cert_deny_list: DenyList,
+    pub features: Features,
+    /// Present exactly when `features.jwt` is on.
+    pub jwt: Option<JwtCheck>,
+    /// Present exactly when `features.ed25519` is on.
+    pub server_jwt: Option<ServerJwtIssuing>,
+    /// Present exactly when `features.upgrades` is on.
+    pub upgrades: Option<Upgrades>,
     pub leader_election: bool,
     pub leader_election_api_prefix: String,
-    pub upgrades_repository: String,
-    pub upgrades_optional: bool,
-    pub features: Features,
     pub work_queue_size: usize,
     pub release_delay: Duration,
     /// Overrides the agent DDL timeout of every RPC try (20 s for choria_provision, 2 s for
@@ -111,14 +226,6 @@ pub struct Config {
     /// One JSON line per finished cycle is appended here; `None` (the default): no audit trail.
     pub audit_file: Option<PathBuf>,
 }
-
-/// Go's default `cert_deny_list` (`config/config.go`).
-pub const DEFAULT_CERT_DENY_LIST: [&str; 4] = [
-    "\\.privileged.mcollective$",
-    "\\.privileged.choria$",
-    "\\.mcollective$",
-    "\\.choria$",
-];
 
 /// A configuration that cannot be used; the message names file, key and value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +256,12 @@ pub enum ConfigError {
     Missing {
         path: PathBuf,
         key: String,
+    },
+    /// A key a switched-on feature needs is unset.
+    NeededBy {
+        path: PathBuf,
+        key: &'static str,
+        feature: &'static str,
     },
 }
 
@@ -189,6 +302,11 @@ impl fmt::Display for ConfigError {
             ConfigError::Missing { path, key } => {
                 write!(f, "{}: key {key} is required", path.display())
             }
+            ConfigError::NeededBy { path, key, feature } => write!(
+                f,
+                "{}: {key} must be set when {feature} is enabled",
+                path.display()
+            ),
         }
     }
 }
@@ -228,6 +346,9 @@ const KNOWN_KEYS: &[&str] = &[
     "audit_file",
 ];
 
+/// Read and accepted for compatibility, with no effect (Go reads them for features we lack).
+const UNUSED_KEYS: [&str; 2] = ["broker_port", "rego_policy"];
+
 const FEATURE_KEYS: &[&str] = &["pki", "jwt", "ed25519", "upgrades"];
 
 impl Config {
@@ -241,309 +362,317 @@ impl Config {
         Config::parse(path, &text)
     }
 
-    /// Validates YAML text; `path` is only used in messages.
+    /// Validates YAML text; `path` is only used in messages. One section at a time, in the
+    /// order the sample file lists them.
     pub fn parse(path: &Path, text: &str) -> Result<(Config, Vec<String>), ConfigError> {
-        let value: Value = serde_norway::from_str(text).map_err(|err| ConfigError::Yaml {
-            path: path.to_path_buf(),
-            reason: err.to_string(),
-        })?;
-        let doc = Doc {
-            path: path.to_path_buf(),
-        };
-        let mapping = match &value {
-            Value::Mapping(m) => m.clone(),
-            // An empty file is an empty configuration, which then fails on `helper`.
-            Value::Null => serde_norway::Mapping::new(),
-            _ => {
-                return Err(ConfigError::NotAMapping {
-                    path: path.to_path_buf(),
-                })
-            }
-        };
-        let mut warnings = Vec::new();
-        for key in mapping.keys() {
-            let name = key
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| render(key));
-            if !KNOWN_KEYS.contains(&name.as_str()) {
-                warnings.push(format!("{}: unknown key {name} is ignored", path.display()));
-            }
-        }
-        let get = |key: &str| mapping.get(key).filter(|v| !v.is_null());
-        for unused in ["broker_port", "rego_policy"] {
-            if get(unused).is_some() {
-                warnings.push(format!(
-                    "{}: key {unused} is accepted for compatibility but has no effect",
-                    path.display()
-                ));
-            }
-        }
-
-        let workers = doc.uint(get("workers"), "workers", 0)? as usize;
-        let workers = if workers == 0 {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        } else {
-            workers
-        };
-        let interval = doc.duration(get("interval"), "interval", "1m")?;
-        if interval < Duration::from_secs(60) {
-            return Err(doc.invalid("interval", get("interval"), "must be at least 1 minute"));
-        }
-        let logfile = doc.string(get("logfile"), "logfile", "")?;
-        let loglevel = doc
-            .string(get("loglevel"), "loglevel", "info")?
-            .to_lowercase();
-        if ![
-            "debug", "info", "warn", "warning", "error", "fatal", "panic", "trace",
-        ]
-        .contains(&loglevel.as_str())
-        {
-            return Err(doc.invalid(
-                "loglevel",
-                get("loglevel"),
-                "must be one of debug, info, warn, error",
-            ));
-        }
-        let helper = doc.string(get("helper"), "helper", "")?;
-        if helper.trim().is_empty() {
-            return Err(ConfigError::Missing {
-                path: path.to_path_buf(),
-                key: "helper".into(),
-            });
-        }
-        match shlex::split(&helper) {
-            Some(words) if !words.is_empty() => {}
-            _ => {
-                return Err(doc.invalid(
-                    "helper",
-                    get("helper"),
-                    "cannot be split into a command (unbalanced quotes?)",
-                ))
-            }
-        }
-        let helper_timeout = doc.duration(get("helper_timeout"), "helper_timeout", "10s")?;
-        if helper_timeout.is_zero() {
-            return Err(doc.invalid(
-                "helper_timeout",
-                get("helper_timeout"),
-                "must be more than 0",
-            ));
-        }
-        let lifecycle_component = doc.string(
-            get("lifecycle_component"),
-            "lifecycle_component",
-            "provision_mode_server",
-        )?;
-        let lifecycle_component = if lifecycle_component.is_empty() {
-            "provision_mode_server".to_string()
-        } else {
-            lifecycle_component
-        };
-        // The component goes into a NATS subject: these would widen the subscription.
-        if lifecycle_component.contains(['.', '>', '*'])
-            || lifecycle_component.contains(char::is_whitespace)
-        {
-            return Err(doc.invalid(
-                "lifecycle_component",
-                get("lifecycle_component"),
-                "must not contain '.', '>', '*' or spaces because it is part of a NATS subject",
-            ));
-        }
-        let monitor_port = doc.uint(get("monitor_port"), "monitor_port", 0)?;
-        let monitor_port = u16::try_from(monitor_port)
-            .map_err(|_| doc.invalid("monitor_port", get("monitor_port"), "must be 0 to 65535"))?;
-        let monitor_address = match doc
-            .string(get("monitor_address"), "monitor_address", "")?
-            .trim()
-        {
-            "" => None,
-            text => Some(text.parse::<std::net::IpAddr>().map_err(|_| {
-                doc.invalid(
-                    "monitor_address",
-                    get("monitor_address"),
-                    "must be an IP address such as 127.0.0.1 or ::1 (unset: every interface)",
-                )
-            })?),
-        };
-        if let Some(v) = get("broker_port") {
-            doc.uint(Some(v), "broker_port", 0)?;
-        }
-        if let Some(v) = get("rego_policy") {
-            doc.string(Some(v), "rego_policy", "")?;
-        }
-        let cert_deny_list = match get("cert_deny_list") {
-            None => DEFAULT_CERT_DENY_LIST
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-            Some(Value::Sequence(items)) => {
-                let mut list = Vec::new();
-                for item in items {
-                    match item {
-                        Value::String(s) => list.push(s.clone()),
-                        other => {
-                            return Err(doc.wrong_type(
-                                "cert_deny_list",
-                                "a list of strings",
-                                other,
-                            ))
-                        }
-                    }
-                }
-                if list.is_empty() {
-                    DEFAULT_CERT_DENY_LIST
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect()
-                } else {
-                    list
-                }
-            }
-            Some(other) => {
-                return Err(doc.wrong_type("cert_deny_list", "a list of strings", other))
-            }
-        };
-        for pattern in &cert_deny_list {
-            let re = pattern
-                .strip_prefix('/')
-                .and_then(|p| p.strip_suffix('/'))
-                .unwrap_or(pattern);
-            if let Err(err) = regex::Regex::new(re) {
-                return Err(ConfigError::Invalid {
-                    path: path.to_path_buf(),
-                    key: "cert_deny_list".into(),
-                    value: format!("{pattern:?}"),
-                    reason: format!("not a valid regular expression: {err}"),
-                });
-            }
-        }
-        let server_jwt_validity =
-            doc.duration(get("server_jwt_validity"), "server_jwt_validity", "1y")?;
-        let server_jwt_validity = if server_jwt_validity.is_zero() {
-            duration::parse("1y").unwrap_or(Duration::from_secs(365 * 24 * 3600))
-        } else {
-            server_jwt_validity
-        };
-
-        let mut features = Features::default();
-        match get("features") {
-            None => {}
-            Some(Value::Mapping(m)) => {
-                for (k, v) in m {
-                    let name = k.as_str().map(str::to_string).unwrap_or_else(|| render(k));
-                    let key = format!("features.{name}");
-                    let flag = match name.as_str() {
-                        "pki" => &mut features.pki,
-                        "jwt" => &mut features.jwt,
-                        "ed25519" => &mut features.ed25519,
-                        "upgrades" => &mut features.upgrades,
-                        _ => {
-                            warnings.push(format!(
-                                "{}: unknown key {key} is ignored (known: {})",
-                                path.display(),
-                                FEATURE_KEYS.join(", ")
-                            ));
-                            continue;
-                        }
-                    };
-                    *flag = doc.boolean(Some(v).filter(|v| !v.is_null()), &key, false)?;
-                }
-            }
-            Some(other) => return Err(doc.wrong_type("features", "a mapping", other)),
-        }
-        if features.pki && features.ed25519 {
-            return Err(ConfigError::Invalid {
-                path: path.to_path_buf(),
-                key: "features".into(),
-                value: "pki: true, ed25519: true".into(),
-                reason: "pki and ed25519 cannot both be enabled".into(),
-            });
-        }
-        if features.ed25519 {
-            features.jwt = true;
-        }
-
-        let work_queue_size = doc.uint(get("work_queue_size"), "work_queue_size", 50_000)? as usize;
-        if work_queue_size == 0 {
-            return Err(doc.invalid(
-                "work_queue_size",
-                get("work_queue_size"),
-                "must be at least 1",
-            ));
-        }
-        let leader_election_api_prefix = doc.string(
-            get("leader_election_api_prefix"),
-            "leader_election_api_prefix",
-            "choria.streams",
-        )?;
-
+        let keys = KeyReader::from_yaml(path, text)?;
+        let mut warnings = keys.unknown_and_unused_keys();
+        let work = read_work(&keys)?;
+        let logging = read_logging(&keys)?;
+        let broker = read_broker(&keys)?;
+        let security = read_security(&keys, &mut warnings)?;
         let config = Config {
             path: path.to_path_buf(),
-            workers,
-            interval,
-            logfile: if logfile.is_empty() {
-                None
-            } else {
-                Some(PathBuf::from(logfile))
-            },
-            loglevel,
-            helper,
-            helper_timeout,
-            token: Secret::new(doc.string(get("token"), "token", "")?),
-            lifecycle_component,
-            choria_insecure: doc.boolean(get("choria_insecure"), "choria_insecure", false)?,
-            plain_tcp: doc.boolean(get("plain_tcp"), "plain_tcp", false)?,
-            site: doc.string(get("site"), "site", "")?,
-            monitor_port,
-            monitor_address,
-            broker_provisioning_password: Secret::new(doc.string(
-                get("broker_provisioning_password"),
-                "broker_provisioning_password",
-                "",
-            )?),
-            cert_deny_list,
-            jwt_verify_cert: doc.string(get("jwt_verify_cert"), "jwt_verify_cert", "")?,
-            jwt_signing_key: doc.string(get("jwt_signing_key"), "jwt_signing_key", "")?,
-            jwt_signing_token: doc.string(get("jwt_signing_token"), "jwt_signing_token", "")?,
-            server_jwt_validity,
-            leader_election: doc.boolean(get("leader_election"), "leader_election", false)?,
-            leader_election_api_prefix,
-            upgrades_repository: doc.string(
-                get("upgrades_repository"),
-                "upgrades_repository",
-                "",
-            )?,
-            upgrades_optional: doc.boolean(get("upgrades_optional"), "upgrades_optional", false)?,
-            features,
-            work_queue_size,
-            release_delay: doc.duration(get("release_delay"), "release_delay", "60s")?,
-            rpc_timeout: match get("rpc_timeout") {
-                None => None,
-                Some(v) => {
-                    Some(doc.duration(Some(v), "rpc_timeout", "0s")?).filter(|d| !d.is_zero())
-                }
-            },
-            audit_file: Some(doc.string(get("audit_file"), "audit_file", "")?)
-                .filter(|p| !p.is_empty())
-                .map(PathBuf::from),
+            workers: work.workers,
+            interval: work.interval,
+            logfile: logging.logfile,
+            loglevel: logging.loglevel,
+            helper: work.helper,
+            helper_timeout: work.helper_timeout,
+            token: security.token,
+            lifecycle_component: broker.lifecycle_component,
+            choria_insecure: broker.choria_insecure,
+            plain_tcp: broker.plain_tcp,
+            site: logging.site,
+            monitor_port: logging.monitor_port,
+            monitor_address: logging.monitor_address,
+            broker_provisioning_password: broker.provisioning_password,
+            cert_deny_list: security.cert_deny_list,
+            features: security.features,
+            jwt: security.jwt,
+            server_jwt: security.server_jwt,
+            upgrades: security.upgrades,
+            leader_election: broker.leader_election,
+            leader_election_api_prefix: broker.leader_election_api_prefix,
+            work_queue_size: work.work_queue_size,
+            release_delay: work.release_delay,
+            rpc_timeout: broker.rpc_timeout,
+            audit_file: logging.audit_file,
         };
-        if config.features.jwt && config.jwt_verify_cert.is_empty() {
-            warnings.push(format!(
-                "{}: features.jwt is enabled but jwt_verify_cert is empty: every node will fail JWT validation",
-                path.display()
-            ));
-        }
-        if config.features.ed25519 && config.jwt_signing_key.is_empty() {
-            warnings.push(format!(
-                "{}: features.ed25519 is enabled but jwt_signing_key is empty: no server JWT can be issued",
-                path.display()
-            ));
-        }
         Ok((config, warnings))
     }
+}
+
+/// The work section: threads, the schedule, the queue and the helper.
+struct Work {
+    workers: usize,
+    interval: Duration,
+    helper: HelperCommand,
+    helper_timeout: Duration,
+    work_queue_size: usize,
+    release_delay: Duration,
+}
+
+fn read_work(keys: &KeyReader) -> Result<Work, ConfigError> {
+    let workers = match keys.uint("workers", 0)? as usize {
+        0 => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        workers => workers,
+    };
+    let interval = keys.duration("interval", "1m")?;
+    if interval < Duration::from_secs(60) {
+        return Err(keys.invalid("interval", "must be at least 1 minute"));
+    }
+    let helper = match keys.optional_string("helper")? {
+        Some(line) if !line.trim().is_empty() => {
+            HelperCommand::parse(&line).map_err(|reason| ConfigError::Invalid {
+                path: keys.path.to_path_buf(),
+                key: "helper".into(),
+                // Only the first word is shown: the arguments may hold secrets.
+                value: format!(
+                    "starting {:?}",
+                    line.split_whitespace().next().unwrap_or("")
+                ),
+                reason,
+            })?
+        }
+        _ => {
+            return Err(ConfigError::Missing {
+                path: keys.path.to_path_buf(),
+                key: "helper".into(),
+            })
+        }
+    };
+    let helper_timeout = keys.duration("helper_timeout", "10s")?;
+    if helper_timeout.is_zero() {
+        return Err(keys.invalid("helper_timeout", "must be more than 0"));
+    }
+    let work_queue_size = keys.uint("work_queue_size", 50_000)? as usize;
+    if work_queue_size == 0 {
+        return Err(keys.invalid("work_queue_size", "must be at least 1"));
+    }
+    Ok(Work {
+        workers,
+        interval,
+        helper,
+        helper_timeout,
+        work_queue_size,
+        release_delay: keys.duration("release_delay", "60s")?,
+    })
+}
+
+/// The logging and monitoring section (the audit trail included).
+struct Logging {
+    logfile: Option<PathBuf>,
+    loglevel: LogLevel,
+    site: String,
+    monitor_port: u16,
+    monitor_address: Option<std::net::IpAddr>,
+    audit_file: Option<PathBuf>,
+}
+
+fn read_logging(keys: &KeyReader) -> Result<Logging, ConfigError> {
+    let loglevel = match keys.optional_string("loglevel")? {
+        None => LogLevel::Info,
+        Some(name) => LogLevel::parse(&name).ok_or_else(|| {
+            keys.invalid("loglevel", &format!("must be one of {}", LogLevel::names()))
+        })?,
+    };
+    let monitor_port = keys.uint("monitor_port", 0)?;
+    let monitor_port = u16::try_from(monitor_port)
+        .map_err(|_| keys.invalid("monitor_port", "must be 0 to 65535"))?;
+    let monitor_address = match keys.optional_string("monitor_address")? {
+        None => None,
+        Some(text) if text.trim().is_empty() => None,
+        Some(text) => Some(text.trim().parse::<std::net::IpAddr>().map_err(|_| {
+            keys.invalid(
+                "monitor_address",
+                "must be an IP address such as 127.0.0.1 or ::1 (unset: every interface)",
+            )
+        })?),
+    };
+    Ok(Logging {
+        logfile: keys.optional_string("logfile")?.map(PathBuf::from),
+        loglevel,
+        site: keys.string("site", "")?,
+        monitor_port,
+        monitor_address,
+        audit_file: keys.optional_string("audit_file")?.map(PathBuf::from),
+    })
+}
+
+/// The broker section: the connection, the lifecycle subject, RPC and the election.
+struct Broker {
+    lifecycle_component: String,
+    choria_insecure: bool,
+    plain_tcp: bool,
+    provisioning_password: Option<Secret>,
+    rpc_timeout: Option<Duration>,
+    leader_election: bool,
+    leader_election_api_prefix: String,
+}
+
+fn read_broker(keys: &KeyReader) -> Result<Broker, ConfigError> {
+    let lifecycle_component = keys
+        .optional_string("lifecycle_component")?
+        .unwrap_or_else(|| "provision_mode_server".to_string());
+    // The component goes into a NATS subject: these would widen the subscription.
+    if lifecycle_component.contains(['.', '>', '*'])
+        || lifecycle_component.contains(char::is_whitespace)
+    {
+        return Err(keys.invalid(
+            "lifecycle_component",
+            "must not contain '.', '>', '*' or spaces because it is part of a NATS subject",
+        ));
+    }
+    // Accepted for compatibility: checked for type, then unused.
+    keys.uint("broker_port", 0)?;
+    keys.string("rego_policy", "")?;
+    let rpc_timeout = match keys.get("rpc_timeout") {
+        None => None,
+        Some(_) => Some(keys.duration("rpc_timeout", "0s")?).filter(|d| !d.is_zero()),
+    };
+    Ok(Broker {
+        lifecycle_component,
+        choria_insecure: keys.boolean("choria_insecure", false)?,
+        plain_tcp: keys.boolean("plain_tcp", false)?,
+        provisioning_password: keys
+            .optional_string("broker_provisioning_password")?
+            .map(Secret::new),
+        rpc_timeout,
+        leader_election: keys.boolean("leader_election", false)?,
+        leader_election_api_prefix: keys.string("leader_election_api_prefix", "choria.streams")?,
+    })
+}
+
+/// The security section: the features and the settings each needs.
+struct Security {
+    token: Secret,
+    cert_deny_list: DenyList,
+    features: Features,
+    jwt: Option<JwtCheck>,
+    server_jwt: Option<ServerJwtIssuing>,
+    upgrades: Option<Upgrades>,
+}
+
+fn read_security(keys: &KeyReader, warnings: &mut Vec<String>) -> Result<Security, ConfigError> {
+    let features = read_features(keys, warnings)?;
+    let cert_deny_list = match keys.get("cert_deny_list") {
+        None => Vec::new(),
+        Some(Value::Sequence(items)) => items
+            .iter()
+            .map(|item| match item {
+                Value::String(s) => Ok(s.clone()),
+                other => Err(keys.wrong_type("cert_deny_list", "a list of strings", other)),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(other) => return Err(keys.wrong_type("cert_deny_list", "a list of strings", other)),
+    };
+    let cert_deny_list = DenyList::new(&cert_deny_list).map_err(|err| ConfigError::Invalid {
+        path: keys.path.to_path_buf(),
+        key: "cert_deny_list".into(),
+        value: format!("{:?}", err.entry),
+        reason: format!("not a valid regular expression: {}", err.reason),
+    })?;
+    let needed = |key: &'static str, feature: &'static str| -> Result<String, ConfigError> {
+        keys.optional_string(key)?.ok_or(ConfigError::NeededBy {
+            path: keys.path.to_path_buf(),
+            key,
+            feature,
+        })
+    };
+    let jwt = if features.jwt {
+        Some(JwtCheck {
+            verify_cert: needed("jwt_verify_cert", "features.jwt")?,
+        })
+    } else {
+        None
+    };
+    let validity = match keys.duration("server_jwt_validity", "1y")? {
+        zero if zero.is_zero() => {
+            duration::parse("1y").unwrap_or(Duration::from_secs(365 * 24 * 3600))
+        }
+        validity => validity,
+    };
+    let server_jwt = if features.ed25519 {
+        Some(ServerJwtIssuing {
+            signing_key: PathBuf::from(needed("jwt_signing_key", "features.ed25519")?),
+            signing_token: keys
+                .optional_string("jwt_signing_token")?
+                .map(PathBuf::from),
+            validity,
+        })
+    } else {
+        None
+    };
+    let upgrades = if features.upgrades {
+        Some(Upgrades {
+            repository: keys.optional_string("upgrades_repository")?,
+            optional: keys.boolean("upgrades_optional", false)?,
+        })
+    } else {
+        None
+    };
+    // Every key is checked for its type, used or not.
+    for key in [
+        "jwt_verify_cert",
+        "jwt_signing_key",
+        "jwt_signing_token",
+        "upgrades_repository",
+    ] {
+        keys.optional_string(key)?;
+    }
+    keys.boolean("upgrades_optional", false)?;
+    Ok(Security {
+        token: Secret::new(keys.string("token", "")?),
+        cert_deny_list,
+        features,
+        jwt,
+        server_jwt,
+        upgrades,
+    })
+}
+
+fn read_features(keys: &KeyReader, warnings: &mut Vec<String>) -> Result<Features, ConfigError> {
+    let mut features = Features::default();
+    match keys.get("features") {
+        None => {}
+        Some(Value::Mapping(m)) => {
+            for (k, v) in m {
+                let name = k.as_str().map(str::to_string).unwrap_or_else(|| render(k));
+                let key = format!("features.{name}");
+                let flag = match name.as_str() {
+                    "pki" => &mut features.pki,
+                    "jwt" => &mut features.jwt,
+                    "ed25519" => &mut features.ed25519,
+                    "upgrades" => &mut features.upgrades,
+                    _ => {
+                        warnings.push(format!(
+                            "{}: unknown key {key} is ignored (known: {})",
+                            keys.path.display(),
+                            FEATURE_KEYS.join(", ")
+                        ));
+                        continue;
+                    }
+                };
+                *flag = keys.boolean_value(Some(v).filter(|v| !v.is_null()), &key, false)?;
+            }
+        }
+        Some(other) => return Err(keys.wrong_type("features", "a mapping", other)),
+    }
+    if features.pki && features.ed25519 {
+        return Err(ConfigError::Invalid {
+            path: keys.path.to_path_buf(),
+            key: "features".into(),
+            value: "pki: true, ed25519: true".into(),
+            reason: "pki and ed25519 cannot both be enabled".into(),
+        });
+    }
+    if features.ed25519 {
+        features.jwt = true;
+    }
+    Ok(features)
 }
 
 /// Renders a YAML value for an error message.
@@ -569,11 +698,62 @@ fn type_name(value: &Value) -> &'static str {
     }
 }
 
-struct Doc {
-    path: PathBuf,
+/// The file's top-level mapping, read key by key as typed values; every error it makes names
+/// the file, the key and the value. A key set to `null` counts as unset.
+struct KeyReader<'a> {
+    path: &'a Path,
+    mapping: Mapping,
 }
 
-impl Doc {
+impl<'a> KeyReader<'a> {
+    fn from_yaml(path: &'a Path, text: &str) -> Result<KeyReader<'a>, ConfigError> {
+        let value: Value = serde_norway::from_str(text).map_err(|err| ConfigError::Yaml {
+            path: path.to_path_buf(),
+            reason: err.to_string(),
+        })?;
+        let mapping = match value {
+            Value::Mapping(m) => m,
+            // An empty file is an empty configuration, which then fails on `helper`.
+            Value::Null => Mapping::new(),
+            _ => {
+                return Err(ConfigError::NotAMapping {
+                    path: path.to_path_buf(),
+                })
+            }
+        };
+        Ok(KeyReader { path, mapping })
+    }
+
+    /// Warnings for keys we do not know and keys that have no effect.
+    fn unknown_and_unused_keys(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        for key in self.mapping.keys() {
+            let name = key
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| render(key));
+            if !KNOWN_KEYS.contains(&name.as_str()) {
+                warnings.push(format!(
+                    "{}: unknown key {name} is ignored",
+                    self.path.display()
+                ));
+            }
+        }
+        for unused in UNUSED_KEYS {
+            if self.get(unused).is_some() {
+                warnings.push(format!(
+                    "{}: key {unused} is accepted for compatibility but has no effect",
+                    self.path.display()
+                ));
+            }
+        }
+        warnings
+    }
+
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.mapping.get(key).filter(|v| !v.is_null())
+    }
+
     fn wrong_type(&self, key: &str, expected: &'static str, value: &Value) -> ConfigError {
         let shown = if SECRET_KEYS.contains(&key) {
             format!("{} (value not shown)", type_name(value))
@@ -581,41 +761,50 @@ impl Doc {
             format!("{} {}", type_name(value), render(value))
         };
         ConfigError::WrongType {
-            path: self.path.clone(),
+            path: self.path.to_path_buf(),
             key: key.to_string(),
             expected,
             value: shown,
         }
     }
 
-    fn invalid(&self, key: &str, value: Option<&Value>, reason: &str) -> ConfigError {
-        let shown = match value {
+    /// The key's value is not acceptable; the message shows the value as written, unless it
+    /// is a secret.
+    fn invalid(&self, key: &str, reason: &str) -> ConfigError {
+        let shown = match self.get(key) {
             None => "(default)".into(),
             Some(_) if SECRET_KEYS.contains(&key) => "(not shown)".into(),
             Some(value) => render(value),
         };
         ConfigError::Invalid {
-            path: self.path.clone(),
+            path: self.path.to_path_buf(),
             key: key.to_string(),
             value: shown,
             reason: reason.to_string(),
         }
     }
 
-    fn string(
-        &self,
-        value: Option<&Value>,
-        key: &str,
-        default: &str,
-    ) -> Result<String, ConfigError> {
-        match value {
-            None => Ok(default.to_string()),
-            Some(Value::String(s)) => Ok(s.clone()),
+    fn string(&self, key: &str, default: &str) -> Result<String, ConfigError> {
+        Ok(self
+            .optional_string(key)?
+            .unwrap_or_else(|| default.to_string()))
+    }
+
+    /// A string key; unset, `null` and `""` are all `None`.
+    fn optional_string(&self, key: &str) -> Result<Option<String>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) if s.is_empty() => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
             Some(other) => Err(self.wrong_type(key, "a string", other)),
         }
     }
 
-    fn boolean(
+    fn boolean(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
+        self.boolean_value(self.get(key), key, default)
+    }
+
+    fn boolean_value(
         &self,
         value: Option<&Value>,
         key: &str,
@@ -628,36 +817,28 @@ impl Doc {
         }
     }
 
-    fn uint(&self, value: Option<&Value>, key: &str, default: u64) -> Result<u64, ConfigError> {
-        match value {
+    fn uint(&self, key: &str, default: u64) -> Result<u64, ConfigError> {
+        match self.get(key) {
             None => Ok(default),
             Some(Value::Number(n)) => n
                 .as_u64()
-                .ok_or_else(|| self.invalid(key, value, "must be a whole number, 0 or more")),
+                .ok_or_else(|| self.invalid(key, "must be a whole number, 0 or more")),
             Some(other) => Err(self.wrong_type(key, "a whole number", other)),
         }
     }
 
-    fn duration(
-        &self,
-        value: Option<&Value>,
-        key: &str,
-        default: &str,
-    ) -> Result<Duration, ConfigError> {
-        let text = match value {
+    /// A go-choria duration; unset or blank is `default`.
+    fn duration(&self, key: &str, default: &str) -> Result<Duration, ConfigError> {
+        let text = match self.get(key) {
             None => default.to_string(),
+            Some(Value::String(s)) if s.trim().is_empty() => default.to_string(),
             Some(Value::String(s)) => s.clone(),
             Some(other) => {
                 return Err(self.wrong_type(key, "a duration string like \"1m\"", other))
             }
         };
-        let text = if text.trim().is_empty() {
-            default.to_string()
-        } else {
-            text
-        };
         duration::parse(&text).map_err(|err| ConfigError::Invalid {
-            path: self.path.clone(),
+            path: self.path.to_path_buf(),
             key: key.to_string(),
             value: format!("{text:?}"),
             reason: err.to_string(),
@@ -683,24 +864,33 @@ mod tests {
             c.logfile, None,
             "no logfile means stderr, not a file named info"
         );
-        assert_eq!(c.loglevel, "info");
+        assert_eq!(c.loglevel, LogLevel::Info);
         assert_eq!(c.helper_timeout, Duration::from_secs(10));
         assert_eq!(c.lifecycle_component, "provision_mode_server");
+        assert!(c
+            .cert_deny_list
+            .entries()
+            .eq(choria_crypto::csr::DEFAULT_DENY_PATTERNS));
+        let (ed, _) =
+            parse("helper: h\njwt_verify_cert: v\njwt_signing_key: k\nfeatures: {ed25519: true}\n")
+                .unwrap();
         assert_eq!(
-            c.cert_deny_list,
-            DEFAULT_CERT_DENY_LIST.map(String::from).to_vec()
+            ed.server_jwt.map(|s| s.validity),
+            Some(Duration::from_secs(365 * 24 * 3600))
         );
-        assert_eq!(c.server_jwt_validity, Duration::from_secs(365 * 24 * 3600));
         assert_eq!(c.work_queue_size, 50_000);
         assert_eq!(c.release_delay, Duration::from_secs(60));
         assert_eq!(c.rpc_timeout, None);
         assert_eq!(c.audit_file, None, "no audit trail unless asked");
         assert_eq!(c.leader_election_api_prefix, "choria.streams");
         assert_eq!(c.features, Features::default());
+        assert_eq!((c.jwt, c.server_jwt, c.upgrades), (None, None, None));
         assert_eq!(c.monitor_port, 0);
         assert_eq!(c.monitor_address, None, "every interface, as Go");
-        assert!(!c.leader_election && !c.choria_insecure && !c.upgrades_optional);
         assert!(!c.plain_tcp);
+        assert_eq!(c.token, "");
+        assert_eq!(c.broker_provisioning_password, None);
+        assert!(!c.leader_election && !c.choria_insecure);
     }
 
     #[test]
@@ -746,8 +936,9 @@ features:
             c.logfile,
             Some(PathBuf::from("/var/log/choria-provisioner.log"))
         );
-        assert_eq!(c.loglevel, "debug");
-        assert_eq!(c.helper, "/etc/choria-provisioner/helper --site \"dc 1\"");
+        assert_eq!(c.loglevel, LogLevel::Debug);
+        assert_eq!(c.helper.program(), "/etc/choria-provisioner/helper");
+        assert_eq!(c.helper.args(), ["--site", "dc 1"]);
         assert_eq!(c.helper_timeout, Duration::from_secs(30));
         assert_eq!(c.token, "s3cret");
         assert_eq!(c.lifecycle_component, "my_component");
@@ -756,16 +947,31 @@ features:
         assert_eq!(c.site, "dc1");
         assert_eq!(c.monitor_port, 8080);
         assert_eq!(c.monitor_address, "::1".parse().ok());
-        assert_eq!(c.broker_provisioning_password, "pw");
-        assert_eq!(c.cert_deny_list, vec!["/\\.admin$/".to_string()]);
-        assert_eq!(c.jwt_verify_cert, "/etc/choria-provisioner/signer.pem");
-        assert_eq!(c.jwt_signing_key, "/etc/choria-provisioner/signer.seed");
-        assert_eq!(c.jwt_signing_token, "/etc/choria-provisioner/signer.jwt");
-        assert_eq!(c.server_jwt_validity, Duration::from_secs(30 * 24 * 3600));
+        assert_eq!(c.broker_provisioning_password.as_deref(), Some("pw"));
+        assert!(c.cert_deny_list.entries().eq(["/\\.admin$/"]));
+        assert_eq!(
+            c.jwt,
+            Some(JwtCheck {
+                verify_cert: "/etc/choria-provisioner/signer.pem".into()
+            })
+        );
+        assert_eq!(
+            c.server_jwt,
+            Some(ServerJwtIssuing {
+                signing_key: "/etc/choria-provisioner/signer.seed".into(),
+                signing_token: Some("/etc/choria-provisioner/signer.jwt".into()),
+                validity: Duration::from_secs(30 * 24 * 3600),
+            })
+        );
         assert!(c.leader_election);
         assert_eq!(c.leader_election_api_prefix, "$JS.API");
-        assert_eq!(c.upgrades_repository, "https://repo.example.net/choria");
-        assert!(c.upgrades_optional);
+        assert_eq!(
+            c.upgrades,
+            Some(Upgrades {
+                repository: Some("https://repo.example.net/choria".into()),
+                optional: true
+            })
+        );
         assert_eq!(c.work_queue_size, 10);
         assert_eq!(c.release_delay, Duration::from_secs(5));
         assert_eq!(c.rpc_timeout, Some(Duration::from_secs(3)));
@@ -786,8 +992,107 @@ features:
 
     #[test]
     fn ed25519_turns_jwt_on() {
-        let (c, _) = parse("helper: h\njwt_signing_key: k\nfeatures: {ed25519: true}\n").unwrap();
+        let (c, _) =
+            parse("helper: h\njwt_verify_cert: v\njwt_signing_key: k\nfeatures: {ed25519: true}\n")
+                .unwrap();
         assert!(c.features.jwt);
+        assert!(c.jwt.is_some());
+    }
+
+    #[test]
+    fn each_feature_needs_its_keys_and_holds_them_only_when_on() {
+        // (yaml, Ok(jwt, server_jwt, upgrades present) or Err(substrings))
+        type Want = Result<(bool, bool, bool), &'static [&'static str]>;
+        #[rustfmt::skip]
+        let cases: &[(&str, Want)] = &[
+            ("features: {jwt: true}",                      Err(&["jwt_verify_cert must be set", "features.jwt"])),
+            ("features: {jwt: true}\njwt_verify_cert: \"\"", Err(&["jwt_verify_cert must be set"])),
+            ("features: {jwt: true}\njwt_verify_cert: v",    Ok((true, false, false))),
+            ("features: {ed25519: true}\njwt_signing_key: k", Err(&["jwt_verify_cert must be set", "features.jwt"])),
+            ("features: {ed25519: true}\njwt_verify_cert: v", Err(&["jwt_signing_key must be set", "features.ed25519"])),
+            ("features: {ed25519: true}\njwt_verify_cert: v\njwt_signing_key: k", Ok((true, true, false))),
+            ("features: {upgrades: true}",                 Ok((false, false, true))),
+            // Keys of a feature that is off are checked for type, and held nowhere.
+            ("jwt_verify_cert: v\njwt_signing_key: k\nupgrades_repository: r", Ok((false, false, false))),
+            ("jwt_signing_key: 5",                         Err(&["jwt_signing_key", "a string"])),
+        ];
+        for (yaml, want) in cases {
+            let result = parse(&format!("helper: h\n{yaml}\n"));
+            match (result, want) {
+                (Ok((c, _)), Ok((jwt, issuing, upgrades))) => assert_eq!(
+                    (
+                        c.jwt.is_some(),
+                        c.server_jwt.is_some(),
+                        c.upgrades.is_some()
+                    ),
+                    (*jwt, *issuing, *upgrades),
+                    "{yaml}"
+                ),
+                (Err(err), Err(needles)) => {
+                    for needle in *needles {
+                        assert!(err.to_string().contains(needle), "{yaml}: {err}");
+                    }
+                }
+                (got, want) => panic!("{yaml}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn log_levels_are_gos_names() {
+        for (name, level) in [
+            ("trace", LogLevel::Trace),
+            ("debug", LogLevel::Debug),
+            ("info", LogLevel::Info),
+            ("INFO", LogLevel::Info),
+            ("warn", LogLevel::Warn),
+            ("warning", LogLevel::Warn),
+            ("error", LogLevel::Error),
+            ("fatal", LogLevel::Error),
+            ("panic", LogLevel::Error),
+        ] {
+            assert_eq!(LogLevel::parse(name), Some(level), "{name}");
+            let (c, _) = parse(&format!("helper: h\nloglevel: {name}\n")).unwrap();
+            assert_eq!(c.loglevel, level, "{name}");
+        }
+        assert_eq!(LogLevel::parse("loud"), None);
+        assert_eq!(LogLevel::Warn.filter(), log::LevelFilter::Warn);
+    }
+
+    #[test]
+    fn a_helper_command_that_does_not_split_is_named_by_its_program_only() {
+        let err = parse("helper: \"/usr/bin/helper --token 's3cret-arg\"\n")
+            .expect_err("unbalanced")
+            .to_string();
+        assert!(!err.contains("s3cret-arg"), "{err}");
+        assert!(err.contains("/usr/bin/helper"), "{err}");
+        assert!(err.contains("cannot split"), "{err}");
+    }
+
+    #[test]
+    fn the_helper_command_follows_shell_quoting() {
+        let cases: &[(&str, Option<&[&str]>)] = &[
+            ("/usr/bin/helper", Some(&["/usr/bin/helper"])),
+            (
+                "/h --ca \"/etc/my ca\" -x",
+                Some(&["/h", "--ca", "/etc/my ca", "-x"]),
+            ),
+            ("/h 'it''s' a\\ b", Some(&["/h", "its", "a b"])),
+            ("  /h   x  ", Some(&["/h", "x"])),
+            ("/h \"unbalanced", None),
+            ("", None),
+            ("   ", None),
+        ];
+        for (line, want) in cases {
+            match (HelperCommand::parse(line), want) {
+                (Ok(command), Some(want)) => {
+                    assert_eq!(command.program(), want[0], "{line}");
+                    assert_eq!(command.args(), &want[1..], "{line}");
+                }
+                (Err(err), None) => assert!(err.contains("cannot split"), "{err}"),
+                (got, want) => panic!("{line}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 
     #[test]
@@ -923,33 +1228,42 @@ features:
                 c.workers,
                 c.interval,
                 c.logfile.clone(),
-                c.loglevel.clone(),
+                c.loglevel,
                 c.helper_timeout
             ),
             (
                 d.workers,
                 d.interval,
                 d.logfile.clone(),
-                d.loglevel.clone(),
+                d.loglevel,
                 d.helper_timeout
             )
         );
         assert_eq!(
-            (
-                c.work_queue_size,
-                c.release_delay,
-                c.server_jwt_validity,
-                c.rpc_timeout
-            ),
-            (
-                d.work_queue_size,
-                d.release_delay,
-                d.server_jwt_validity,
-                d.rpc_timeout
-            )
+            (c.work_queue_size, c.release_delay, c.rpc_timeout),
+            (d.work_queue_size, d.release_delay, d.rpc_timeout)
         );
-        assert_eq!(c.cert_deny_list, d.cert_deny_list);
+        assert!(c.cert_deny_list.entries().eq(d.cert_deny_list.entries()));
+        assert_eq!(
+            (&c.token, &c.broker_provisioning_password),
+            (&d.token, &d.broker_provisioning_password)
+        );
         assert_eq!(c.features, d.features);
+        // With every feature on, the sample's feature settings are the defaults too.
+        let text = std::fs::read_to_string(&sample).unwrap();
+        let on = |text: &str| {
+            text.replace("  ed25519: false", "  ed25519: true")
+                .replace("  upgrades: false", "  upgrades: true")
+                .replace("jwt_verify_cert: \"\"", "jwt_verify_cert: v")
+                .replace("jwt_signing_key: \"\"", "jwt_signing_key: k")
+        };
+        let (c, _) = parse(&on(&text)).unwrap();
+        let (d, _) = parse(&on(
+            "helper: h\nfeatures:\n  ed25519: false\n  upgrades: false\njwt_verify_cert: \"\"\njwt_signing_key: \"\"\n",
+        ))
+        .unwrap();
+        assert!(c.server_jwt.is_some() && c.upgrades.is_some());
+        assert_eq!((c.server_jwt, c.upgrades), (d.server_jwt, d.upgrades));
         assert_eq!(c.lifecycle_component, d.lifecycle_component);
         assert_eq!(c.leader_election_api_prefix, d.leader_election_api_prefix);
         assert_eq!(c.audit_file, d.audit_file);

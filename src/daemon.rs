@@ -1,45 +1,117 @@
 //! Wiring: logging, the pid file, metrics, the broker connection, the fleet's threads, the
 //! lifecycle listener, the election, and signals. `run` returns the process exit code.
 
-use std::io::Write;
+use std::fmt;
+use std::io::{self, Write};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, never, select, Receiver, Sender};
 
-use choria_broker::connection::Connection;
+use choria_broker::announce::announce_startup;
+use choria_broker::connection::{Connection, ConnectionError};
 use choria_broker::discovery::Discovery;
 use choria_broker::election::{Election, ElectionEvent, ElectionSettings};
 use choria_broker::gate::Gate;
-use choria_broker::listener::{publish_own_startup, EventListener};
+use choria_broker::listener::EventListener;
 use choria_broker::rpc::RpcClient;
 
 use crate::audit::AuditLog;
 use crate::cli::RunArgs;
-use crate::client_config::{self, connect_settings};
-use crate::config::Config;
+use crate::client_config::{self, connect_settings, LoadError};
+use crate::config::{Config, ConfigError};
 use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source};
 use crate::metrics::{Metrics, MetricsServer};
-use crate::pidfile::PidFile;
-use crate::provision::Cycle;
+use crate::pidfile::{PidFile, PidFileError};
+use crate::provision::{Cycle, CycleError, CycleSettings};
 use choria_broker::clock::SystemClock;
+use choria_wire::choria_cfg::ClientConfigError;
+
+/// Why the daemon could not start; each names what failed and where.
+#[derive(Debug)]
+pub(crate) enum DaemonError {
+    Config(ConfigError),
+    LogFile {
+        path: PathBuf,
+        source: io::Error,
+    },
+    Logging(log::SetLoggerError),
+    PidFile(PidFileError),
+    ClientConfig(LoadError),
+    ConnectSettings(ClientConfigError),
+    /// A file the configuration names cannot be used.
+    Cycle(CycleError),
+    AuditFile {
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// `/metrics` could not listen: the last address tried and why.
+    MetricsListener {
+        addr: std::net::SocketAddr,
+        source: io::Error,
+    },
+    Signals(ctrlc::Error),
+    Connect(ConnectionError),
+    Threads(io::Error),
+    Listener(ConnectionError),
+}
+
+impl fmt::Display for DaemonError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DaemonError::Config(err) => write!(f, "{err}"),
+            DaemonError::LogFile { path, source } => {
+                write!(f, "could not open logfile {}: {source}", path.display())
+            }
+            DaemonError::Logging(err) => write!(f, "could not set up logging: {err}"),
+            DaemonError::PidFile(err) => write!(f, "{err}"),
+            DaemonError::ClientConfig(err) => write!(f, "{err}"),
+            DaemonError::ConnectSettings(err) => write!(f, "{err}"),
+            DaemonError::Cycle(err) => write!(f, "{err}"),
+            DaemonError::AuditFile { path, source } => {
+                write!(f, "audit_file: cannot open {}: {source}", path.display())
+            }
+            DaemonError::MetricsListener { addr, source } => {
+                write!(f, "could not serve metrics on {addr}: {source}")
+            }
+            DaemonError::Signals(err) => write!(f, "could not install signal handlers: {err}"),
+            DaemonError::Connect(err) => write!(f, "{err}"),
+            DaemonError::Threads(err) => write!(f, "could not start the worker threads: {err}"),
+            DaemonError::Listener(err) => write!(f, "{err}"),
+        }
+    }
+}
+
+impl std::error::Error for DaemonError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DaemonError::Config(err) => Some(err),
+            DaemonError::LogFile { source, .. }
+            | DaemonError::AuditFile { source, .. }
+            | DaemonError::MetricsListener { source, .. } => Some(source),
+            DaemonError::Logging(err) => Some(err),
+            DaemonError::PidFile(err) => Some(err),
+            DaemonError::ClientConfig(err) => Some(err),
+            DaemonError::ConnectSettings(err) => Some(err),
+            DaemonError::Cycle(err) => Some(err),
+            DaemonError::Signals(err) => Some(err),
+            DaemonError::Connect(err) | DaemonError::Listener(err) => Some(err),
+            DaemonError::Threads(err) => Some(err),
+        }
+    }
+}
 
 /// How long in-flight cycles get to end after SIGINT/SIGTERM.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Sets up `log` to write to the configured file, or to stderr when there is none (Go's
 /// default writes to a file named `info`: fixed).
-pub fn init_logging(config: &Config, debug: bool) -> Result<(), String> {
+pub fn init_logging(config: &Config, debug: bool) -> Result<(), DaemonError> {
     let level = if debug {
         log::LevelFilter::Debug
     } else {
-        match config.loglevel.as_str() {
-            "trace" => log::LevelFilter::Trace,
-            "debug" => log::LevelFilter::Debug,
-            "warn" | "warning" => log::LevelFilter::Warn,
-            "error" | "fatal" | "panic" => log::LevelFilter::Error,
-            _ => log::LevelFilter::Info,
-        }
+        config.loglevel.filter()
     };
     let mut builder = env_logger::Builder::new();
     builder.filter_level(level);
@@ -65,32 +137,27 @@ pub fn init_logging(config: &Config, debug: bool) -> Result<(), String> {
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|err| format!("could not open logfile {}: {err}", path.display()))?;
+            .map_err(|source| DaemonError::LogFile {
+                path: path.clone(),
+                source,
+            })?;
         builder.target(env_logger::Target::Pipe(Box::new(file)));
     } else {
         builder.target(env_logger::Target::Stderr);
     }
-    builder
-        .try_init()
-        .map_err(|err| format!("could not set up logging: {err}"))
+    builder.try_init().map_err(DaemonError::Logging)
 }
 
 /// Runs the daemon until SIGINT or SIGTERM. Returns the exit code.
 pub fn run(args: RunArgs) -> i32 {
-    let (config, warnings) = match Config::load(&args.config) {
-        Ok(loaded) => loaded,
+    let config = match configure_logging(&args) {
+        Ok(config) => config,
+        // No log yet: stderr only.
         Err(err) => {
             eprintln!("choria-provisioner: error: {err}");
             return 1;
         }
     };
-    if let Err(err) = init_logging(&config, args.debug) {
-        eprintln!("choria-provisioner: error: {err}");
-        return 1;
-    }
-    for warning in warnings {
-        log::warn!("{warning}");
-    }
     match run_configured(Arc::new(config), &args) {
         Ok(()) => 0,
         Err(err) => {
@@ -101,22 +168,34 @@ pub fn run(args: RunArgs) -> i32 {
     }
 }
 
-fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
+/// Loads the configuration and sets up logging from it; then logs its warnings.
+fn configure_logging(args: &RunArgs) -> Result<Config, DaemonError> {
+    let (config, warnings) = Config::load(&args.config).map_err(DaemonError::Config)?;
+    init_logging(&config, args.debug)?;
+    for warning in warnings {
+        log::warn!("{warning}");
+    }
+    Ok(config)
+}
+
+fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError> {
     // Held (locked) until this function returns, then removed if still ours.
     let _pid = args
         .pid
         .as_deref()
         .map(PidFile::acquire)
         .transpose()
-        .map_err(|err| err.to_string())?;
-    let client = client_config::load(&args.choria_config).map_err(|err| err.to_string())?;
+        .map_err(DaemonError::PidFile)?;
+    let client = client_config::load(&args.choria_config).map_err(DaemonError::ClientConfig)?;
     let settings = connect_settings(
         &client,
         config.choria_insecure,
-        &config.broker_provisioning_password,
+        config.broker_provisioning_password.as_deref(),
         config.plain_tcp,
     )
-    .map_err(|err| err.to_string())?;
+    .map_err(DaemonError::ConnectSettings)?;
+    // Before anything connects: a key file that cannot be used fails the start at once.
+    let cycle_settings = CycleSettings::new(&config).map_err(DaemonError::Cycle)?;
 
     let metrics = Arc::new(Metrics::new(&config.site));
     let metrics_server = if config.monitor_port > 0 {
@@ -132,7 +211,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
     ctrlc::set_handler(move || {
         let _ = signal_tx.try_send(());
     })
-    .map_err(|err| format!("could not install signal handlers: {err}"))?;
+    .map_err(DaemonError::Signals)?;
 
     // With an election the instance is inert from its first thread on (Go pauses before it
     // starts the election, provisioner hosts/hosts.go); without one it is never paused.
@@ -159,7 +238,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
             }
             return Ok(());
         }
-        Err(err) => return Err(err.to_string()),
+        Err(err) => return Err(DaemonError::Connect(err)),
     };
     log::info!(
         "connected to {} as {} (caller {}, protocol {})",
@@ -168,7 +247,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
         settings.caller_id,
         settings.protocol.name()
     );
-    if let Err(err) = publish_own_startup(&conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
+    if let Err(err) = announce_startup(&conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
         log::warn!("could not publish our startup event: {err}");
     }
 
@@ -177,12 +256,13 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
     if let Some(timeout) = config.rpc_timeout {
         rpc = rpc.with_ddl_timeout(timeout);
     }
-    let mut cycle = Cycle::new(config.clone(), Arc::new(rpc), metrics.clone())
-        .map_err(|err| err.to_string())?
+    let mut cycle = Cycle::new(cycle_settings, Arc::new(rpc), metrics.clone())
         .speaking(settings.protocol.name());
     if let Some(path) = &config.audit_file {
-        let log = AuditLog::open(path)
-            .map_err(|err| format!("audit_file: cannot open {}: {err}", path.display()))?;
+        let log = AuditLog::open(path).map_err(|source| DaemonError::AuditFile {
+            path: path.clone(),
+            source,
+        })?;
         log::info!("appending one audit line per cycle to {}", path.display());
         cycle = cycle.with_audit(Arc::new(log), &settings.identity);
     }
@@ -194,7 +274,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
         Arc::new(discovery),
         config.workers,
     )
-    .map_err(|err| format!("could not start the worker threads: {err}"))?;
+    .map_err(DaemonError::Threads)?;
 
     let admitting = fleet.clone();
     let listener = EventListener::start(
@@ -206,7 +286,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), String> {
         gate.clone(),
         metrics.clone(),
     )
-    .map_err(|err| err.to_string())?;
+    .map_err(DaemonError::Listener)?;
 
     let (election, election_events) = if config.leader_election {
         // Events wait in the election thread until main takes them; none is ever dropped.
@@ -282,7 +362,7 @@ fn next_event(signals: &Receiver<()>, election: &Receiver<ElectionEvent>) -> Eve
 
 /// `/metrics` on `monitor_address` (default: every interface, IPv6 and IPv4, as Go's `:port`;
 /// IPv4 only where the host has no IPv6) and `monitor_port`.
-fn start_metrics(config: &Config, metrics: Arc<Metrics>) -> Result<MetricsServer, String> {
+fn start_metrics(config: &Config, metrics: Arc<Metrics>) -> Result<MetricsServer, DaemonError> {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
     let port = config.monitor_port;
     let candidates = match config.monitor_address {
@@ -292,14 +372,18 @@ fn start_metrics(config: &Config, metrics: Arc<Metrics>) -> Result<MetricsServer
             SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
         ],
     };
-    let mut last = String::new();
-    for addr in &candidates {
-        match MetricsServer::start(*addr, metrics.clone()) {
+    let mut last = None;
+    for addr in candidates {
+        match MetricsServer::start(addr, metrics.clone()) {
             Ok(server) => return Ok(server),
-            Err(err) => last = format!("could not serve metrics on {addr}: {err}"),
+            Err(source) => last = Some(DaemonError::MetricsListener { addr, source }),
         }
     }
-    Err(last)
+    // `candidates` is never empty.
+    Err(last.unwrap_or(DaemonError::MetricsListener {
+        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "no address to listen on"),
+    }))
 }
 
 /// Won: work, and discover at once rather than waiting up to an interval. Lost: stop, and

@@ -20,6 +20,7 @@ use crossbeam_channel::{bounded, never, select, Receiver, Sender, TrySendError};
 use parking_lot::Mutex;
 
 use crate::metrics::Metrics;
+use crate::provision::ProvisionError;
 use choria_broker::clock::Clock;
 use choria_broker::discovery::DiscoveryError;
 use choria_broker::gate::Gate;
@@ -27,15 +28,18 @@ use choria_broker::log_limit;
 use choria_wire::identity::Identity;
 
 /// How one provisioning cycle ended.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub enum ProvisionOutcome {
     /// Provisioned. `hold`: keep the identity known for `release_delay` while the node
     /// restarts (false after an in-place upgrade, so the next sighting provisions it again).
     Provisioned { hold: bool },
+    /// Shut down, as the helper asked (a node refusing is logged and carried on from, as in
+    /// Go). Held like a provisioned node; Go's metrics count it as provisioned.
+    ShutDown,
     /// The node's provisioning lock belongs to another provisioner: done, not an error.
     OwnedElsewhere,
-    /// The cycle failed; the message names the step and the cause.
-    Failed(String),
+    /// The cycle failed; the error names the node, the step and the cause.
+    Failed(ProvisionError),
     /// The gate closed (paused or stopping) before the cycle finished.
     Halted,
 }
@@ -398,17 +402,21 @@ fn work_one(
             );
             false
         }
-        ProvisionOutcome::Failed(reason) => {
+        ProvisionOutcome::ShutDown => {
+            log::info!("shut down {} as the helper asked", ticket.identity);
+            true
+        }
+        ProvisionOutcome::Failed(err) => {
             fleet.metrics.provision_errors.inc();
-            log::error!("provisioning {} failed: {reason}", ticket.identity);
+            log::error!("provisioning failed: {err}");
             false
         }
         ProvisionOutcome::Halted => {
-            log::info!(
-                "stopped provisioning {}: {:?}",
-                ticket.identity,
-                fleet.gate.check().err()
-            );
+            let why = match fleet.gate.check() {
+                Err(halt) => halt.to_string(),
+                Ok(()) => "provisioning was paused meanwhile".to_string(),
+            };
+            log::info!("stopped provisioning {}: {why}", ticket.identity);
             false
         }
     };
@@ -922,7 +930,12 @@ mod tests {
 
     fn outcome_by_name(identity: &str) -> ProvisionOutcome {
         match identity {
-            "fails" => ProvisionOutcome::Failed("helper said no".into()),
+            "fails" => ProvisionOutcome::Failed(ProvisionError {
+                identity: Identity::parse(identity).expect("a valid identity"),
+                failure: crate::provision::Failure::Deferred {
+                    message: "helper said no".into(),
+                },
+            }),
             "upgraded" => ProvisionOutcome::Provisioned { hold: false },
             "foreign" => ProvisionOutcome::OwnedElsewhere,
             _ => ProvisionOutcome::Provisioned { hold: true },

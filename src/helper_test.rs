@@ -19,7 +19,8 @@ use crate::config::Config;
 use crate::provision::decision::{decide, Decision, NodeFacts, Pairing, Plan, Upgrade};
 use crate::provision::helper::{CsrReply, Ed25519Reply, Exchange, Helper, HelperError};
 use crate::provision::{
-    ask_helper, check_node_csr, failure_reason, new_nonce, take_inventory, verify_node_jwt, Rules,
+    ask_helper, check_node_csr, failure_reason, new_nonce, take_inventory, verify_node_jwt,
+    CycleSettings, Failure,
 };
 use choria_crypto::certificate::CertificateFacts;
 use choria_crypto::ed25519::{check_public_key, verify_nonce_signature};
@@ -166,18 +167,16 @@ fn rehearse(args: &HelperTestArgs) -> Result<Report, Usage> {
     if let Some(path) = &args.choria_config {
         crate::client_config::load(path).map_err(|e| e.to_string())?;
     }
-    let rules = Rules::new(&config).map_err(|e| e.to_string())?;
+    let rules = CycleSettings::new(&config).map_err(|e| e.to_string())?;
     // The daemon admits no node whose identity is not valid: nothing to rehearse.
     let identity = Identity::parse(&args.identity)
         .map_err(|e| format!("--identity {}: {e}", escape(&args.identity)))?;
     let now = choria_broker::clock::unix_now().max(0) as u64;
     let (helper, helper_mode, timeout) = match &rules.helper {
         // The program only, as the daemon's messages name it: arguments may hold secrets.
-        Helper::PerNode { command, timeout } => (
-            command.first().cloned().unwrap_or_default(),
-            "per_node",
-            *timeout,
-        ),
+        Helper::PerNode { command, timeout } => {
+            (command.program().to_string(), "per_node", *timeout)
+        }
     };
     let mut report = Report {
         identity: args.identity.clone(),
@@ -206,8 +205,8 @@ fn rehearse(args: &HelperTestArgs) -> Result<Report, Usage> {
     let exchange = ask_helper(&rules.helper, &node);
     report.helper_run = Some(helper_run(&exchange));
     let (decision, exit_code) = match exchange.answer {
-        Err(err) => (fail_on_helper(err), EXIT_FAILED),
-        Ok(answer) => match decide(&config, &rules.deny_list, &node, &answer, now) {
+        Err(err) => (fail_on_helper(&node.identity, err), EXIT_FAILED),
+        Ok(answer) => match decide(&rules, &node, &answer, now) {
             Err(err) => (
                 Verdict::Fail {
                     reason: failure_reason(&node.identity, err),
@@ -223,10 +222,10 @@ fn rehearse(args: &HelperTestArgs) -> Result<Report, Usage> {
     Ok(report)
 }
 
-fn fail_on_helper(err: HelperError) -> Verdict {
-    // The cycle's reason for a helper error is the error itself (it names helper and node).
+fn fail_on_helper(identity: &Identity, err: HelperError) -> Verdict {
+    // The cycle's reason for a helper error, word for word.
     Verdict::Fail {
-        reason: err.to_string(),
+        reason: failure_reason(identity, Failure::Helper(err)),
         helper_error: true,
     }
 }
@@ -240,7 +239,7 @@ fn read(flag: &str, path: &Path) -> Result<String, Usage> {
 /// inner one is the reason the daemon would fail the node before asking the helper.
 fn gather(
     config: &Config,
-    rules: &Rules,
+    rules: &CycleSettings,
     args: &HelperTestArgs,
     identity: &Identity,
     now: u64,
@@ -256,7 +255,7 @@ fn gather(
     };
     let features = &config.features;
 
-    if features.jwt {
+    if let Some(jwt) = &config.jwt {
         let (_, ecdh_public) = ecdh_keypair();
         node.server_ecdh_public = ecdh_public;
         part(
@@ -267,9 +266,9 @@ fn gather(
         match &args.jwt {
             Some(path) => {
                 let raw = read("--jwt", path)?;
-                match verify_node_jwt(config, raw.trim_end(), now) {
+                match verify_node_jwt(jwt, raw.trim_end(), now) {
                     Ok(claims) => node.claims = Some(claims),
-                    Err(reason) => return Ok(Err(reason)),
+                    Err(reason) => return Ok(Err(reason.to_string())),
                 }
                 part(
                     "jwt",
@@ -362,7 +361,7 @@ fn gather(
         }
     };
     if let Err(reason) = take_inventory(&mut node, &inventory) {
-        return Ok(Err(reason));
+        return Ok(Err(reason.to_string()));
     }
 
     if features.pki {
@@ -486,6 +485,7 @@ fn explain_plan(plan: Plan, identity: &Identity) -> (Verdict, i32) {
             from,
             to,
             direction,
+            ..
         } => {
             notes.push(
                 "after release_update the node restarts on the new version and is provisioned again on its next sighting; if release_update fails and upgrades_optional is set, the cycle goes on to configure"

@@ -19,18 +19,6 @@ use prometheus::{
     Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
 };
 
-/// The RPC labels pre-set at start: every action the cycle can call.
-pub const RPC_LABELS: [&str; 8] = [
-    "choria_provision#jwt",
-    "choria_provision#gen25519",
-    "choria_provision#gencsr",
-    "choria_provision#configure",
-    "choria_provision#restart",
-    "choria_provision#shutdown",
-    "choria_provision#release_update",
-    "rpcutil#inventory",
-];
-
 /// Label values → (sum, count).
 type Series = BTreeMap<Vec<String>, (f64, u64)>;
 
@@ -362,9 +350,10 @@ impl Metrics {
             registry,
             site: site.to_string(),
         };
-        for rpc in RPC_LABELS {
-            metrics.rpc_time.touch(&[rpc]);
-            metrics.rpc_errors.with_label_values(&[rpc]);
+        // Every action the cycle can call is present from the start.
+        for action in choria_broker::rpc::Action::ALL {
+            metrics.rpc_time.touch(&[action.label]);
+            metrics.rpc_errors.with_label_values(&[action.label]);
         }
         metrics.helper_time.touch(&[]);
         metrics

@@ -17,11 +17,10 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use crate::config::Config;
+use crate::config::{ServerJwtIssuing, Upgrades};
 use choria_crypto::certificate::{
     check_names, key_pairing, pairs_with_csr, parse_certificate, CertificateError,
     CertificateFacts, KeyPairing,
@@ -35,9 +34,9 @@ use choria_crypto::server_jwt::{ServerJwtError, ServerJwtIssuer, ServerJwtReques
 use choria_wire::identity::Identity;
 use choria_wire::text::escape;
 
-use super::helper::{go_escape, CsrReply, Ed25519Reply, HelperInput, HelperOutput};
+use super::helper::{CsrReply, Ed25519Reply, HelperInput, HelperOutput};
 use super::version;
-use super::{configure_request, ConfigureFields};
+use super::{configure_request, ConfigureFields, CycleSettings};
 
 /// What the cycle learned about one node before asking the helper.
 #[derive(Debug, Clone)]
@@ -243,11 +242,13 @@ pub enum Upgrade {
     AlreadyThere {
         target: String,
     },
-    /// `release_update` to `to`; any difference in RPM order, down as well as up.
+    /// `release_update` to `to` from `repository`; any difference in RPM order, down as well
+    /// as up.
     Move {
         from: String,
         to: String,
         direction: &'static str,
+        repository: String,
     },
     /// Cannot be attempted, and `upgrades_optional` lets the cycle carry on to `configure`.
     Skipped {
@@ -258,8 +259,7 @@ pub enum Upgrade {
 
 /// Applies every rule to the helper's answer for `node` at `now_unix`.
 pub fn decide(
-    config: &Config,
-    deny: &DenyList,
+    settings: &CycleSettings,
     node: &NodeFacts,
     answer: &HelperOutput,
     now_unix: u64,
@@ -286,10 +286,10 @@ pub fn decide(
     let tls_written = !answer.certificate.is_empty() && !answer.ca.is_empty() && !ssldir.is_empty();
 
     let (certificate, certificate_pairing) =
-        check_certificate(deny, node, answer, tls_written, &mut notes)?;
+        check_certificate(&settings.deny_list, node, answer, tls_written, &mut notes)?;
 
-    let server_jwt = if config.features.ed25519 {
-        Some(issue_server_jwt(config, node, answer, now_unix)?)
+    let server_jwt = if let Some(issuing) = &settings.server_jwt {
+        Some(issue_server_jwt(issuing, node, answer, now_unix)?)
     } else {
         if answer.server_claims.is_some() {
             notes.push("server_claims ignored: features.ed25519 is off".to_string());
@@ -309,9 +309,16 @@ pub fn decide(
         encrypt_key(node, &answer.key)?
     };
 
-    let upgrade = decide_upgrade(config, node, &answer.upgrade)?;
+    let upgrade = decide_upgrade(settings.upgrades.as_ref(), node, &answer.upgrade)?;
 
-    let configure = configure_data(config, answer, &ssldir, &key, &ecdh_public, &server_jwt);
+    let configure = configure_data(
+        &settings.token,
+        answer,
+        &ssldir,
+        &key,
+        &ecdh_public,
+        &server_jwt,
+    );
     Ok(Decision::Configure(Box::new(Plan {
         upgrade,
         configure,
@@ -405,7 +412,7 @@ fn check_certificate(
 }
 
 fn issue_server_jwt(
-    config: &Config,
+    issuing: &ServerJwtIssuing,
     node: &NodeFacts,
     answer: &HelperOutput,
     now_unix: u64,
@@ -419,13 +426,13 @@ fn issue_server_jwt(
         return Err(AnswerError::NoEd25519Key);
     }
     // Loaded per node, as Go does, so replaced key or token files take effect at once.
-    let issuer = load_issuer(config, now_unix).map_err(AnswerError::ServerJwt)?;
+    let issuer = load_issuer(issuing, now_unix).map_err(AnswerError::ServerJwt)?;
     let request = ServerJwtRequest {
         identity: node.identity.as_str(),
         ed25519_pubkey_hex: public_key,
         configuration: &answer.configuration,
         server_claims: answer.server_claims.as_ref(),
-        validity: config.server_jwt_validity,
+        validity: issuing.validity,
     };
     let token = issuer
         .issue(&request, now_unix)
@@ -439,15 +446,13 @@ fn issue_server_jwt(
 
 /// The issuer the configuration names (`jwt_signing_key`, and `jwt_signing_token` in chain
 /// mode), read from disk now.
-pub fn load_issuer(config: &Config, now_unix: u64) -> Result<ServerJwtIssuer, ServerJwtError> {
-    let token = if config.jwt_signing_token.is_empty() {
-        None
-    } else {
-        Some(Path::new(&config.jwt_signing_token))
-    };
+pub fn load_issuer(
+    issuing: &ServerJwtIssuing,
+    now_unix: u64,
+) -> Result<ServerJwtIssuer, ServerJwtError> {
     ServerJwtIssuer::load(
-        Path::new(&config.jwt_signing_key),
-        token,
+        &issuing.signing_key,
+        issuing.signing_token.as_deref(),
         now_unix,
         &super::read_file,
     )
@@ -470,44 +475,44 @@ fn encrypt_key(node: &NodeFacts, key_pem: &str) -> Result<(String, String), Answ
 
 /// Go `handleHostUpgrade`, except that any difference in RPM order, down as well as up, moves
 /// the node to the helper's version, so downgrades work too.
-fn decide_upgrade(config: &Config, node: &NodeFacts, target: &str) -> Result<Upgrade, AnswerError> {
+fn decide_upgrade(
+    upgrades: Option<&Upgrades>,
+    node: &NodeFacts,
+    target: &str,
+) -> Result<Upgrade, AnswerError> {
     if target.is_empty() {
         return Ok(Upgrade::NotAsked);
     }
-    if !config.features.upgrades {
+    let Some(upgrades) = upgrades else {
         return Ok(Upgrade::FeatureOff {
             target: target.to_string(),
         });
-    }
+    };
+    let cannot = |reason: &str| AnswerError::Upgrade {
+        target: target.to_string(),
+        reason: reason.to_string(),
+    };
     // Go sends an empty repository when upgrades_optional is set; we fail the step instead
     // (which upgrades_optional then tolerates) rather than ask the node for nothing.
-    let impossible = if config.upgrades_repository.is_empty() {
-        Some(AnswerError::Upgrade {
+    let possible = match &upgrades.repository {
+        None => Err(AnswerError::Upgrade {
             target: String::new(),
             reason: "upgrades_repository not configured for the upgrades feature".to_string(),
-        })
-    } else if node.version.is_empty() {
-        Some(AnswerError::Upgrade {
-            target: target.to_string(),
-            reason: "did not receive a version in inventory".to_string(),
-        })
-    } else if !node.upgradable {
-        Some(AnswerError::Upgrade {
-            target: target.to_string(),
-            reason: "the node does not support upgrades".to_string(),
-        })
-    } else {
-        None
+        }),
+        Some(_) if node.version.is_empty() => Err(cannot("did not receive a version in inventory")),
+        Some(_) if !node.upgradable => Err(cannot("the node does not support upgrades")),
+        Some(repository) => Ok(repository),
     };
-    if let Some(err) = impossible {
-        if config.upgrades_optional {
+    let repository = match possible {
+        Ok(repository) => repository,
+        Err(err) if upgrades.optional => {
             return Ok(Upgrade::Skipped {
                 target: target.to_string(),
                 reason: err.to_string(),
-            });
+            })
         }
-        return Err(err);
-    }
+        Err(err) => return Err(err),
+    };
     Ok(match version::compare(&node.version, target) {
         Ordering::Equal => Upgrade::AlreadyThere {
             target: target.to_string(),
@@ -520,12 +525,13 @@ fn decide_upgrade(config: &Config, node: &NodeFacts, target: &str) -> Result<Upg
             } else {
                 "downgrade"
             },
+            repository: repository.clone(),
         },
     })
 }
 
 fn configure_data(
-    config: &Config,
+    token: &str,
     answer: &HelperOutput,
     ssldir: &str,
     key: &str,
@@ -537,12 +543,12 @@ fn configure_data(
     }
     // `config` is JSON in a string, encoded as Go's json.Marshal of a map: sorted keys, Go
     // escapes; the node decodes it as an object of strings (go-choria configure_action.go).
-    let config_json = go_escape(
-        &serde_json::to_string(&answer.configuration)
+    let config_json = choria_wire::json::go_escape(
+        serde_json::to_string(&answer.configuration)
             .map_err(|e| AnswerError::EncodeConfiguration(e.to_string()))?,
     );
     Ok(configure_request(ConfigureFields {
-        token: &config.token,
+        token,
         config: &config_json,
         certificate: &answer.certificate,
         ca: &answer.ca,

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::config::HelperCommand;
+
 /// Most stdout we accept from a helper; more is an error, so a runaway helper cannot exhaust
 /// memory.
 pub const MAX_OUTPUT: usize = 1024 * 1024;
@@ -67,7 +69,7 @@ pub struct HelperInput {
 impl HelperInput {
     /// The stdin bytes: compact JSON escaped as Go's encoder writes it.
     pub fn to_json(&self) -> Result<String, serde_json::Error> {
-        Ok(go_escape(&serde_json::to_string(self)?))
+        Ok(choria_wire::json::go_escape(serde_json::to_string(self)?))
     }
 }
 
@@ -223,139 +225,88 @@ fn map_field(name: &str, value: &Value) -> Result<BTreeMap<String, String>, Stri
     }
 }
 
-/// Go's JSON escaping (one implementation, in `choria_wire::json`).
-pub fn go_escape(json: &str) -> String {
-    choria_wire::json::go_escape(json.to_string())
-}
-
-/// Why running the helper for a node failed. Each names the helper and the node.
+/// Why running the helper for a node failed: which helper (by its program: its arguments may
+/// hold secrets), for which node, and what went wrong.
 #[derive(Debug)]
-pub enum HelperError {
-    /// The `helper` setting could not be split into arguments.
-    BadCommand {
-        helper: String,
-        reason: String,
-    },
-    /// The input could not be encoded (not expected with our types).
-    Input {
-        helper: String,
-        identity: String,
-        reason: String,
-    },
-    Start {
-        helper: String,
-        identity: String,
-        source: std::io::Error,
-    },
-    Io {
-        helper: String,
-        identity: String,
-        source: std::io::Error,
-    },
-    Timeout {
-        helper: String,
-        identity: String,
-        timeout: Duration,
-    },
-    Exit {
-        helper: String,
-        identity: String,
-        status: String,
-    },
-    NoOutput {
-        helper: String,
-        identity: String,
-    },
-    TooLarge {
-        helper: String,
-        identity: String,
-    },
-    Decode {
-        helper: String,
-        identity: String,
-        reason: String,
-    },
+pub struct HelperError {
+    pub helper: String,
+    pub identity: String,
+    pub kind: HelperErrorKind,
 }
 
-impl fmt::Display for HelperError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HelperError::BadCommand { helper, reason } => {
-                write!(
-                    f,
-                    "cannot split the helper command starting {helper:?}: {reason}"
-                )
+/// What went wrong running the helper.
+#[derive(Debug)]
+pub enum HelperErrorKind {
+    /// The input could not be encoded (not expected with our types).
+    Input(serde_json::Error),
+    Start(std::io::Error),
+    Io(std::io::Error),
+    /// Still running after this long: killed with its process group.
+    Timeout(Duration),
+    /// A non-zero exit or a signal, in words.
+    Exit(String),
+    NoOutput,
+    /// More than [`MAX_OUTPUT`] bytes on stdout: killed.
+    TooLarge,
+    /// The output is not an answer Go's decoder would take.
+    Decode(String),
+}
+
+impl HelperError {
+    fn new(helper: &str, identity: &str, kind: HelperErrorKind) -> HelperError {
+        HelperError {
+            helper: helper.to_string(),
+            identity: identity.to_string(),
+            kind,
+        }
+    }
+
+    /// The message, with ` for <identity>` after the helper's name unless the caller already
+    /// names the node.
+    pub fn describe(&self, name_the_node: bool) -> String {
+        let helper = &self.helper;
+        let node = if name_the_node {
+            format!(" for {}", self.identity)
+        } else {
+            String::new()
+        };
+        match &self.kind {
+            HelperErrorKind::Input(err) => {
+                format!("cannot encode the input of helper {helper}{node}: {err}")
             }
-            HelperError::Input {
-                helper,
-                identity,
-                reason,
-            } => write!(
-                f,
-                "cannot encode the input of helper {helper} for {identity}: {reason}"
+            HelperErrorKind::Start(err) => format!("cannot start helper {helper}{node}: {err}"),
+            HelperErrorKind::Io(err) => format!("cannot talk to helper {helper}{node}: {err}"),
+            HelperErrorKind::Timeout(timeout) => {
+                format!("helper {helper}{node} did not finish within {timeout:?} and was killed")
+            }
+            HelperErrorKind::Exit(status) => format!("helper {helper}{node} failed: {status}"),
+            HelperErrorKind::NoOutput => {
+                format!("helper {helper}{node} wrote nothing on stdout: zero bytes received")
+            }
+            HelperErrorKind::TooLarge => format!(
+                "helper {helper}{node} wrote more than {MAX_OUTPUT} bytes on stdout and was killed"
             ),
-            HelperError::Start {
-                helper,
-                identity,
-                source,
-            } => write!(f, "cannot start helper {helper} for {identity}: {source}"),
-            HelperError::Io {
-                helper,
-                identity,
-                source,
-            } => write!(
-                f,
-                "cannot talk to helper {helper} for {identity}: {source}"
-            ),
-            HelperError::Timeout {
-                helper,
-                identity,
-                timeout,
-            } => write!(
-                f,
-                "helper {helper} for {identity} did not finish within {timeout:?} and was killed"
-            ),
-            HelperError::Exit {
-                helper,
-                identity,
-                status,
-            } => write!(f, "helper {helper} for {identity} failed: {status}"),
-            HelperError::NoOutput { helper, identity } => write!(
-                f,
-                "helper {helper} for {identity} wrote nothing on stdout: zero bytes received"
-            ),
-            HelperError::TooLarge { helper, identity } => write!(
-                f,
-                "helper {helper} for {identity} wrote more than {MAX_OUTPUT} bytes on stdout and was killed"
-            ),
-            HelperError::Decode {
-                helper,
-                identity,
-                reason,
-            } => write!(
-                f,
-                "cannot decode the output of helper {helper} for {identity}: {reason}"
-            ),
+            HelperErrorKind::Decode(reason) => {
+                format!("cannot decode the output of helper {helper}{node}: {reason}")
+            }
         }
     }
 }
 
-impl std::error::Error for HelperError {}
-
-/// Splits the `helper` setting with shell quoting rules (as Go's go-shellquote since
-/// provisioner #214): `/usr/bin/helper --ca "/etc/my ca"` is a program and two arguments.
-pub fn split_command(helper: &str) -> Result<Vec<String>, HelperError> {
-    // Only the first word is shown: the arguments may hold secrets.
-    let bad = |reason: &str| HelperError::BadCommand {
-        helper: helper.split_whitespace().next().unwrap_or("").to_string(),
-        reason: reason.to_string(),
-    };
-    let words =
-        shlex::split(helper).ok_or_else(|| bad("unbalanced quotes or a trailing backslash"))?;
-    if words.is_empty() {
-        return Err(bad("it names no program"));
+impl fmt::Display for HelperError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe(true))
     }
-    Ok(words)
+}
+
+impl std::error::Error for HelperError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            HelperErrorKind::Input(err) => Some(err),
+            HelperErrorKind::Start(err) | HelperErrorKind::Io(err) => Some(err),
+            _ => None,
+        }
+    }
 }
 
 /// How the configured helper is run. One mode today: a process per node, Go's contract
@@ -366,18 +317,18 @@ pub fn split_command(helper: &str) -> Result<Vec<String>, HelperError> {
 pub enum Helper {
     /// A fresh process per node, killed with its process group after `timeout`.
     PerNode {
-        command: Vec<String>,
+        command: HelperCommand,
         timeout: Duration,
     },
 }
 
 impl Helper {
-    /// The helper the configuration names: `helper` split with shell rules, `helper_timeout`.
-    pub fn per_node(command_line: &str, timeout: Duration) -> Result<Helper, HelperError> {
-        Ok(Helper::PerNode {
-            command: split_command(command_line)?,
+    /// The helper the configuration names: `helper`, `helper_timeout`.
+    pub fn per_node(command: &HelperCommand, timeout: Duration) -> Helper {
+        Helper::PerNode {
+            command: command.clone(),
             timeout,
-        })
+        }
     }
 
     /// Asks the helper about one node: the whole exchange, answer or error included.
@@ -424,8 +375,10 @@ impl Exchange {
     pub fn exit_text(&self) -> String {
         match (&self.exit, &self.answer) {
             (Some(status), _) => describe_status(*status),
-            (None, Err(HelperError::Timeout { .. })) => "killed at the timeout".to_string(),
-            (None, Err(HelperError::TooLarge { .. })) => {
+            (None, Err(err)) if matches!(err.kind, HelperErrorKind::Timeout(_)) => {
+                "killed at the timeout".to_string()
+            }
+            (None, Err(err)) if matches!(err.kind, HelperErrorKind::TooLarge) => {
                 "killed for writing too much on stdout".to_string()
             }
             (None, _) => "did not run to its end".to_string(),
@@ -447,7 +400,7 @@ pub const MAX_STDERR_KEPT: usize = 64 * 1024;
 /// the helper by its program only: its arguments may hold secrets.
 #[cfg(test)]
 pub fn run_helper(
-    command: &[String],
+    command: &HelperCommand,
     input: &HelperInput,
     timeout: Duration,
     identity: &str,
@@ -457,33 +410,22 @@ pub fn run_helper(
 
 /// As [`run_helper`], returning the whole [`Exchange`].
 pub fn run_helper_exchange(
-    command: &[String],
+    command: &HelperCommand,
     input: &HelperInput,
     timeout: Duration,
     identity: &str,
 ) -> Exchange {
     let started = Instant::now();
-    let Some(program) = command.first() else {
-        let error = HelperError::BadCommand {
-            helper: String::new(),
-            reason: "it names no program".to_string(),
-        };
-        return Exchange::failed(String::new(), started, error);
-    };
-    let helper = program.clone();
+    let helper = command.program().to_string();
     let stdin_text = match input.to_json() {
         Ok(text) => text,
         Err(err) => {
-            let error = HelperError::Input {
-                helper: helper.clone(),
-                identity: identity.to_string(),
-                reason: err.to_string(),
-            };
+            let error = HelperError::new(&helper, identity, HelperErrorKind::Input(err));
             return Exchange::failed(String::new(), started, error);
         }
     };
-    let spawned = Command::new(program)
-        .args(&command[1..])
+    let spawned = Command::new(command.program())
+        .args(command.args())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -493,11 +435,7 @@ pub fn run_helper_exchange(
     let mut child = match spawned {
         Ok(child) => child,
         Err(source) => {
-            let error = HelperError::Start {
-                helper: helper.clone(),
-                identity: identity.to_string(),
-                source,
-            };
+            let error = HelperError::new(&helper, identity, HelperErrorKind::Start(source));
             return Exchange::failed(stdin_text, started, error);
         }
     };
@@ -516,23 +454,12 @@ pub fn run_helper_exchange(
         ),
         Err(end) => {
             kill_group(&mut child);
-            let error = match end {
-                RunEnd::Timeout => HelperError::Timeout {
-                    helper,
-                    identity: identity.to_string(),
-                    timeout,
-                },
-                RunEnd::TooLarge => HelperError::TooLarge {
-                    helper,
-                    identity: identity.to_string(),
-                },
-                RunEnd::Io(source) => HelperError::Io {
-                    helper,
-                    identity: identity.to_string(),
-                    source,
-                },
+            let kind = match end {
+                RunEnd::Timeout => HelperErrorKind::Timeout(timeout),
+                RunEnd::TooLarge => HelperErrorKind::TooLarge,
+                RunEnd::Io(source) => HelperErrorKind::Io(source),
             };
-            (None, Err(error))
+            (None, Err(HelperError::new(&helper, identity, kind)))
         }
     };
     Exchange {
@@ -552,24 +479,15 @@ fn decode_answer(
     status: ExitStatus,
     stdout: &[u8],
 ) -> Result<HelperOutput, HelperError> {
+    let failed = |kind| Err(HelperError::new(helper, identity, kind));
     if !status.success() {
-        return Err(HelperError::Exit {
-            helper: helper.to_string(),
-            identity: identity.to_string(),
-            status: describe_status(status),
-        });
+        return failed(HelperErrorKind::Exit(describe_status(status)));
     }
     if stdout.is_empty() {
-        return Err(HelperError::NoOutput {
-            helper: helper.to_string(),
-            identity: identity.to_string(),
-        });
+        return failed(HelperErrorKind::NoOutput);
     }
-    HelperOutput::from_json(stdout).map_err(|reason| HelperError::Decode {
-        helper: helper.to_string(),
-        identity: identity.to_string(),
-        reason,
-    })
+    HelperOutput::from_json(stdout)
+        .map_err(|reason| HelperError::new(helper, identity, HelperErrorKind::Decode(reason)))
 }
 
 fn describe_status(status: ExitStatus) -> String {
@@ -959,36 +877,5 @@ mod tests {
             let err = HelperOutput::from_json(text.as_bytes()).unwrap_err();
             assert!(err.contains(want), "{text}: {err}");
         }
-    }
-
-    #[test]
-    fn split_command_follows_shell_quoting() {
-        let cases: &[(&str, Option<&[&str]>)] = &[
-            ("/usr/bin/helper", Some(&["/usr/bin/helper"])),
-            (
-                "/h --ca \"/etc/my ca\" -x",
-                Some(&["/h", "--ca", "/etc/my ca", "-x"]),
-            ),
-            ("/h 'it''s' a\\ b", Some(&["/h", "its", "a b"])),
-            ("  /h   x  ", Some(&["/h", "x"])),
-            ("/h \"unbalanced", None),
-            ("", None),
-            ("   ", None),
-        ];
-        for (line, want) in cases {
-            match (split_command(line), want) {
-                (Ok(words), Some(want)) => assert_eq!(words, *want, "{line}"),
-                (Err(err), None) => assert!(err.to_string().contains("cannot split"), "{err}"),
-                (got, want) => panic!("{line}: got {got:?}, want {want:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn go_escape_matches_gos_encoder() {
-        assert_eq!(
-            go_escape("{\"a\":\"<x>&\u{2028}\u{2029}é\"}"),
-            "{\"a\":\"\\u003cx\\u003e\\u0026\\u2028\\u2029é\"}"
-        );
     }
 }

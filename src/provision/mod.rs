@@ -14,18 +14,19 @@
 //! 9. `configure`, then `restart` with splay 1.
 //!
 //! Nodes are reached only through [`NodeRpc`], so the cycle runs the same against the broker
-//! and against a scripted fake. Every RPC answer is mapped the same way: a refused lock means
-//! another provisioner owns the node ([`ProvisionOutcome::OwnedElsewhere`], at once), a closed
-//! gate means [`ProvisionOutcome::Halted`], anything else that is not success fails the cycle
-//! with a message naming the action, the node and the cause.
+//! and against a scripted fake. Each step returns a [`StepResult`]: its value, or the
+//! [`CycleStop`] that ends the cycle there: another provisioner owns the node (a refused lock,
+//! at once), the gate closed, or a [`Failure`] naming the step and the cause. A cycle that
+//! runs to its end has [`Finished`]: provisioned, or shut down as the helper asked.
 
 pub mod decision;
+pub mod error;
 pub mod helper;
 pub mod version;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,11 +35,11 @@ use serde_json::{json, Value};
 use crate::audit::{
     AuditLine, AuditLog, CertificateRecord, Decided, HelperRecord, Instance, ServerJwtRecord, Trail,
 };
-use crate::config::Config;
+use crate::config::{Config, JwtCheck, Secret, ServerJwtIssuing, Upgrades};
 use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
 use crate::metrics::Metrics;
 use choria_broker::gate::Gate;
-use choria_broker::rpc::{max_tries, NodeRpc, RpcOutcome};
+use choria_broker::rpc::{Action, NodeRpc, RpcOutcome};
 use choria_crypto::csr::{validate_csr, CsrError, DenyList};
 use choria_crypto::ed25519::verify_nonce_signature;
 use choria_crypto::jwt::{verify_provisioning_jwt, JwtError, VerifyKey};
@@ -47,26 +48,20 @@ use choria_wire::identity::Identity;
 use choria_wire::text::escape;
 
 use decision::{decide, load_issuer, AnswerError, Decision, NodeFacts, Plan, Upgrade};
-use helper::{go_escape, CsrReply, Ed25519Reply, Exchange, Helper, HelperError, HelperOutput};
+use helper::{CsrReply, Ed25519Reply, Exchange, Helper, HelperOutput};
 
-/// Why a [`Cycle`] could not be built from the configuration.
+pub use error::{Failure, JwtFailure, NodeCsrError, ProvisionError, ReplyProblem, RpcFailure};
+
+/// Why a [`Cycle`] cannot be built: a file the configuration names cannot be used now. (What
+/// the file must say is `config`'s to check; whether the files it names load is checked here,
+/// once at start, and again per node as Go reads them.)
 #[derive(Debug)]
 pub enum CycleError {
-    /// The `helper` setting does not split into a command.
-    Helper(HelperError),
-    /// `cert_deny_list` does not compile.
-    DenyList(CsrError),
-    /// A setting a feature needs is empty.
-    Missing {
-        path: String,
-        key: &'static str,
-        feature: &'static str,
-    },
     /// `jwt_verify_cert` does not give a usable key.
-    VerifyKey { path: String, source: JwtError },
+    VerifyKey { config: PathBuf, source: JwtError },
     /// `jwt_signing_key` / `jwt_signing_token` do not give a usable issuer.
     Issuer {
-        path: String,
+        config: PathBuf,
         source: ServerJwtError,
     },
 }
@@ -74,29 +69,86 @@ pub enum CycleError {
 impl fmt::Display for CycleError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CycleError::Helper(err) => write!(f, "{err}"),
-            CycleError::DenyList(err) => write!(f, "cert_deny_list: {err}"),
-            CycleError::Missing { path, key, feature } => {
-                write!(f, "{path}: {key} must be set when {feature} is enabled")
+            CycleError::VerifyKey { config, source } => {
+                write!(f, "{}: jwt_verify_cert: {source}", config.display())
             }
-            CycleError::VerifyKey { path, source } => {
-                write!(f, "{path}: jwt_verify_cert: {source}")
-            }
-            CycleError::Issuer { path, source } => {
-                write!(f, "{path}: jwt_signing_key/jwt_signing_token: {source}")
-            }
+            CycleError::Issuer { config, source } => write!(
+                f,
+                "{}: jwt_signing_key/jwt_signing_token: {source}",
+                config.display()
+            ),
         }
     }
 }
 
-impl std::error::Error for CycleError {}
+impl std::error::Error for CycleError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CycleError::VerifyKey { source, .. } => Some(source),
+            CycleError::Issuer { source, .. } => Some(source),
+        }
+    }
+}
+
+/// What the cycle and `helper-test` need from the configuration, and nothing more: the
+/// helper, the deny list, the token, and the settings of each feature that is on.
+#[derive(Debug, Clone)]
+pub struct CycleSettings {
+    pub helper: Helper,
+    pub deny_list: DenyList,
+    pub token: Secret,
+    /// `features.pki`: ask the node for a CSR and check it.
+    pub pki: bool,
+    /// `features.jwt`.
+    pub jwt: Option<JwtCheck>,
+    /// `features.ed25519`.
+    pub server_jwt: Option<ServerJwtIssuing>,
+    /// `features.upgrades`.
+    pub upgrades: Option<Upgrades>,
+    /// `leader_election`: the audit trail says whether we led when a cycle ran.
+    pub leader_election: bool,
+}
+
+impl CycleSettings {
+    /// Takes the cycle's settings and checks that the files they name can be used now.
+    pub fn new(config: &Config) -> Result<CycleSettings, CycleError> {
+        if let Some(jwt) = &config.jwt {
+            VerifyKey::load(&jwt.verify_cert, &read_file).map_err(|source| {
+                CycleError::VerifyKey {
+                    config: config.path.clone(),
+                    source,
+                }
+            })?;
+        }
+        if let Some(issuing) = &config.server_jwt {
+            load_issuer(issuing, now_unix()).map_err(|source| CycleError::Issuer {
+                config: config.path.clone(),
+                source,
+            })?;
+        }
+        Ok(CycleSettings {
+            helper: Helper::per_node(&config.helper, config.helper_timeout),
+            deny_list: config.cert_deny_list.clone(),
+            token: config.token.clone(),
+            pki: config.features.pki,
+            jwt: config.jwt.clone(),
+            server_jwt: config.server_jwt.clone(),
+            upgrades: config.upgrades.clone(),
+            leader_election: config.leader_election,
+        })
+    }
+
+    /// Whether a failed upgrade lets the node be configured anyway (`upgrades_optional`).
+    fn upgrades_optional(&self) -> bool {
+        self.upgrades.as_ref().is_some_and(|u| u.optional)
+    }
+}
 
 /// The provisioning cycle, shared by every worker.
 pub struct Cycle {
-    config: Arc<Config>,
+    settings: CycleSettings,
     rpc: Arc<dyn NodeRpc>,
     metrics: Arc<Metrics>,
-    rules: Rules,
     /// The protocol our requests are in (`"v1"`, `"v2"`), for the silent-node hint.
     protocol: &'static str,
     /// Nodes already given the silent-node hint (bounded: see [`SILENT_HINTS_KEPT`]).
@@ -135,21 +187,39 @@ struct CycleAudit {
     instance: String,
 }
 
-/// What the cycle and `helper-test` both need from the configuration to ask the helper and
-/// judge its answer, checked once at start.
-pub struct Rules {
-    pub helper: Helper,
-    pub deny_list: DenyList,
+/// How a cycle that ran to its end finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Finished {
+    /// `hold`: keep the node known while it restarts (false after an upgrade).
+    Provisioned { hold: bool },
+    /// Shut down as the helper asked.
+    ShutDown,
 }
+
+/// Why a cycle ends before its end; each becomes the cycle's outcome as is.
+#[derive(Debug)]
+enum CycleStop {
+    /// The node's provisioning lock belongs to another provisioner.
+    OwnedElsewhere,
+    /// The gate closed.
+    Halted,
+    Failed(Failure),
+}
+
+impl From<Failure> for CycleStop {
+    fn from(failure: Failure) -> CycleStop {
+        CycleStop::Failed(failure)
+    }
+}
+
+/// One step's result: its value, or why the cycle stops there.
+type StepResult<T> = Result<T, CycleStop>;
 
 /// `malformed_messages{kind}` for a CSR whose common name is not a valid identity.
 pub const MALFORMED_CSR_COMMON_NAME: &str = "csr_common_name";
 
 /// `malformed_messages{kind}` for a helper answer whose `server_claims` identity is not valid.
 pub const MALFORMED_HELPER_IDENTITY: &str = "helper_identity";
-
-/// Short-circuits a step: the cycle ends with this outcome.
-type Step<T> = Result<T, ProvisionOutcome>;
 
 fn now_unix() -> u64 {
     choria_broker::clock::unix_now().max(0) as u64
@@ -161,79 +231,55 @@ pub fn new_nonce() -> String {
     choria_wire::v1::new_request_id()
 }
 
-fn failed(identity: &Identity, what: impl fmt::Display) -> ProvisionOutcome {
-    ProvisionOutcome::Failed(failure_reason(identity, what))
-}
-
 /// A string field of an RPC reply: absent or `null` is empty (Go's zero value); any other
-/// type is an error naming the field.
-fn reply_string(data: &Value, field: &str, action: &str) -> Result<String, String> {
+/// type is an error naming the action and the field.
+fn reply_string(
+    data: &Value,
+    field: &'static str,
+    action: &'static Action,
+) -> Result<String, Failure> {
     match data.get(field) {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(other) => Err(format!(
-            "{action} reply field {field} is not a string: {other}"
-        )),
+        Some(other) => Err(Failure::Reply {
+            action,
+            problem: ReplyProblem::Field {
+                field,
+                expected: "a string",
+                value: other.to_string(),
+            },
+        }),
     }
 }
 
-impl Rules {
-    /// The helper, the deny list, and the keys each enabled feature needs.
-    pub fn new(config: &Config) -> Result<Rules, CycleError> {
-        let path = config.path.display().to_string();
-        let helper =
-            Helper::per_node(&config.helper, config.helper_timeout).map_err(CycleError::Helper)?;
-        let deny_list = DenyList::new(&config.cert_deny_list).map_err(CycleError::DenyList)?;
-        if config.features.jwt {
-            if config.jwt_verify_cert.is_empty() {
-                return Err(CycleError::Missing {
-                    path,
-                    key: "jwt_verify_cert",
-                    feature: "features.jwt",
-                });
-            }
-            VerifyKey::load(&config.jwt_verify_cert, &read_file).map_err(|source| {
-                CycleError::VerifyKey {
-                    path: path.clone(),
-                    source,
-                }
-            })?;
-        }
-        if config.features.ed25519 {
-            if config.jwt_signing_key.is_empty() {
-                return Err(CycleError::Missing {
-                    path,
-                    key: "jwt_signing_key",
-                    feature: "features.ed25519",
-                });
-            }
-            load_issuer(config, now_unix()).map_err(|source| CycleError::Issuer {
-                path: path.clone(),
-                source,
-            })?;
-        }
-        Ok(Rules { helper, deny_list })
-    }
+/// The `message` a node's reply carries, escaped for a log line ("" if none).
+fn reply_message(data: &Value) -> String {
+    escape(data.get("message").and_then(Value::as_str).unwrap_or("")).to_string()
+}
+
+/// An RPC outcome in the cycle's terms: the data, or why the cycle stops.
+fn step_of(action: &'static Action, outcome: RpcOutcome) -> StepResult<Value> {
+    let cause = match outcome {
+        RpcOutcome::Ok(data) => return Ok(data),
+        RpcOutcome::LockRefused => return Err(CycleStop::OwnedElsewhere),
+        RpcOutcome::Halted(_) => return Err(CycleStop::Halted),
+        RpcOutcome::Status { code, message } => RpcFailure::Status { code, message },
+        RpcOutcome::Timeout => RpcFailure::NoReply,
+        RpcOutcome::Unsent(failure) => RpcFailure::Unsent(failure),
+    };
+    Err(Failure::Rpc { action, cause }.into())
 }
 
 impl Cycle {
-    /// Builds the cycle, checking up front what every node would otherwise fail on: the
-    /// helper command, the deny list, and the keys each enabled feature needs.
-    pub fn new(
-        config: Arc<Config>,
-        rpc: Arc<dyn NodeRpc>,
-        metrics: Arc<Metrics>,
-    ) -> Result<Cycle, CycleError> {
-        let rules = Rules::new(&config)?;
-        Ok(Cycle {
-            config,
+    pub fn new(settings: CycleSettings, rpc: Arc<dyn NodeRpc>, metrics: Arc<Metrics>) -> Cycle {
+        Cycle {
+            settings,
             rpc,
             metrics,
-            rules,
             protocol: "v1",
             silent_hinted: parking_lot::Mutex::new(std::collections::HashSet::new()),
             audit: None,
-        })
+        }
     }
 
     /// The protocol the RPC client speaks (`"v1"` or `"v2"`), named in the silent-node hint.
@@ -243,13 +289,13 @@ impl Cycle {
     }
 
     /// The cycle's first RPC: a node that does not answer it has answered nothing at all.
-    fn first_action(&self) -> (&'static str, &'static str) {
-        if self.config.features.jwt {
-            ("choria_provision", "jwt")
-        } else if self.config.features.ed25519 {
-            ("choria_provision", "gen25519")
+    fn first_action(&self) -> &'static Action {
+        if self.settings.jwt.is_some() {
+            &Action::JWT
+        } else if self.settings.server_jwt.is_some() {
+            &Action::GEN25519
         } else {
-            ("rpcutil", "inventory")
+            &Action::INVENTORY
         }
     }
 
@@ -260,8 +306,8 @@ impl Cycle {
     }
 
     /// Warns once per node (up to [`SILENT_HINTS_KEPT`] nodes) that it answered nothing.
-    fn hint_silent_node(&self, identity: &str, agent: &str, action: &str) {
-        if self.first_action() != (agent, action) {
+    fn hint_silent_node(&self, identity: &str, action: &'static Action) {
+        if self.first_action() != action {
             return;
         }
         let mut hinted = self.silent_hinted.lock();
@@ -271,12 +317,7 @@ impl Cycle {
         drop(hinted);
         log::warn!(
             "{}",
-            silent_node_hint(
-                self.protocol,
-                identity,
-                &format!("{agent}#{action}"),
-                max_tries(agent, action)
-            )
+            silent_node_hint(self.protocol, identity, action.label, action.tries)
         );
     }
 
@@ -290,93 +331,66 @@ impl Cycle {
         self
     }
 
-    /// One directed RPC, mapped to the cycle's terms.
+    /// One directed RPC, recorded on the trail and mapped to the cycle's terms.
     fn call(
         &self,
         trail: &mut Trail,
         gate: &Gate,
         identity: &Identity,
-        agent: &str,
-        action: &str,
+        action: &'static Action,
         data: Value,
-    ) -> Step<Value> {
-        log::debug!("{identity}: calling {agent}#{action}");
-        let started = Instant::now();
-        let (outcome, tries) = self.rpc.call_counted(identity, agent, action, data, gate);
-        trail.step(
-            &format!("{agent}#{action}"),
-            started.elapsed(),
-            tries,
-            rpc_result(&outcome),
-        );
-        match outcome {
-            RpcOutcome::Ok(data) => Ok(data),
-            RpcOutcome::LockRefused => Err(ProvisionOutcome::OwnedElsewhere),
-            RpcOutcome::Halted(_) => Err(ProvisionOutcome::Halted),
-            RpcOutcome::Status { code, message } => Err(failed(
-                identity,
-                format!(
-                    "{agent}#{action} failed: the node answered status {code}: {}",
-                    escape(&message)
-                ),
-            )),
-            RpcOutcome::Timeout => {
-                self.hint_silent_node(identity, agent, action);
-                Err(failed(
-                    identity,
-                    format!(
-                        "{agent}#{action} failed: no reply after {} tries",
-                        max_tries(agent, action)
-                    ),
-                ))
-            }
+    ) -> StepResult<Value> {
+        log::debug!("{identity}: calling {action}");
+        let outcome = self.call_recorded(trail, gate, identity, action, data);
+        if outcome == RpcOutcome::Timeout {
+            self.hint_silent_node(identity, action);
         }
+        step_of(action, outcome)
     }
 
-    fn provision_call(
+    /// One directed RPC, recorded on the trail as it came.
+    fn call_recorded(
         &self,
         trail: &mut Trail,
         gate: &Gate,
         identity: &Identity,
-        action: &str,
+        action: &'static Action,
         data: Value,
-    ) -> Step<Value> {
-        self.call(trail, gate, identity, "choria_provision", action, data)
+    ) -> RpcOutcome {
+        let started = Instant::now();
+        let (outcome, tries) = self.rpc.call_counted(identity, action, data, gate);
+        trail.step(action.label, started.elapsed(), tries, rpc_result(&outcome));
+        outcome
     }
 
-    fn run(&self, trail: &mut Trail, identity: &Identity, gate: &Gate) -> Step<ProvisionOutcome> {
-        let config = &self.config;
+    fn run(&self, trail: &mut Trail, identity: &Identity, gate: &Gate) -> StepResult<Finished> {
+        let settings = &self.settings;
         let mut node = NodeFacts::new(identity.clone());
-        if config.features.jwt {
-            self.fetch_jwt(trail, gate, &mut node)?;
+        if let Some(jwt) = &settings.jwt {
+            self.fetch_jwt(trail, gate, jwt, &mut node)?;
         }
-        if config.features.ed25519 {
+        if settings.server_jwt.is_some() {
             self.fetch_ed25519(trail, gate, &mut node)?;
         }
         self.fetch_inventory(trail, gate, &mut node)?;
-        if config.features.pki {
+        if settings.pki {
             self.fetch_csr(trail, gate, &mut node)?;
         }
 
         let answer = self.ask_helper(trail, gate, &node)?;
-        let decision =
-            decide(config, &self.rules.deny_list, &node, &answer, now_unix()).map_err(|err| {
-                if matches!(err, AnswerError::ClaimedIdentityInvalid { .. }) {
-                    self.metrics
-                        .malformed_messages
-                        .with_label_values(&[MALFORMED_HELPER_IDENTITY])
-                        .inc();
-                }
-                failed(identity, err)
-            })?;
+        let decision = decide(settings, &node, &answer, now_unix()).map_err(|err| {
+            if matches!(err, AnswerError::ClaimedIdentityInvalid { .. }) {
+                self.metrics
+                    .malformed_messages
+                    .with_label_values(&[MALFORMED_HELPER_IDENTITY])
+                    .inc();
+            }
+            Failure::Answer(err)
+        })?;
         match decision {
-            // Go: "configuration defered: <msg>".
             Decision::Defer { message } => {
                 trail.decided = Decided::Deferred;
-                Err(failed(
-                    identity,
-                    format!("the helper deferred provisioning: {}", escape(&message)),
-                ))
+                Err(Failure::Deferred { message }.into())
             }
             Decision::Shutdown { reason } => {
                 trail.decided = Decided::ShutDown;
@@ -393,33 +407,34 @@ impl Cycle {
         gate: &Gate,
         node: &NodeFacts,
         plan: Plan,
-    ) -> Step<ProvisionOutcome> {
+    ) -> StepResult<Finished> {
         let identity = &node.identity;
         match &plan.upgrade {
             Upgrade::Move {
                 from,
                 to,
                 direction,
+                repository,
             } => {
                 log::warn!(
                     "{identity}: will attempt version {direction} from {} to {}",
                     escape(from),
                     escape(to)
                 );
-                match self.upgrade(trail, gate, node, to, direction) {
+                match self.upgrade(trail, gate, node, repository, to, direction) {
                     // No hold: the node restarts on the new version and is provisioned again
                     // on its next sighting (Go: "no delay so we reprov asap").
                     Ok(()) => {
                         trail.issued.upgrade = Some(to.clone());
-                        return Ok(ProvisionOutcome::Provisioned { hold: false });
+                        return Ok(Finished::Provisioned { hold: false });
                     }
-                    Err(ProvisionOutcome::Failed(reason)) if self.config.upgrades_optional => {
+                    Err(CycleStop::Failed(failure)) if self.settings.upgrades_optional() => {
                         log::warn!(
-                            "{identity}: could not upgrade to {}, continuing as upgrades_optional is set: {reason}",
+                            "{identity}: could not upgrade to {}, continuing as upgrades_optional is set: {failure}",
                             escape(to)
                         );
                     }
-                    Err(outcome) => return Err(outcome),
+                    Err(stop) => return Err(stop),
                 }
             }
             Upgrade::Skipped { target, reason } => log::warn!(
@@ -428,8 +443,8 @@ impl Cycle {
             ),
             Upgrade::NotAsked | Upgrade::FeatureOff { .. } | Upgrade::AlreadyThere { .. } => {}
         }
-        let data = plan.configure.map_err(|err| failed(identity, err))?;
-        let reply = self.provision_call(trail, gate, identity, "configure", data)?;
+        let data = plan.configure.map_err(Failure::Answer)?;
+        let reply = self.call(trail, gate, identity, &Action::CONFIGURE, data)?;
         // Delivered: what the node now holds goes on its audit line.
         trail.issued.certificate = plan.certificate.as_ref().map(|c| CertificateRecord {
             serial: c.serial_hex.clone(),
@@ -441,119 +456,120 @@ impl Cycle {
             expires_unix: jwt.expires_unix(),
         });
         trail.issued.key_transported = plan.key_transported;
-        log::info!(
-            "{identity}: configure response: {}",
-            escape(&reply_string(&reply, "message", "configure").unwrap_or_default())
-        );
+        log::info!("{identity}: configure response: {}", reply_message(&reply));
         // A configured node is finished with `restart` even if leadership was lost or a stop
         // began meanwhile: left configured but unrestarted, it would stay in provisioning and
         // the next leader would configure it a second time. The node's lock is still ours.
         let finishing = Gate::new(false);
-        let restarted = self.provision_call(
+        let restarted = self.call(
             trail,
             &finishing,
             identity,
-            "restart",
-            json!({"token": self.config.token, "splay": 1}),
+            &Action::RESTART,
+            json!({"token": self.settings.token, "splay": 1}),
         )?;
         log::info!(
             "{identity}: restart response: {}",
-            escape(&reply_string(&restarted, "message", "restart").unwrap_or_default())
+            reply_message(&restarted)
         );
-        Ok(ProvisionOutcome::Provisioned { hold: true })
+        Ok(Finished::Provisioned { hold: true })
     }
 
-    fn fetch_jwt(&self, trail: &mut Trail, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
+    fn fetch_jwt(
+        &self,
+        trail: &mut Trail,
+        gate: &Gate,
+        jwt: &JwtCheck,
+        node: &mut NodeFacts,
+    ) -> StepResult<()> {
         let identity = node.identity.clone();
-        let reply = self.provision_call(
-            trail,
-            gate,
-            &identity,
-            "jwt",
-            json!({"token": self.config.token}),
-        )?;
-        let raw = reply_string(&reply, "jwt", "choria_provision#jwt")
-            .map_err(|e| failed(&identity, e))?;
-        node.server_ecdh_public = reply_string(&reply, "ecdh_public", "choria_provision#jwt")
-            .map_err(|e| failed(&identity, e))?;
-        let claims =
-            verify_node_jwt(&self.config, &raw, now_unix()).map_err(|e| failed(&identity, e))?;
+        let token = json!({"token": self.settings.token});
+        let reply = self.call(trail, gate, &identity, &Action::JWT, token)?;
+        let raw = reply_string(&reply, "jwt", &Action::JWT)?;
+        node.server_ecdh_public = reply_string(&reply, "ecdh_public", &Action::JWT)?;
+        let claims = verify_node_jwt(jwt, &raw, now_unix()).map_err(Failure::Jwt)?;
         node.claims = Some(claims);
         Ok(())
     }
 
-    fn fetch_ed25519(&self, trail: &mut Trail, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
+    fn fetch_ed25519(
+        &self,
+        trail: &mut Trail,
+        gate: &Gate,
+        node: &mut NodeFacts,
+    ) -> StepResult<()> {
         let identity = node.identity.clone();
         let nonce = new_nonce();
-        let reply = self.provision_call(
+        let reply = self.call(
             trail,
             gate,
             &identity,
-            "gen25519",
-            json!({"token": self.config.token, "nonce": nonce}),
+            &Action::GEN25519,
+            json!({"token": self.settings.token, "nonce": nonce}),
         )?;
-        let field = |name: &str| {
-            reply_string(&reply, name, "choria_provision#gen25519")
-                .map_err(|e| failed(&identity, e))
-        };
+        let field = |name| reply_string(&reply, name, &Action::GEN25519);
         let answer = Ed25519Reply {
             public_key: field("public_key")?,
             directory: field("directory")?,
             signature: field("signature")?,
         };
-        verify_nonce_signature(&answer.public_key, &nonce, &answer.signature).map_err(|e| {
-            failed(
-                &identity,
-                format!("could not fetch ed25519 public key: {e}"),
-            )
-        })?;
+        verify_nonce_signature(&answer.public_key, &nonce, &answer.signature)
+            .map_err(Failure::Ed25519)?;
         node.ed25519 = Some(answer);
         Ok(())
     }
 
-    fn fetch_inventory(&self, trail: &mut Trail, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
+    fn fetch_inventory(
+        &self,
+        trail: &mut Trail,
+        gate: &Gate,
+        node: &mut NodeFacts,
+    ) -> StepResult<()> {
         let identity = node.identity.clone();
-        let reply = self.call(trail, gate, &identity, "rpcutil", "inventory", json!({}))?;
-        take_inventory(node, &reply).map_err(|e| failed(&identity, e))
+        let reply = self.call(trail, gate, &identity, &Action::INVENTORY, json!({}))?;
+        Ok(take_inventory(node, &reply)?)
     }
 
-    fn fetch_csr(&self, trail: &mut Trail, gate: &Gate, node: &mut NodeFacts) -> Step<()> {
+    fn fetch_csr(&self, trail: &mut Trail, gate: &Gate, node: &mut NodeFacts) -> StepResult<()> {
         let identity = node.identity.clone();
-        let reply = self.provision_call(
+        let reply = self.call(
             trail,
             gate,
             &identity,
-            "gencsr",
-            json!({"token": self.config.token, "cn": identity}),
+            &Action::GENCSR,
+            json!({"token": self.settings.token, "cn": identity}),
         )?;
-        let field = |name: &str| {
-            reply_string(&reply, name, "choria_provision#gencsr").map_err(|e| failed(&identity, e))
-        };
+        let field = |name| reply_string(&reply, name, &Action::GENCSR);
         let csr = CsrReply {
             csr: field("csr")?,
             public_key: field("public_key")?,
             ssldir: field("ssldir")?,
         };
-        check_node_csr(&self.rules.deny_list, &identity, &csr.csr).map_err(|e| {
+        check_node_csr(&self.settings.deny_list, &identity, &csr.csr).map_err(|e| {
             if matches!(e, NodeCsrError::Refused(CsrError::InvalidCommonName { .. })) {
                 self.metrics
                     .malformed_messages
                     .with_label_values(&[MALFORMED_CSR_COMMON_NAME])
                     .inc();
             }
-            failed(&identity, e)
+            Failure::Csr(e)
         })?;
         node.csr = Some(csr);
         Ok(())
     }
 
-    fn ask_helper(&self, trail: &mut Trail, gate: &Gate, node: &NodeFacts) -> Step<HelperOutput> {
+    fn ask_helper(
+        &self,
+        trail: &mut Trail,
+        gate: &Gate,
+        node: &NodeFacts,
+    ) -> StepResult<HelperOutput> {
         // The helper never starts while paused or stopping (as Go's runHelper refuses when
         // paused).
         if gate.check().is_err() {
-            return Err(ProvisionOutcome::Halted);
+            return Err(CycleStop::Halted);
         }
-        let exchange = ask_helper(&self.rules.helper, node);
+        let exchange = ask_helper(&self.settings.helper, node);
         self.metrics
             .helper_time
             .observe(&[], exchange.duration.as_secs_f64());
@@ -566,7 +582,7 @@ impl Cycle {
         });
         exchange.answer.map_err(|err| {
             self.metrics.helper_errors.inc();
-            ProvisionOutcome::Failed(err.to_string())
+            Failure::Helper(err).into()
         })
     }
 
@@ -576,7 +592,7 @@ impl Cycle {
         gate: &Gate,
         node: &NodeFacts,
         reason: &str,
-    ) -> Step<ProvisionOutcome> {
+    ) -> StepResult<Finished> {
         let identity = &node.identity;
         if reason.is_empty() {
             log::warn!("{identity}: shutting the node down as the helper asked, no reason given");
@@ -586,27 +602,11 @@ impl Cycle {
                 escape(reason)
             );
         }
-        let started = Instant::now();
-        let (outcome, tries) = self.rpc.call_counted(
-            identity,
-            "choria_provision",
-            "shutdown",
-            json!({"token": self.config.token}),
-            gate,
-        );
-        trail.step(
-            "choria_provision#shutdown",
-            started.elapsed(),
-            tries,
-            rpc_result(&outcome),
-        );
-        match outcome {
+        let token = json!({"token": self.settings.token});
+        match self.call_recorded(trail, gate, identity, &Action::SHUTDOWN, token) {
             RpcOutcome::Ok(reply) => {
                 self.metrics.helper_shutdown_requests.inc();
-                log::info!(
-                    "{identity}: shutdown response: {}",
-                    escape(&reply_string(&reply, "message", "shutdown").unwrap_or_default())
-                );
+                log::info!("{identity}: shutdown response: {}", reply_message(&reply));
             }
             // Go logs a refusal by the node and carries on as done (host/rpc.go `shutdown`).
             RpcOutcome::Status { code, message } => {
@@ -615,19 +615,11 @@ impl Cycle {
                     escape(&message)
                 );
             }
-            RpcOutcome::LockRefused => return Err(ProvisionOutcome::OwnedElsewhere),
-            RpcOutcome::Halted(_) => return Err(ProvisionOutcome::Halted),
-            RpcOutcome::Timeout => {
-                return Err(failed(
-                    identity,
-                    format!(
-                        "choria_provision#shutdown failed: no reply after {} tries",
-                        max_tries("choria_provision", "shutdown")
-                    ),
-                ))
+            other => {
+                step_of(&Action::SHUTDOWN, other)?;
             }
         }
-        Ok(ProvisionOutcome::Provisioned { hold: true })
+        Ok(Finished::ShutDown)
     }
 
     /// `release_update` to `target` (Go `handleHostUpgrade`).
@@ -636,32 +628,30 @@ impl Cycle {
         trail: &mut Trail,
         gate: &Gate,
         node: &NodeFacts,
+        repository: &str,
         target: &str,
-        direction: &str,
-    ) -> Step<()> {
+        direction: &'static str,
+    ) -> StepResult<()> {
         let identity = &node.identity;
-        let config = &self.config;
+        let data = json!({
+            "token": self.settings.token,
+            "repository": repository,
+            "version": target,
+        });
         let reply = self
-            .provision_call(
-                trail,
-                gate,
-                identity,
-                "release_update",
-                json!({
-                    "token": config.token,
-                    "repository": config.upgrades_repository,
-                    "version": target,
-                }),
-            )
-            .map_err(|outcome| match outcome {
-                ProvisionOutcome::Failed(reason) => {
-                    ProvisionOutcome::Failed(format!("{reason} ({direction} to {target})"))
+            .call(trail, gate, identity, &Action::RELEASE_UPDATE, data)
+            .map_err(|stop| match stop {
+                CycleStop::Failed(Failure::Rpc { cause, .. }) => Failure::Upgrade {
+                    target: target.to_string(),
+                    direction,
+                    cause,
                 }
+                .into(),
                 other => other,
             })?;
         log::info!(
             "{identity}: release_update response: {}",
-            escape(&reply_string(&reply, "message", "release_update").unwrap_or_default())
+            reply_message(&reply)
         );
         Ok(())
     }
@@ -670,32 +660,15 @@ impl Cycle {
 /// The daemon's check of a node's provisioning JWT: verified with `jwt_verify_cert`, read per
 /// node as Go does so a replaced key file takes effect without a restart, at `now_unix`.
 pub fn verify_node_jwt(
-    config: &Config,
+    jwt: &JwtCheck,
     raw: &str,
     now_unix: u64,
-) -> Result<serde_json::Map<String, Value>, String> {
+) -> Result<serde_json::Map<String, Value>, JwtFailure> {
     if raw.is_empty() {
-        return Err("could not validate JWT: no JWT received".to_string());
+        return Err(JwtFailure::Missing);
     }
-    let key = VerifyKey::load(&config.jwt_verify_cert, &read_file)
-        .map_err(|e| format!("could not validate JWT: jwt_verify_cert: {e}"))?;
-    verify_provisioning_jwt(raw, &key, now_unix).map_err(|e| format!("could not validate JWT: {e}"))
-}
-
-/// Why the daemon refuses a node's CSR.
-#[derive(Debug)]
-pub enum NodeCsrError {
-    Empty,
-    Refused(CsrError),
-}
-
-impl fmt::Display for NodeCsrError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NodeCsrError::Empty => f.write_str("no CSR received"),
-            NodeCsrError::Refused(err) => write!(f, "CSR refused: {err}"),
-        }
-    }
+    let key = VerifyKey::load(&jwt.verify_cert, &read_file).map_err(JwtFailure::VerifyKey)?;
+    verify_provisioning_jwt(raw, &key, now_unix).map_err(JwtFailure::Invalid)
 }
 
 /// The daemon's check of a node's CSR (Go `validateCSR`): present, its last CN the identity,
@@ -713,27 +686,37 @@ pub fn check_node_csr(
 
 /// Takes what the cycle keeps of an `rpcutil#inventory` reply's data: the JSON for the helper
 /// (re-encoded as Go's encoder writes it), `version` and `upgradable`.
-pub fn take_inventory(node: &mut NodeFacts, reply: &Value) -> Result<(), String> {
+pub fn take_inventory(node: &mut NodeFacts, reply: &Value) -> Result<(), Failure> {
+    let action = &Action::INVENTORY;
     if !reply.is_object() {
-        return Err(format!(
-            "rpcutil#inventory reply data is not an object: {reply}"
-        ));
+        return Err(Failure::Reply {
+            action,
+            problem: ReplyProblem::Data {
+                data: reply.to_string(),
+            },
+        });
     }
-    node.inventory_json = go_escape(&reply.to_string());
-    node.version = reply_string(reply, "version", "rpcutil#inventory")?;
+    node.inventory_json = choria_wire::json::go_escape(reply.to_string());
+    node.version = reply_string(reply, "version", action)?;
     node.upgradable = match reply.get("upgradable") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(other) => {
-            return Err(format!(
-                "rpcutil#inventory reply field upgradable is not a boolean: {other}"
-            ))
+            return Err(Failure::Reply {
+                action,
+                problem: ReplyProblem::Field {
+                    field: "upgradable",
+                    expected: "a boolean",
+                    value: other.to_string(),
+                },
+            })
         }
     };
     Ok(())
 }
 
-/// The reason a failed cycle gives: the node, then what failed.
+/// The reason a failed cycle gives: the node, then what failed (as [`ProvisionError`] shows
+/// it), for reports that hold it as text.
 pub fn failure_reason(identity: &Identity, what: impl fmt::Display) -> String {
     format!("{identity}: {what}")
 }
@@ -780,12 +763,23 @@ pub fn configure_request(fields: ConfigureFields) -> Value {
 impl ProvisionCycle for Cycle {
     fn provision(&self, identity: &Identity, found: Source, gate: &Gate) -> ProvisionOutcome {
         // With an election, a cycle runs only while this instance leads (the gate is open).
-        let leader = self.config.leader_election.then(|| !gate.is_paused());
+        let leader = self.settings.leader_election.then(|| !gate.is_paused());
         let mut trail = Trail::new();
         let outcome = match self.run(&mut trail, identity, gate) {
-            Ok(outcome) | Err(outcome) => outcome,
+            Ok(Finished::Provisioned { hold }) => ProvisionOutcome::Provisioned { hold },
+            Ok(Finished::ShutDown) => ProvisionOutcome::ShutDown,
+            Err(CycleStop::OwnedElsewhere) => ProvisionOutcome::OwnedElsewhere,
+            Err(CycleStop::Halted) => ProvisionOutcome::Halted,
+            Err(CycleStop::Failed(failure)) => ProvisionOutcome::Failed(ProvisionError {
+                identity: identity.clone(),
+                failure,
+            }),
         };
-        if let ProvisionOutcome::Provisioned { .. } = outcome {
+        // Go counts a node shut down at the helper's request as provisioned.
+        if matches!(
+            outcome,
+            ProvisionOutcome::Provisioned { .. } | ProvisionOutcome::ShutDown
+        ) {
             self.metrics.provisioned.inc();
         }
         if let Some(audit) = &self.audit {
@@ -812,6 +806,7 @@ fn rpc_result(outcome: &RpcOutcome) -> String {
         RpcOutcome::Ok(_) => "ok".to_string(),
         RpcOutcome::Status { code, .. } => format!("status {code}"),
         RpcOutcome::Timeout => "timeout".to_string(),
+        RpcOutcome::Unsent(_) => "not sent".to_string(),
         RpcOutcome::LockRefused => "lock refused".to_string(),
         RpcOutcome::Halted(_) => "halted".to_string(),
     }
@@ -866,10 +861,14 @@ mod tests {
     #[test]
     fn reply_strings_are_lenient_about_absence_only() {
         let data = json!({"a": "x", "n": null, "num": 3});
-        assert_eq!(reply_string(&data, "a", "act").unwrap(), "x");
-        assert_eq!(reply_string(&data, "n", "act").unwrap(), "");
-        assert_eq!(reply_string(&data, "missing", "act").unwrap(), "");
-        let err = reply_string(&data, "num", "act").unwrap_err();
-        assert!(err.contains("act reply field num is not a string"), "{err}");
+        let act = &Action::JWT;
+        assert_eq!(reply_string(&data, "a", act).unwrap(), "x");
+        assert_eq!(reply_string(&data, "n", act).unwrap(), "");
+        assert_eq!(reply_string(&data, "missing", act).unwrap(), "");
+        let err = reply_string(&data, "num", act).unwrap_err().to_string();
+        assert!(
+            err.contains("choria_provision#jwt reply field num is not a string"),
+            "{err}"
+        );
     }
 }

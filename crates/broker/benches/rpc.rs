@@ -17,7 +17,7 @@ use choria_broker::connection::ConnectSettings;
 use choria_broker::connection::{ConnectOptions, Connection};
 use choria_broker::gate::Gate;
 use choria_broker::observe::Counts;
-use choria_broker::rpc::{NodeRpc, RpcClient, RpcOutcome};
+use choria_broker::rpc::{Action, NodeRpc, RpcClient, RpcOutcome};
 use choria_testkit::NatsServer;
 
 const NODE: &str = "bench-node.example.net";
@@ -132,7 +132,7 @@ fn run_level(rpc: &Arc<RpcClient>, in_flight: usize, span: Duration) -> Figures 
                     };
                     while Instant::now() < end {
                         let t0 = Instant::now();
-                        match rpc.call(&node, "rpcutil", "inventory", json!({}), &gate) {
+                        match rpc.call(&node, &Action::INVENTORY, json!({}), &gate) {
                             RpcOutcome::Ok(_) => latencies.push(t0.elapsed()),
                             _ => failed += 1,
                         }

@@ -630,9 +630,12 @@ struct Bucket {
     can_read_markers: bool,
 }
 
-enum Exit {
-    Stop,
-    Setup,
+/// Why a campaign ended.
+enum CampaignEnd {
+    /// Asked to stop.
+    Stopped,
+    /// The bucket is gone or unreachable: read its stream info again before campaigning.
+    SetUpAgain,
 }
 
 /// The election thread's state.
@@ -665,8 +668,8 @@ impl Member {
                     *self.shared.setup_problem.lock() = None;
                     self.complaint.resolved("leader election set up");
                     match self.campaign(&mut bucket) {
-                        Exit::Stop => break,
-                        Exit::Setup => continue,
+                        CampaignEnd::Stopped => break,
+                        CampaignEnd::SetUpAgain => continue,
                     }
                 }
                 Err(err) => {
@@ -838,7 +841,7 @@ impl Member {
         }
     }
 
-    fn campaign(&mut self, bucket: &mut Bucket) -> Exit {
+    fn campaign(&mut self, bucket: &mut Bucket) -> CampaignEnd {
         let mut rng = rand::thread_rng();
         let mut standing = Standing::Candidate;
         // A random splay so members started together do not campaign in lockstep (Go: 0–5 s).
@@ -847,7 +850,7 @@ impl Member {
             .campaign_interval
             .mul_f64(rng.gen_range(0.0..1.0));
         if self.wait(splay) {
-            return Exit::Stop;
+            return CampaignEnd::Stopped;
         }
         loop {
             self.observer.election_campaign(
@@ -855,7 +858,7 @@ impl Member {
                 &self.settings.identity,
                 standing.label(),
             );
-            let mut exit = None;
+            let mut end = None;
             standing = match standing {
                 Standing::Candidate => {
                     let sent = Instant::now();
@@ -880,7 +883,7 @@ impl Member {
                         }
                         Err(err) => {
                             if err.needs_setup() {
-                                exit = Some(Exit::Setup);
+                                end = Some(CampaignEnd::SetUpAgain);
                             }
                             self.complaint.report(
                                 log::Level::Warn,
@@ -899,7 +902,7 @@ impl Member {
                                 // Go's cool-down before OnWon.
                                 if self.wait(WON_COOL_DOWN) {
                                     self.release(bucket, revision);
-                                    return Exit::Stop;
+                                    return CampaignEnd::Stopped;
                                 }
                                 self.shared.leader.store(true, Ordering::SeqCst);
                                 log::info!("now leader of {}", self.settings.key);
@@ -924,15 +927,15 @@ impl Member {
                                 );
                             }
                             if err.needs_setup() {
-                                exit = Some(Exit::Setup);
+                                end = Some(CampaignEnd::SetUpAgain);
                             }
                             Standing::Candidate
                         }
                     }
                 }
             };
-            if let Some(exit) = exit {
-                return exit;
+            if let Some(end) = end {
+                return end;
             }
             let delay = match standing {
                 Standing::Candidate => standby_interval(self.settings.campaign_interval, &mut rng),
@@ -945,7 +948,7 @@ impl Member {
                 {
                     self.release(bucket, revision);
                 }
-                return Exit::Stop;
+                return CampaignEnd::Stopped;
             }
         }
     }

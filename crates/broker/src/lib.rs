@@ -15,6 +15,7 @@
 //! [`Observer`]: observe::Observer
 #![allow(deprecated)] // nats 0.26 marks every item deprecated; this crate is its one wrapper
 
+pub mod announce;
 pub mod backoff;
 pub mod clock;
 pub mod connection;

@@ -1,7 +1,6 @@
 //! The lifecycle listener (provisioner hosts/event.go): admits every node that announces its
 //! startup on `choria.lifecycle.event.startup.<component>`, so nodes are found between
-//! discovery cycles; and the provisioner's own startup event (provisioner hosts/hosts.go,
-//! publishStartupEvent).
+//! discovery cycles. (Our own startup event is `announce`'s.)
 //!
 //! The subscription has NO queue group (Go's `QueueSubscribe` gets an empty group name, a
 //! plain subscription): with one, a paused standby would receive, and drop, events meant for
@@ -19,7 +18,6 @@ use choria_wire::identity::Identity;
 use choria_wire::lifecycle;
 use choria_wire::text::escape;
 
-use crate::clock::unix_now;
 use crate::connection::{Connection, ConnectionError, Subscription};
 use crate::gate::{Gate, Never};
 use crate::log_limit;
@@ -37,9 +35,6 @@ const SUBSCRIBE_CONFIRM_LIMIT: Duration = Duration::from_secs(5);
 /// Events the `nats` crate may hold before the listener reads them; beyond, a flood is
 /// dropped and counted (`dropped{kind="lifecycle_event"}`) instead of growing memory.
 pub const EVENT_PENDING_LIMIT: usize = 10_000;
-
-/// The component of the provisioner's own lifecycle events.
-pub const OWN_COMPONENT: &str = "provisioner";
 
 /// The running listener thread.
 pub struct EventListener {
@@ -209,24 +204,6 @@ fn handle_event(
     observer.event_discovered();
     admit(&identity);
     EventHandling::Admitted(identity)
-}
-
-/// Publishes the provisioner's own startup event, Choria format, component `provisioner`
-/// (provisioner hosts/hosts.go, publishStartupEvent), on
-/// `choria.lifecycle.event.startup.provisioner`.
-pub fn publish_own_startup(
-    conn: &Connection,
-    identity: &str,
-    version: &str,
-) -> Result<(), ConnectionError> {
-    let body = lifecycle::encode_choria_event(
-        "startup",
-        identity,
-        OWN_COMPONENT,
-        Some(version),
-        unix_now(),
-    );
-    conn.publish(&lifecycle::event_subject("startup", OWN_COMPONENT), &body)
 }
 
 #[cfg(test)]

@@ -1,25 +1,91 @@
 //! Directed RPC to one node (provisioner host/rpc.go): the interface the provisioning cycle
 //! calls, and [`RpcClient`], its implementation over the shared broker connection.
 //!
-//! One call = up to `max_tries` tries, each a fresh request id published to
-//! `provisioning.node.<identity>` and a wait of `discovery_timeout` + the agent's DDL timeout (as
-//! go-choria providers/agent/mcorpc/client/client.go waits) for that node's one good reply. Replies
+//! Every action the provisioner calls is an [`Action`]: its agent and name, its metric label,
+//! its tries and its DDL timeout, in one place. One call = up to `tries` tries, each a fresh
+//! request id published to `provisioning.node.<identity>` and a wait of `discovery_timeout` +
+//! the action's DDL timeout (as go-choria providers/agent/mcorpc/client/client.go waits) for
+//! that node's one good reply. Replies
 //! that are broken or not ours are logged, counted in `malformed_messages{kind}` and do not end the
 //! wait. Between tries the FiveSec backoff; the gate is read before every try, and every wait
 //! (for a reply, between tries) ends the moment it closes.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use choria_wire::identity::{node_subject, Identity};
 use choria_wire::text::escape;
 use choria_wire::v1::client;
-use choria_wire::v1::Filter;
+use choria_wire::v1::{Filter, ProtocolError};
 
 use crate::backoff;
 use crate::connection::{Connection, Next, Outgoing, ReplyWaiter};
 use crate::gate::{Gate, Halt, Watch};
 use crate::observe::Observer;
+
+/// One RPC action the provisioner calls, with everything known about it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Action {
+    pub agent: &'static str,
+    pub name: &'static str,
+    /// `agent#name`: the `rpc` label of Go's `rpc_time` and `rpc_errors`.
+    pub label: &'static str,
+    /// Tries before giving up, as the Go provisioner's host/rpc.go.
+    pub tries: u32,
+    /// The agent DDL timeout Go adds to `discovery_timeout` for each try (go-choria's DDLs:
+    /// 20 s for `choria_provision`, 2 s for `rpcutil`).
+    pub ddl_timeout: Duration,
+}
+
+const PROVISION_DDL_TIMEOUT: Duration = Duration::from_secs(20);
+const RPCUTIL_DDL_TIMEOUT: Duration = Duration::from_secs(2);
+
+const fn provision(name: &'static str, label: &'static str, tries: u32) -> Action {
+    Action {
+        agent: "choria_provision",
+        name,
+        label,
+        tries,
+        ddl_timeout: PROVISION_DDL_TIMEOUT,
+    }
+}
+
+impl Action {
+    pub const JWT: Action = provision("jwt", "choria_provision#jwt", 3);
+    pub const GEN25519: Action = provision("gen25519", "choria_provision#gen25519", 5);
+    pub const INVENTORY: Action = Action {
+        agent: "rpcutil",
+        name: "inventory",
+        label: "rpcutil#inventory",
+        tries: 5,
+        ddl_timeout: RPCUTIL_DDL_TIMEOUT,
+    };
+    pub const GENCSR: Action = provision("gencsr", "choria_provision#gencsr", 1);
+    pub const CONFIGURE: Action = provision("configure", "choria_provision#configure", 5);
+    pub const RESTART: Action = provision("restart", "choria_provision#restart", 3);
+    pub const SHUTDOWN: Action = provision("shutdown", "choria_provision#shutdown", 3);
+    pub const RELEASE_UPDATE: Action =
+        provision("release_update", "choria_provision#release_update", 3);
+
+    /// Every action the cycle can call, for metrics present from the start.
+    pub const ALL: [&'static Action; 8] = [
+        &Action::JWT,
+        &Action::GEN25519,
+        &Action::INVENTORY,
+        &Action::GENCSR,
+        &Action::CONFIGURE,
+        &Action::RESTART,
+        &Action::SHUTDOWN,
+        &Action::RELEASE_UPDATE,
+    ];
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label)
+    }
+}
 
 /// What one directed RPC came to, after all its tries.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,10 +96,39 @@ pub enum RpcOutcome {
     Status { code: u8, message: String },
     /// No valid reply from the node on any try.
     Timeout,
+    /// The last try's request never reached the broker.
+    Unsent(SendFailure),
     /// "Could not obtain provisioning lock": another provisioner owns the node. Not retried.
     LockRefused,
     /// The gate closed (paused or stopping) before or between tries.
     Halted(Halt),
+}
+
+/// Why a try's request was not sent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SendFailure {
+    /// The request could not be encoded.
+    Encode(ProtocolError),
+    /// The connection refused to publish it (closed, or an I/O failure), in its words.
+    Publish(String),
+}
+
+impl fmt::Display for SendFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendFailure::Encode(err) => write!(f, "could not encode the request: {err}"),
+            SendFailure::Publish(reason) => f.write_str(reason),
+        }
+    }
+}
+
+impl std::error::Error for SendFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SendFailure::Encode(err) => Some(err),
+            SendFailure::Publish(_) => None,
+        }
+    }
 }
 
 /// A directed RPC to one node, with the action's tries, timeouts and backoff.
@@ -43,8 +138,7 @@ pub trait NodeRpc: Send + Sync {
     fn call(
         &self,
         identity: &Identity,
-        agent: &str,
-        action: &str,
+        action: &'static Action,
         data: serde_json::Value,
         gate: &Gate,
     ) -> RpcOutcome;
@@ -55,27 +149,11 @@ pub trait NodeRpc: Send + Sync {
     fn call_counted(
         &self,
         identity: &Identity,
-        agent: &str,
-        action: &str,
+        action: &'static Action,
         data: serde_json::Value,
         gate: &Gate,
     ) -> (RpcOutcome, u32) {
-        (self.call(identity, agent, action, data, gate), 1)
-    }
-}
-
-/// Tries per action, as the Go provisioner's `host/rpc.go`.
-pub fn max_tries(agent: &str, action: &str) -> u32 {
-    match (agent, action) {
-        ("choria_provision", "jwt") => 3,
-        ("choria_provision", "gen25519") => 5,
-        ("rpcutil", "inventory") => 5,
-        ("choria_provision", "gencsr") => 1,
-        ("choria_provision", "configure") => 5,
-        ("choria_provision", "restart") => 3,
-        ("choria_provision", "shutdown") => 3,
-        ("choria_provision", "release_update") => 3,
-        _ => 1,
+        (self.call(identity, action, data, gate), 1)
     }
 }
 
@@ -98,15 +176,6 @@ pub mod malformed {
     pub const RPC_REPLY: &str = "rpc_reply";
 }
 
-/// The agent DDL timeout Go adds to `discovery_timeout` for each try: 20 s for
-/// `choria_provision`, 2 s for `rpcutil`. Agents we never call get the larger one.
-pub fn ddl_timeout(agent: &str) -> Duration {
-    match agent {
-        "rpcutil" => Duration::from_secs(2),
-        _ => Duration::from_secs(20),
-    }
-}
-
 /// Directed RPC over the shared broker connection.
 pub struct RpcClient {
     conn: Connection,
@@ -117,14 +186,10 @@ pub struct RpcClient {
 /// How one try ended.
 enum TryOutcome {
     Ok(serde_json::Value),
-    Status {
-        code: u8,
-        message: String,
-    },
+    Status { code: u8, message: String },
     LockRefused,
     Timeout,
-    /// The request could not be built or published; the message says why.
-    SendFailed(String),
+    Unsent(SendFailure),
     Halted(Halt),
 }
 
@@ -137,7 +202,7 @@ impl RpcClient {
         }
     }
 
-    /// Replaces the DDL part of every try's timeout (default: [`ddl_timeout`], as Go), so
+    /// Replaces the DDL part of every try's timeout (default: the action's, as Go), so
     /// tests and benchmarks need not wait 22 s for a node that stays silent.
     pub fn with_ddl_timeout(mut self, ddl_timeout: Duration) -> RpcClient {
         self.ddl_timeout_override = Some(ddl_timeout);
@@ -145,11 +210,9 @@ impl RpcClient {
     }
 
     /// How long one try waits for the node's reply: `discovery_timeout` + DDL timeout.
-    pub fn try_timeout(&self, agent: &str) -> Duration {
+    pub fn try_timeout(&self, action: &Action) -> Duration {
         self.conn.settings().discovery_timeout
-            + self
-                .ddl_timeout_override
-                .unwrap_or_else(|| ddl_timeout(agent))
+            + self.ddl_timeout_override.unwrap_or(action.ddl_timeout)
     }
 
     fn malformed(&self, kind: &'static str, identity: &Identity, label: &str, reason: &str) {
@@ -162,8 +225,7 @@ impl RpcClient {
     fn one_try(
         &self,
         identity: &Identity,
-        agent: &str,
-        label: &str,
+        action: &Action,
         body: &str,
         filter: &Filter,
         watch: &Watch,
@@ -171,23 +233,23 @@ impl RpcClient {
         let request_id = self.conn.new_request_id();
         let reply_to = self.conn.reply_subject(&request_id);
         let request = Outgoing {
-            agent,
+            agent: action.agent,
             payload: body,
             filter,
             request_id: &request_id,
         };
         let transport = match self.conn.encode_request(&request, &reply_to) {
             Ok(bytes) => bytes,
-            Err(err) => return TryOutcome::SendFailed(format!("could not encode: {err}")),
+            Err(err) => return TryOutcome::Unsent(SendFailure::Encode(err)),
         };
         // Registered before publishing, so even an instant reply finds its waiter.
         let waiter = self.conn.expect_replies(&request_id, REPLY_QUEUE);
         let subject = node_subject(identity);
         if let Err(err) = self.conn.publish(&subject, &transport) {
-            return TryOutcome::SendFailed(err.to_string());
+            return TryOutcome::Unsent(SendFailure::Publish(err.to_string()));
         }
-        let deadline = Instant::now() + self.try_timeout(agent);
-        self.await_reply(&waiter, identity, label, deadline, watch)
+        let deadline = Instant::now() + self.try_timeout(action);
+        self.await_reply(&waiter, identity, action.label, deadline, watch)
     }
 
     /// Waits for the node's one good reply to `waiter`'s request until `deadline`.
@@ -258,28 +320,26 @@ impl NodeRpc for RpcClient {
     fn call(
         &self,
         identity: &Identity,
-        agent: &str,
-        action: &str,
+        action: &'static Action,
         data: serde_json::Value,
         gate: &Gate,
     ) -> RpcOutcome {
-        self.call_counted(identity, agent, action, data, gate).0
+        self.call_counted(identity, action, data, gate).0
     }
 
     fn call_counted(
         &self,
         identity: &Identity,
-        agent: &str,
-        action: &str,
+        action: &'static Action,
         data: serde_json::Value,
         gate: &Gate,
     ) -> (RpcOutcome, u32) {
-        let label = format!("{agent}#{action}");
-        let tries = max_tries(agent, action).max(1);
-        let body = client::rpc_request_body(agent, action, &data);
+        let label = action.label;
+        let tries = action.tries.max(1);
+        let body = client::rpc_request_body(action.agent, action.name, &data);
         // Go's directed requests add the target agent to the filter (go-choria
         // message/message.go, SetType).
-        let filter = Filter::agent(agent);
+        let filter = Filter::agent(action.agent);
         let mut outcome = RpcOutcome::Timeout;
         for attempt in 0..tries {
             if attempt > 0 {
@@ -293,9 +353,9 @@ impl NodeRpc for RpcClient {
                 Err(halt) => return (RpcOutcome::Halted(halt), attempt),
             };
             let started = Instant::now();
-            let result = self.one_try(identity, agent, &label, &body, &filter, &watch);
+            let result = self.one_try(identity, action, &body, &filter, &watch);
             self.observer
-                .rpc_time(&label, started.elapsed().as_secs_f64());
+                .rpc_time(label, started.elapsed().as_secs_f64());
             outcome = match result {
                 TryOutcome::Ok(data) => return (RpcOutcome::Ok(data), attempt + 1),
                 // Deliberate change from Go, which counts this as an RPC error and retries:
@@ -316,19 +376,19 @@ impl NodeRpc for RpcClient {
                     log::warn!(
                         "{label} on {identity} try {}/{tries}: no reply within {:?}",
                         attempt + 1,
-                        self.try_timeout(agent)
+                        self.try_timeout(action)
                     );
                     RpcOutcome::Timeout
                 }
-                TryOutcome::SendFailed(reason) => {
+                TryOutcome::Unsent(failure) => {
                     log::warn!(
-                        "{label} on {identity} try {}/{tries}: {reason}",
+                        "{label} on {identity} try {}/{tries}: request not sent: {failure}",
                         attempt + 1
                     );
-                    RpcOutcome::Timeout
+                    RpcOutcome::Unsent(failure)
                 }
             };
-            self.observer.rpc_error(&label);
+            self.observer.rpc_error(label);
         }
         (outcome, tries)
     }
@@ -340,17 +400,27 @@ mod tests {
 
     #[test]
     fn max_tries_per_action_as_go() {
-        for (agent, action, tries) in [
-            ("choria_provision", "jwt", 3),
-            ("choria_provision", "gen25519", 5),
-            ("rpcutil", "inventory", 5),
-            ("choria_provision", "gencsr", 1),
-            ("choria_provision", "configure", 5),
-            ("choria_provision", "restart", 3),
-            ("choria_provision", "shutdown", 3),
-            ("choria_provision", "release_update", 3),
+        for (action, label, tries, ddl_secs) in [
+            (&Action::JWT, "choria_provision#jwt", 3, 20),
+            (&Action::GEN25519, "choria_provision#gen25519", 5, 20),
+            (&Action::INVENTORY, "rpcutil#inventory", 5, 2),
+            (&Action::GENCSR, "choria_provision#gencsr", 1, 20),
+            (&Action::CONFIGURE, "choria_provision#configure", 5, 20),
+            (&Action::RESTART, "choria_provision#restart", 3, 20),
+            (&Action::SHUTDOWN, "choria_provision#shutdown", 3, 20),
+            (
+                &Action::RELEASE_UPDATE,
+                "choria_provision#release_update",
+                3,
+                20,
+            ),
         ] {
-            assert_eq!(max_tries(agent, action), tries, "{agent}#{action}");
+            assert_eq!(action.tries, tries, "{label}");
+            assert_eq!(action.ddl_timeout, Duration::from_secs(ddl_secs), "{label}");
+            assert_eq!(action.label, label);
+            assert_eq!(format!("{}#{}", action.agent, action.name), label);
+            assert!(Action::ALL.contains(&action), "{label} is in ALL");
         }
+        assert_eq!(Action::ALL.len(), 8);
     }
 }

@@ -12,9 +12,10 @@ use std::time::Duration;
 use crossbeam_channel::{unbounded, Receiver};
 use serde_json::Value;
 
+use choria_broker::announce::announce_startup;
 use choria_broker::connection::Connection;
 use choria_broker::gate::Gate;
-use choria_broker::listener::{publish_own_startup, EventListener, MALFORMED_EVENT};
+use choria_broker::listener::{EventListener, MALFORMED_EVENT};
 use choria_broker::observe::Counts;
 use choria_testkit::NatsServer;
 use choria_wire::lifecycle;
@@ -200,7 +201,7 @@ fn the_provisioner_announces_its_own_startup_in_choria_format() {
     watcher.flush(WAIT).expect("flush");
     let provisioner = connect(&server, "provisioner.example.net");
 
-    publish_own_startup(&provisioner, "provisioner.example.net", "0.1.0").expect("publish");
+    announce_startup(&provisioner, "provisioner.example.net", "0.1.0").expect("publish");
 
     let bytes = sub.next_timeout(WAIT).expect("the startup event arrives");
     let raw: Value = serde_json::from_slice(&bytes).expect("JSON");

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use choria_broker::connection::{reply_prefix, Connection};
 use choria_broker::gate::{Gate, Halt};
 use choria_broker::observe::Counts;
-use choria_broker::rpc::{malformed, NodeRpc, RpcClient, RpcOutcome};
+use choria_broker::rpc::{malformed, Action, NodeRpc, RpcClient, RpcOutcome, SendFailure};
 use choria_crypto::{ed25519, jwt};
 use choria_fleet_sim::faults::{self, Fault};
 use choria_fleet_sim::options::FaultFractions;
@@ -35,6 +35,14 @@ const TOKEN: &str = "s3cret";
 const WAIT: Duration = Duration::from_secs(60);
 /// Part of every try's timeout; short, as the DDL part is what the cases vary.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// The action named `agent#name` in a case table.
+fn action(agent: &str, name: &str) -> &'static Action {
+    Action::ALL
+        .into_iter()
+        .find(|a| a.agent == agent && a.name == name)
+        .unwrap_or_else(|| panic!("{agent}#{name} is an action of the cycle"))
+}
 
 fn id(text: &str) -> Identity {
     Identity::parse(text).expect("a valid test identity")
@@ -259,18 +267,13 @@ fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
                         let gate = Gate::new(false);
                         let owner = case.2.map(|_| {
                             let rpc = RpcClient::new(other, Arc::new(Counts::default()));
-                            rpc.call(
-                                &id(target),
-                                "choria_provision",
-                                "jwt",
-                                json!({"token": TOKEN}),
-                                &gate,
-                            )
+                            rpc.call(&id(target), &Action::JWT, json!({"token": TOKEN}), &gate)
                         });
                         let metrics = Arc::new(Counts::default());
                         let rpc =
                             RpcClient::new(conn, metrics.clone()).with_ddl_timeout(case.3.ddl());
-                        let outcome = rpc.call(&id(target), case.4, case.5, case.6.clone(), &gate);
+                        let outcome =
+                            rpc.call(&id(target), action(case.4, case.5), case.6.clone(), &gate);
                         (outcome, metrics, owner)
                     })
                     .expect("case thread")
@@ -297,8 +300,7 @@ fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
     let rpc = RpcClient::new(conn.clone(), Arc::new(Counts::default()));
     let outcome = rpc.call(
         &id(&survivor),
-        "rpcutil",
-        "inventory",
+        &Action::INVENTORY,
         json!({}),
         &Gate::new(false),
     );
@@ -407,23 +409,11 @@ fn a_closed_gate_stops_tries_before_sending_and_while_waiting() {
     let stopping = Gate::new(false);
     stopping.stop();
     for (gate, halt) in [(Gate::new(true), Halt::Paused), (stopping, Halt::Stopping)] {
-        let outcome = rpc.call(
-            &id(&healthy),
-            "choria_provision",
-            "jwt",
-            token.clone(),
-            &gate,
-        );
+        let outcome = rpc.call(&id(&healthy), &Action::JWT, token.clone(), &gate);
         assert_eq!(outcome, RpcOutcome::Halted(halt));
     }
     let open = Gate::new(false);
-    let outcome = rpc.call(
-        &id(&healthy),
-        "choria_provision",
-        "jwt",
-        token.clone(),
-        &open,
-    );
+    let outcome = rpc.call(&id(&healthy), &Action::JWT, token.clone(), &open);
     assert!(matches!(outcome, RpcOutcome::Ok(_)), "{outcome:?}");
 
     let gate = Arc::new(Gate::new(false));
@@ -435,7 +425,7 @@ fn a_closed_gate_stops_tries_before_sending_and_while_waiting() {
             pauser.set_paused(true);
         })
         .expect("thread");
-    let outcome = rpc.call(&id(&dead), "choria_provision", "jwt", token, &gate);
+    let outcome = rpc.call(&id(&dead), &Action::JWT, token, &gate);
     thread.join().expect("pauser");
     assert_eq!(outcome, RpcOutcome::Halted(Halt::Paused));
     conn.close();
@@ -460,16 +450,16 @@ fn try_timeout_is_discovery_timeout_plus_the_ddl_timeout() {
     .expect("connect");
     let go_defaults = RpcClient::new(conn.clone(), metrics.clone());
     let overridden = RpcClient::new(conn.clone(), metrics).with_ddl_timeout(Duration::from_secs(1));
-    for (client, agent, expected_secs) in [
-        (&go_defaults, "choria_provision", 22),
-        (&go_defaults, "rpcutil", 4),
-        (&overridden, "choria_provision", 3),
-        (&overridden, "rpcutil", 3),
+    for (client, action, expected_secs) in [
+        (&go_defaults, &Action::CONFIGURE, 22),
+        (&go_defaults, &Action::INVENTORY, 4),
+        (&overridden, &Action::CONFIGURE, 3),
+        (&overridden, &Action::INVENTORY, 3),
     ] {
         assert_eq!(
-            client.try_timeout(agent),
+            client.try_timeout(action),
             Duration::from_secs(expected_secs),
-            "{agent}"
+            "{action}"
         );
     }
     conn.close();
@@ -546,8 +536,7 @@ fn a_missed_try_is_retried_and_every_request_is_well_formed() {
 
         let (outcome, tries) = rpc.call_counted(
             &id(&identity),
-            agent,
-            action,
+            self::action(agent, action),
             data.clone(),
             &Gate::new(false),
         );
@@ -638,13 +627,7 @@ fn broken_and_foreign_replies_are_counted_and_a_good_reply_after_them_is_accepte
         }),
     );
 
-    let outcome = rpc.call(
-        &id(identity),
-        "choria_provision",
-        "jwt",
-        json!({}),
-        &Gate::new(false),
-    );
+    let outcome = rpc.call(&id(identity), &Action::JWT, json!({}), &Gate::new(false));
 
     assert_eq!(outcome, RpcOutcome::Ok(json!({"good": true})));
     assert_eq!(node.seen().len(), 1, "no retry was needed");
@@ -688,16 +671,34 @@ fn a_pause_reaches_a_waiting_try_before_the_reply() {
             vec![ok_reply(request, &replier, &json!({"answered": true}))]
         }),
     );
-    let outcome = rpc.call(
-        &id(identity),
-        "choria_provision",
-        "jwt",
-        json!({"token": TOKEN}),
-        &gate,
-    );
+    let outcome = rpc.call(&id(identity), &Action::JWT, json!({"token": TOKEN}), &gate);
     assert_eq!(outcome, RpcOutcome::Halted(Halt::Paused));
     assert_eq!(node.seen().len(), 1, "one try, no retry after the pause");
     assert_eq!(metrics.get("rpc_error:choria_provision#jwt"), 0);
     node.stop();
     conn.close();
+}
+
+#[test]
+fn a_request_that_cannot_be_published_is_reported_as_unsent_not_as_a_timeout() {
+    let server = NatsServer::start().expect("nats-server");
+    let metrics = Arc::new(Counts::default());
+    let conn = connect(&server, PROVISIONER);
+    let rpc = RpcClient::new(conn.clone(), metrics.clone()).with_ddl_timeout(Duration::ZERO);
+    // A closed connection refuses every publish.
+    conn.close();
+    let outcome = rpc.call(
+        &id("n1.example.net"),
+        &Action::GENCSR,
+        json!({"token": TOKEN}),
+        &Gate::new(false),
+    );
+    match &outcome {
+        RpcOutcome::Unsent(SendFailure::Publish(reason)) => {
+            assert!(reason.contains("closed"), "{reason}")
+        }
+        other => panic!("expected an unsent request, got {other:?}"),
+    }
+    // Counted as an RPC error, as every failed try is.
+    assert_eq!(metrics.get("rpc_error:choria_provision#gencsr"), 1);
 }

@@ -3,8 +3,9 @@
 //! that name nor any DNS SAN may match the configured deny list.
 //!
 //! Go compatibility: the CSR's self-signature is not checked (Go does not); an entry written
-//! `/re/` loses all its leading and trailing slashes; patterns are unanchored searches; an
-//! invalid pattern never matches. The SANs of every `extensionRequest` attribute are read and a
+//! `/re/` loses all its leading and trailing slashes; patterns are unanchored searches. Unlike
+//! Go, whose invalid pattern silently never matches, a pattern that does not compile refuses
+//! the list (the daemon refuses to start, naming it). The SANs of every `extensionRequest` attribute are read and a
 //! SAN extension that does not parse refuses the whole request, as Go's
 //! `x509.ParseCertificateRequest` does (x509-parser's `requested_extensions` reads only the
 //! first attribute, so the attributes are walked here).
@@ -118,12 +119,32 @@ impl fmt::Display for CsrError {
 
 impl std::error::Error for CsrError {}
 
-/// One deny-list entry: the text as configured, and its compiled regex when it compiles.
+/// One deny-list entry: the text as configured, and its compiled regex.
 #[derive(Debug, Clone)]
 struct DenyPattern {
     configured: String,
-    regex: Option<regex::Regex>,
+    regex: regex::Regex,
 }
+
+/// A `cert_deny_list` entry that is not a regular expression.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenyListError {
+    /// The entry as configured.
+    pub entry: String,
+    pub reason: String,
+}
+
+impl fmt::Display for DenyListError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "entry {:?} is not a valid regular expression: {}",
+            self.entry, self.reason
+        )
+    }
+}
+
+impl std::error::Error for DenyListError {}
 
 /// The compiled `cert_deny_list`, with Go's defaults when the configured list is empty.
 #[derive(Debug, Clone)]
@@ -132,11 +153,9 @@ pub struct DenyList {
 }
 
 impl DenyList {
-    /// Compiles `patterns`; an empty slice selects [`DEFAULT_DENY_PATTERNS`].
-    ///
-    /// Never fails today: like Go, a pattern that does not compile is kept but never matches
-    /// (the `Result` leaves room for a stricter mode).
-    pub fn new(patterns: &[String]) -> Result<DenyList, CsrError> {
+    /// Compiles `patterns` once; an empty slice selects [`DEFAULT_DENY_PATTERNS`]. An entry
+    /// that does not compile refuses the list (Go would keep it and never match it).
+    pub fn new(patterns: &[String]) -> Result<DenyList, DenyListError> {
         let configured: Vec<String> = if patterns.is_empty() {
             DEFAULT_DENY_PATTERNS
                 .iter()
@@ -147,18 +166,17 @@ impl DenyList {
         };
         let patterns = configured
             .into_iter()
-            .map(|entry| {
-                let source = strip_slashes(&entry);
-                let regex = regex::Regex::new(source).ok();
-                if regex.is_none() {
-                    log::warn!("cert_deny_list entry {entry:?} is not a valid regex; it never matches (as in Go)");
-                }
-                DenyPattern {
+            .map(|entry| match regex::Regex::new(strip_slashes(&entry)) {
+                Ok(regex) => Ok(DenyPattern {
                     configured: entry,
                     regex,
-                }
+                }),
+                Err(err) => Err(DenyListError {
+                    entry,
+                    reason: err.to_string(),
+                }),
             })
-            .collect();
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(DenyList { patterns })
     }
 
@@ -166,8 +184,13 @@ impl DenyList {
     pub fn matching_pattern(&self, name: &str) -> Option<&str> {
         self.patterns
             .iter()
-            .find(|p| p.regex.as_ref().is_some_and(|re| re.is_match(name)))
+            .find(|p| p.regex.is_match(name))
             .map(|p| p.configured.as_str())
+    }
+
+    /// The entries in force, as configured (the defaults when none were).
+    pub fn entries(&self) -> impl Iterator<Item = &str> {
+        self.patterns.iter().map(|p| p.configured.as_str())
     }
 }
 
@@ -473,9 +496,6 @@ mod tests {
             // `//` is not the /re/ form (needs one char inside): the regex is `//` itself
             (&["//"], "a//b", Some("//")),
             (&["//"], "ab", None),
-            // an invalid regex never matches
-            (&["/(unclosed/"], "(unclosed", None),
-            (&["(unclosed", "host"], "my-host", Some("host")),
             // a configured list replaces the defaults
             (&["^nothing$"], "a.choria", None),
         ];
@@ -488,6 +508,22 @@ mod tests {
                 "{entries:?} vs {name}"
             );
         }
+        // An invalid regex never matches because it never gets in: the list is refused,
+        // naming the entry (Go keeps it and silently never matches it).
+        for (entries, refused) in [
+            (&["/(unclosed/"][..], "/(unclosed/"),
+            (&["(unclosed", "host"][..], "(unclosed"),
+        ] {
+            let entries: Vec<String> = entries.iter().map(|e| e.to_string()).collect();
+            let err = DenyList::new(&entries).expect_err("an invalid pattern");
+            assert_eq!(err.entry, refused);
+            assert!(
+                err.to_string().contains("not a valid regular expression"),
+                "{err}"
+            );
+        }
+        let defaults = DenyList::new(&[]).expect("defaults");
+        assert!(defaults.entries().eq(DEFAULT_DENY_PATTERNS));
     }
 
     #[test]

@@ -312,18 +312,13 @@ impl JwtSigner {
     }
 }
 
-/// Go's JSON escaping (one implementation, in `choria_wire::json`).
-pub(crate) fn go_escape_json(json: &str) -> String {
-    choria_wire::json::go_escape(json.to_string())
-}
-
 /// Signs `claims` (serialised compact, Go-escaped; a `Value` object's keys come out sorted)
 /// with `{"alg":..,"typ":"JWT"}`: RS256 for RSA keys, EdDSA for ed25519 seeds.
 pub fn sign_jwt(claims: &Value, signer: &JwtSigner) -> Result<String, JwtError> {
     let payload = serde_json::to_string(claims).map_err(|e| JwtError::Sign {
         reason: e.to_string(),
     })?;
-    sign_jwt_payload(&go_escape_json(&payload), signer)
+    sign_jwt_payload(&choria_wire::json::go_escape(payload), signer)
 }
 
 /// Signs an already serialised claims JSON text as is (keeps the caller's field order).

@@ -21,8 +21,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::jwt::{
-    self, check_time_claims, go_escape_json, numeric_date, string_claim, JwtError, JwtSigner,
-    VerifyKey, CHAIN_ISSUER_PREFIX, DEFAULT_OU,
+    self, check_time_claims, numeric_date, string_claim, JwtError, JwtSigner, VerifyKey,
+    CHAIN_ISSUER_PREFIX, DEFAULT_OU,
 };
 use super::ksuid::{self, KsuidError};
 
@@ -568,7 +568,8 @@ impl ServerJwtIssuer {
                 reason: e.to_string(),
             })
         })?;
-        jwt::sign_jwt_payload(&go_escape_json(&payload), &signer).map_err(ServerJwtError::Sign)
+        jwt::sign_jwt_payload(&choria_wire::json::go_escape(payload), &signer)
+            .map_err(ServerJwtError::Sign)
     }
 }
 

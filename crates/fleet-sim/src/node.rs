@@ -212,7 +212,7 @@ struct HeldLock {
 }
 
 /// One simulated server.
-pub struct Node {
+pub struct SimServer {
     pub identity: String,
     pub fault: Option<Fault>,
     pub version: String,
@@ -407,9 +407,9 @@ struct ReleaseUpdateInput {
 /// A foreign caller holding the lock of a `foreign-lock` node.
 pub const FOREIGN_LOCK_KEY: &str = "intruder.example.net.choria=intruder";
 
-impl Node {
-    pub fn new(identity: String, fault: Option<Fault>, version: String) -> Node {
-        Node {
+impl SimServer {
+    pub fn new(identity: String, fault: Option<Fault>, version: String) -> SimServer {
+        SimServer {
             identity,
             fault,
             version,
@@ -974,8 +974,8 @@ mod tests {
         }
     }
 
-    fn node(fault: Option<Fault>) -> Node {
-        let mut n = Node::new("node1.example.net".into(), fault, "0.29.4".into());
+    fn node(fault: Option<Fault>) -> SimServer {
+        let mut n = SimServer::new("node1.example.net".into(), fault, "0.29.4".into());
         n.boot_into_provisioning();
         n
     }

@@ -26,7 +26,7 @@ use crate::check::{self, Drop, Schemas};
 use crate::events::Event;
 use crate::faults::{self, Fault};
 use crate::keys::KeyPool;
-use crate::node::{ActionCall, ActionRecord, Env, Node, NodeCrypto, RpcAnswer, Scheduled};
+use crate::node::{ActionCall, ActionRecord, Env, NodeCrypto, RpcAnswer, Scheduled, SimServer};
 use crate::options::Options;
 use crate::report::{NodeReport, Report, Totals};
 use crate::server_jwt_check;
@@ -169,7 +169,7 @@ struct Job {
 }
 
 struct Shared {
-    nodes: Vec<Mutex<Node>>,
+    nodes: Vec<Mutex<SimServer>>,
     node_link: Vec<usize>,
     link_nodes: Vec<Vec<usize>>,
     links: Vec<Link>,
@@ -301,7 +301,7 @@ fn describe_payload(payload: &[u8]) -> String {
 }
 
 fn record_action(
-    node: &mut Node,
+    node: &mut SimServer,
     request: &IncomingRequest,
     action: String,
     answer: Option<&RpcAnswer>,
@@ -642,10 +642,10 @@ pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimEr
     };
 
     let fault_of = faults::assign(opts.nodes, &opts.faults, opts.seed);
-    let nodes: Vec<Mutex<Node>> = (0..opts.nodes)
+    let nodes: Vec<Mutex<SimServer>> = (0..opts.nodes)
         .map(|i| {
             let version = opts.versions[i % opts.versions.len()].clone();
-            Mutex::new(Node::new(opts.identity(i), fault_of[i], version))
+            Mutex::new(SimServer::new(opts.identity(i), fault_of[i], version))
         })
         .collect();
     let keygen_budget = fault_of.iter().filter(|f| **f != Some(Fault::Dead)).count();

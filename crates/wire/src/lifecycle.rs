@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::json::go_escape;
@@ -204,29 +205,58 @@ pub fn new_event_id() -> String {
     )
 }
 
-/// The Choria-format body, as Go writes it: protocol, id, identity, component, timestamp,
-/// then `version` for the types that carry one.
-fn choria_body(
-    kind: &str,
-    identity: &str,
-    component: &str,
-    version: Option<&str>,
+/// The Choria-format body, as Go writes it (go-choria lifecycle/startup.go and friends):
+/// protocol, id, identity, component, timestamp, then `version` for the types that carry one.
+#[derive(Serialize)]
+struct ChoriaBody<'a> {
+    protocol: String,
+    id: &'a str,
+    identity: &'a str,
+    component: &'a str,
     timestamp: i64,
-    id: &str,
-) -> String {
-    let s = |v: &str| serde_json::to_string(v).unwrap_or_default();
-    let mut out = format!(
-        "{{\"protocol\":{},\"id\":{},\"identity\":{},\"component\":{},\"timestamp\":{timestamp}",
-        s(&format!("{PROTOCOL_PREFIX}{kind}")),
-        s(id),
-        s(identity),
-        s(component),
-    );
-    if KINDS_WITH_VERSION.contains(&kind) {
-        out.push_str(&format!(",\"version\":{}", s(version.unwrap_or(""))));
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<&'a str>,
+}
+
+impl<'a> ChoriaBody<'a> {
+    fn new(
+        kind: &str,
+        identity: &'a str,
+        component: &'a str,
+        version: Option<&'a str>,
+        timestamp: i64,
+        id: &'a str,
+    ) -> ChoriaBody<'a> {
+        ChoriaBody {
+            protocol: format!("{PROTOCOL_PREFIX}{kind}"),
+            id,
+            identity,
+            component,
+            timestamp,
+            version: KINDS_WITH_VERSION
+                .contains(&kind)
+                .then(|| version.unwrap_or("")),
+        }
     }
-    out.push('}');
-    go_escape(out)
+}
+
+/// A CloudEvent 1.0 wrapping a Choria-format body, fields in Go's order (cloudevents sdk-go).
+#[derive(Serialize)]
+struct CloudEvent<'a> {
+    specversion: &'static str,
+    id: &'a str,
+    source: &'static str,
+    #[serde(rename = "type")]
+    event_type: String,
+    subject: &'a str,
+    datacontenttype: &'static str,
+    time: String,
+    data: ChoriaBody<'a>,
+}
+
+/// Compact JSON with Go's escaping. Our structs of strings and numbers always serialise.
+fn go_json(value: &impl Serialize) -> Vec<u8> {
+    go_escape(serde_json::to_string(value).unwrap_or_default()).into_bytes()
 }
 
 /// Our own event in the Choria format (what the Go provisioner publishes: hosts/hosts.go,
@@ -257,7 +287,9 @@ pub fn encode_choria_event_with_id(
     timestamp: i64,
     id: &str,
 ) -> Vec<u8> {
-    choria_body(kind, identity, component, version, timestamp, id).into_bytes()
+    go_json(&ChoriaBody::new(
+        kind, identity, component, version, timestamp, id,
+    ))
 }
 
 /// An event as a CloudEvent 1.0 (what provisioning-mode servers publish), fresh id.
@@ -287,16 +319,16 @@ pub fn encode_cloudevent_with_id(
     timestamp: i64,
     id: &str,
 ) -> Vec<u8> {
-    let s = |v: &str| serde_json::to_string(v).unwrap_or_default();
-    let inner = choria_body(kind, identity, component, version, timestamp, id);
-    let out = format!(
-        "{{\"specversion\":\"1.0\",\"id\":{},\"source\":\"{CLOUDEVENT_SOURCE}\",\"type\":{},\"subject\":{},\"datacontenttype\":\"application/json\",\"time\":\"{}\",\"data\":{inner}}}",
-        s(id),
-        s(&format!("{PROTOCOL_PREFIX}{kind}")),
-        s(identity),
-        rfc3339_utc(timestamp),
-    );
-    go_escape(out).into_bytes()
+    go_json(&CloudEvent {
+        specversion: "1.0",
+        id,
+        source: CLOUDEVENT_SOURCE,
+        event_type: format!("{PROTOCOL_PREFIX}{kind}"),
+        subject: identity,
+        datacontenttype: "application/json",
+        time: rfc3339_utc(timestamp),
+        data: ChoriaBody::new(kind, identity, component, version, timestamp, id),
+    })
 }
 
 /// Unix seconds as RFC 3339 UTC, `2018-08-24T10:36:13Z` (proleptic Gregorian calendar).

@@ -9,7 +9,8 @@ use std::time::Duration;
 use choria_crypto::ed25519::sign_nonce;
 use choria_testkit::vector_path;
 
-use super::{run_helper, split_command, CsrReply, Ed25519Reply, HelperInput, HelperOutput};
+use super::{run_helper, CsrReply, Ed25519Reply, HelperInput, HelperOutput};
+use crate::config::HelperCommand;
 use serde_json::json;
 use x509_parser::prelude::*;
 
@@ -26,7 +27,7 @@ fn inventory() -> String {
 }
 
 fn run(command: &str, input: &HelperInput) -> HelperOutput {
-    let words = split_command(command).expect("split");
+    let words = HelperCommand::parse(command).expect("split");
     run_helper(&words, input, Duration::from_secs(60), &input.identity)
         .unwrap_or_else(|e| panic!("{command}: {e}"))
 }

@@ -639,6 +639,11 @@ mod tests {
             ("a\u{2028}b\u{2029}c", "a\\u2028b\\u2029c"),
             ("<a href=\"x&y\">", "\\u003ca href=\"x\\u0026y\"\\u003e"),
             ("é ü 日本", "é ü 日本"),
+            // A whole document, as the helper's stdin and `configure`'s config are escaped.
+            (
+                "{\"a\":\"<x>&\u{2028}\u{2029}é\"}",
+                "{\"a\":\"\\u003cx\\u003e\\u0026\\u2028\\u2029é\"}",
+            ),
         ];
         for (input, expected) in cases {
             assert_eq!(go_escape(input.to_string()), *expected, "input {input:?}");

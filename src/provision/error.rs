@@ -1,0 +1,222 @@
+//! Why provisioning one node failed: a [`ProvisionError`] names the node, and its [`Failure`]
+//! the step and the cause. `Display` is one log line an operator can act on; `source()` gives
+//! the wrapped error to code that wants it.
+
+use std::fmt;
+
+use choria_broker::rpc::{Action, SendFailure};
+use choria_crypto::csr::CsrError;
+use choria_crypto::ed25519::NonceError;
+use choria_crypto::jwt::JwtError;
+use choria_wire::identity::Identity;
+use choria_wire::text::escape;
+
+use super::decision::AnswerError;
+use super::helper::HelperError;
+
+/// A node's cycle failed.
+#[derive(Debug)]
+pub struct ProvisionError {
+    pub identity: Identity,
+    pub failure: Failure,
+}
+
+impl fmt::Display for ProvisionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.identity, self.failure)
+    }
+}
+
+impl std::error::Error for ProvisionError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.failure.source()
+    }
+}
+
+/// The step that failed, and why.
+#[derive(Debug)]
+pub enum Failure {
+    /// An action got no usable answer after its tries.
+    Rpc {
+        action: &'static Action,
+        cause: RpcFailure,
+    },
+    /// An action's reply data is not what the action promises.
+    Reply {
+        action: &'static Action,
+        problem: ReplyProblem,
+    },
+    /// `features.jwt`: the node's provisioning JWT.
+    Jwt(JwtFailure),
+    /// `features.ed25519`: the gen25519 answer does not sign our nonce.
+    Ed25519(NonceError),
+    /// `features.pki`: the node's CSR.
+    Csr(NodeCsrError),
+    /// The helper could not be run, or its answer not read.
+    Helper(HelperError),
+    /// The helper asked to try the node later (Go: "configuration defered").
+    Deferred { message: String },
+    /// The helper's answer cannot be carried out.
+    Answer(AnswerError),
+    /// `release_update` to the helper's version failed.
+    Upgrade {
+        target: String,
+        direction: &'static str,
+        cause: RpcFailure,
+    },
+}
+
+/// Why an action got no usable answer, after all its tries.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RpcFailure {
+    /// The node answered with a non-zero RPC status.
+    Status { code: u8, message: String },
+    /// No valid reply on any try.
+    NoReply,
+    /// The last try's request never reached the broker.
+    Unsent(SendFailure),
+}
+
+impl RpcFailure {
+    fn describe(&self, action: &Action, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RpcFailure::Status { code, message } => write!(
+                f,
+                "{action} failed: the node answered status {code}: {}",
+                escape(message)
+            ),
+            RpcFailure::NoReply => {
+                write!(f, "{action} failed: no reply after {} tries", action.tries)
+            }
+            RpcFailure::Unsent(failure) => {
+                write!(f, "{action} failed: the request was not sent: {failure}")
+            }
+        }
+    }
+}
+
+/// What is wrong with a reply's data. Values are shown as the node sent them, as JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyProblem {
+    /// The data is not an object.
+    Data { data: String },
+    /// A field is not of its type (`expected`: "a string", "a boolean").
+    Field {
+        field: &'static str,
+        expected: &'static str,
+        value: String,
+    },
+}
+
+/// Why a node's provisioning JWT is refused.
+#[derive(Debug)]
+pub enum JwtFailure {
+    /// The `jwt` reply held none.
+    Missing,
+    /// `jwt_verify_cert` could not be read now (it is read per node, as in Go).
+    VerifyKey(JwtError),
+    /// The token does not verify, or its claims are refused.
+    Invalid(JwtError),
+}
+
+impl fmt::Display for JwtFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JwtFailure::Missing => f.write_str("could not validate JWT: no JWT received"),
+            JwtFailure::VerifyKey(err) => {
+                write!(f, "could not validate JWT: jwt_verify_cert: {err}")
+            }
+            JwtFailure::Invalid(err) => write!(f, "could not validate JWT: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for JwtFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            JwtFailure::Missing => None,
+            JwtFailure::VerifyKey(err) | JwtFailure::Invalid(err) => Some(err),
+        }
+    }
+}
+
+/// Why the daemon refuses a node's CSR.
+#[derive(Debug)]
+pub enum NodeCsrError {
+    Empty,
+    Refused(CsrError),
+}
+
+impl fmt::Display for NodeCsrError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeCsrError::Empty => f.write_str("no CSR received"),
+            NodeCsrError::Refused(err) => write!(f, "CSR refused: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for NodeCsrError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            NodeCsrError::Empty => None,
+            NodeCsrError::Refused(err) => Some(err),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Rpc { action, cause } => cause.describe(action, f),
+            Failure::Reply { action, problem } => match problem {
+                ReplyProblem::Data { data } => {
+                    write!(f, "{action} reply data is not an object: {data}")
+                }
+                ReplyProblem::Field {
+                    field,
+                    expected,
+                    value,
+                } => write!(f, "{action} reply field {field} is not {expected}: {value}"),
+            },
+            Failure::Jwt(failure) => write!(f, "{failure}"),
+            Failure::Ed25519(err) => write!(f, "could not fetch ed25519 public key: {err}"),
+            Failure::Csr(err) => write!(f, "{err}"),
+            // The node is named in front already.
+            Failure::Helper(err) => f.write_str(&err.describe(false)),
+            Failure::Deferred { message } => {
+                write!(f, "the helper deferred provisioning: {}", escape(message))
+            }
+            Failure::Answer(err) => write!(f, "{err}"),
+            Failure::Upgrade {
+                target,
+                direction,
+                cause,
+            } => {
+                cause.describe(&Action::RELEASE_UPDATE, f)?;
+                write!(f, " ({direction} to {})", escape(target))
+            }
+        }
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Failure::Rpc {
+                cause: RpcFailure::Unsent(failure),
+                ..
+            }
+            | Failure::Upgrade {
+                cause: RpcFailure::Unsent(failure),
+                ..
+            } => Some(failure),
+            Failure::Jwt(failure) => Some(failure),
+            Failure::Ed25519(err) => Some(err),
+            Failure::Csr(err) => Some(err),
+            Failure::Helper(err) => Some(err),
+            Failure::Answer(err) => Some(err),
+            _ => None,
+        }
+    }
+}
