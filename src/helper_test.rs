@@ -20,7 +20,7 @@ use crate::provision::decision::{decide, Decision, NodeFacts, Pairing, Plan, Upg
 use crate::provision::helper::{CsrReply, Ed25519Reply, Exchange, Helper, HelperError};
 use crate::provision::{
     ask_helper, check_node_csr, failure_reason, new_nonce, take_inventory, verify_node_jwt,
-    CycleSettings, Failure,
+    CycleSettings,
 };
 use choria_crypto::certificate::CertificateFacts;
 use choria_crypto::ed25519::{check_public_key, verify_nonce_signature};
@@ -205,7 +205,7 @@ fn rehearse(args: &HelperTestArgs) -> Result<Report, Usage> {
     let exchange = ask_helper(&rules.helper, &node);
     report.helper_run = Some(helper_run(&exchange));
     let (decision, exit_code) = match exchange.answer {
-        Err(err) => (fail_on_helper(&node.identity, err), EXIT_FAILED),
+        Err(err) => (fail_on_helper(err), EXIT_FAILED),
         Ok(answer) => match decide(&rules, &node, &answer, now) {
             Err(err) => (
                 Verdict::Fail {
@@ -222,10 +222,10 @@ fn rehearse(args: &HelperTestArgs) -> Result<Report, Usage> {
     Ok(report)
 }
 
-fn fail_on_helper(identity: &Identity, err: HelperError) -> Verdict {
-    // The cycle's reason for a helper error, word for word.
+fn fail_on_helper(err: HelperError) -> Verdict {
+    // The helper's error as it stands alone: it names the helper and the node.
     Verdict::Fail {
-        reason: failure_reason(identity, Failure::Helper(err)),
+        reason: err.to_string(),
         helper_error: true,
     }
 }
