@@ -1,12 +1,124 @@
 //! End to end, the real `choria-provisioner` binary facing what an untrusted node (or a second
-//! copy of itself) can do: a pid file already held.
+//! copy of itself) can do: hostile identities in startup events and discovery replies, stuck
+//! `/metrics` clients, a pid file already held.
 
 use choria_testkit::harness as support;
 
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
+use choria_broker::connection::Connection;
+use choria_broker::discovery::DISCOVERY_SUBJECT;
+use choria_wire::lifecycle;
+use choria_wire::v1::server::{self, IncomingRequest};
 use support::*;
+
+/// The hostile identities of the reproduction and the review.
+fn hostile_identities() -> Vec<String> {
+    vec![
+        "x 0\r\n\r\nUNSUB 1\r\nPUB evil.injected 5\r\nHELLO".into(),
+        ">".into(),
+        "*".into(),
+        "a b c".into(),
+        "a\tb".into(),
+        "n".repeat(5 * 1024),
+        "a\0b".into(),
+        "\r\n".into(),
+    ]
+}
+
+/// A POSIX sh helper configuring every node it is given out of provisioning mode.
+const SH_HELPER: &str = r#"#!/bin/sh
+input=$(cat)
+identity=$(printf '%s' "$input" | sed -n 's/.*"identity":"\([^"]*\)".*/\1/p')
+printf '{"defer":false,"configuration":{"identity":"%s","plugin.choria.server.provision":"false"}}\n' "$identity"
+"#;
+
+/// GET `path` from the broker's monitoring port, as JSON.
+fn monitor(port: u16, path: &str) -> serde_json::Value {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("monitoring port");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
+/// The broker's client ids of the connections named `name`.
+fn connection_ids(port: u16, name: &str) -> Vec<u64> {
+    monitor(port, "/connz?limit=1024")["connections"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|c| c["name"] == name)
+                .filter_map(|c| c["cid"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every subject published on the broker (but `$` system subjects), recorded by a
+/// subscription to `>`.
+struct Wiretap {
+    conn: Connection,
+    subjects: Arc<Mutex<Vec<String>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Wiretap {
+    fn start(url: &str) -> Wiretap {
+        let conn = Connection::connect(
+            &insecure_settings(url, "wiretap", Duration::from_secs(2)),
+            "wiretap",
+        )
+        .expect("wiretap connects");
+        let mut inbox = choria_broker::connection::Inbox::default();
+        inbox.subscribe(&conn, ">", ()).expect("subscribe to >");
+        conn.flush(Duration::from_secs(10)).expect("flush");
+        let subjects = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (seen, stopping) = (subjects.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("wiretap".into())
+            .spawn(move || {
+                while !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    if let Some(message) = inbox.next(Duration::from_millis(100)) {
+                        seen.lock().push(message.subject);
+                    }
+                }
+            })
+            .expect("wiretap thread");
+        Wiretap {
+            conn,
+            subjects,
+            thread: Some(thread),
+            stop,
+        }
+    }
+
+    fn stop(mut self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("wiretap thread");
+        }
+        self.conn.close();
+        let subjects = self.subjects.lock().clone();
+        subjects
+    }
+}
 
 /// Runs the daemon with the files of provisioner `identity` in `world` and waits (bounded)
 /// for it to exit; its status and stderr.
@@ -158,4 +270,154 @@ fn metrics_are_served_past_stuck_clients_and_sigterm_is_not_held_up() {
         "{sent} bytes of one request line taken"
     );
     drop((idle, idle_again, slow));
+}
+
+/// Hostile identities, as startup events and as discovery replies, at the moment a real node
+/// announces itself, on a broker whose monitoring shows its connections: nothing is published
+/// to a subject built from them, the provisioner's connection is never dropped, the real node
+/// is provisioned, every refusal is counted, and the log holds no line we did not write.
+#[test]
+fn hostile_identities_are_refused_and_a_real_node_is_provisioned_meanwhile() {
+    let monitoring = choria_testkit::free_port().expect("a free port");
+    let world = World::with_conf(&format!("http: \"127.0.0.1:{monitoring}\""));
+    let url = world.broker.url();
+    let hostile = hostile_identities();
+    let wiretap = Wiretap::start(&url);
+
+    // A rack of forged nodes answering the discovery ping with every hostile name.
+    let senders = hostile.clone();
+    let rack = Responder::start(
+        &url,
+        "hostile-rack",
+        DISCOVERY_SUBJECT,
+        Box::new(move |request: &IncomingRequest, _| {
+            senders
+                .iter()
+                .map(|sender| {
+                    server::encode_reply(
+                        &request.request_id,
+                        sender,
+                        "discovery",
+                        "pong",
+                        request.time,
+                    )
+                })
+                .collect()
+        }),
+    );
+    let helper = world.write("sh-helper.sh", SH_HELPER);
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!(
+                "{}workers: 2\nrelease_delay: 6s\n",
+                yaml_helper(&format!("/bin/sh {helper}"))
+            ),
+            ..Default::default()
+        },
+    );
+    let ours = connection_ids(monitoring, PROVISIONER_IDENTITY);
+    assert_eq!(ours.len(), 1, "one provisioner connection: {ours:?}");
+
+    // The hostile events, then a real node booting, then the hostile events again.
+    let hostile_node = Connection::connect(
+        &insecure_settings(&url, "hostile-node", Duration::from_secs(2)),
+        "hostile-node",
+    )
+    .expect("hostile node connects");
+    let subject = lifecycle::event_subject("startup", "provision_mode_server");
+    let announce = |round: usize| {
+        for identity in &hostile {
+            let event = lifecycle::encode_choria_event(
+                "startup",
+                identity,
+                "provision_mode_server",
+                Some("0.29.4"),
+                unix_now() + round as i64,
+            );
+            hostile_node.publish(&subject, &event).expect("publish");
+        }
+        hostile_node.flush(Duration::from_secs(10)).expect("flush");
+    };
+    announce(0);
+    let sim = Sim::start(
+        &world,
+        &[
+            "--nodes",
+            "1",
+            "--keygen-threads",
+            "0",
+            "--exit-when-done",
+            "--deadline",
+            "120s",
+        ],
+    );
+    announce(1);
+
+    let report = sim.wait(&provisioner);
+    assert_clean(&report);
+    assert_eq!(report.nodes.len(), 1);
+    assert_provisioned_once(&report.nodes[0]);
+
+    let events = (2 * hostile.len()) as f64;
+    let metrics = provisioner.wait_metrics("every hostile event counted", |m| {
+        m.get("choria_provisioner_malformed_messages{kind=\"event_identity\"}") == events
+    });
+    assert!(
+        metrics.get("choria_provisioner_malformed_messages{kind=\"discovery_sender\"}")
+            >= hostile.len() as f64,
+        "{}",
+        metrics.summary()
+    );
+    assert_eq!(metrics.get("choria_provisioner_provisioned"), 1.0);
+    assert_eq!(
+        metrics.get("choria_provisioner_event_discovered"),
+        1.0,
+        "only the real node's event"
+    );
+
+    // The same one connection, never dropped and never made to run a forged command.
+    assert_eq!(connection_ids(monitoring, PROVISIONER_IDENTITY), ours);
+    let broker_log =
+        std::fs::read_to_string(world.broker.dir.join("nats-server.log")).unwrap_or_default();
+    assert!(
+        !broker_log.contains("Unknown Protocol Operation") && !broker_log.contains("evil"),
+        "{broker_log}"
+    );
+    let log = provisioner.log();
+    assert!(!log.contains("lost; reconnecting"), "{log}");
+
+    rack.stop();
+    hostile_node.close();
+    provisioner.stop();
+    let subjects = wiretap.stop();
+
+    // Nothing but the real node was addressed, and nothing was injected.
+    let real = report.nodes[0].identity.clone();
+    let addressed: BTreeSet<&str> = subjects
+        .iter()
+        .filter_map(|s| s.strip_prefix("provisioning.node."))
+        .collect();
+    assert_eq!(addressed, BTreeSet::from([real.as_str()]), "{subjects:?}");
+    assert!(subjects.iter().all(|s| !s.contains("evil")), "{subjects:?}");
+
+    // Every log line is one of ours: a timestamp first, no control character anywhere, and
+    // the injection shown escaped.
+    let log = provisioner_log(&world);
+    for line in log.lines() {
+        assert!(
+            line.starts_with("20") && line.as_bytes().get(4) == Some(&b'-'),
+            "a line we did not write: {line:?}"
+        );
+        assert!(!line.chars().any(|c| c.is_control()), "{line:?}");
+    }
+    assert!(
+        log.contains(r"x 0\r\n\r\nUNSUB 1\r\nPUB evil.injected 5\r\nHELLO"),
+        "the refusal is logged, escaped"
+    );
+}
+
+/// The provisioner's log file in `world` (also after it stopped).
+fn provisioner_log(world: &World) -> String {
+    std::fs::read_to_string(world.path(&format!("{PROVISIONER_IDENTITY}.log"))).unwrap_or_default()
 }
