@@ -421,3 +421,116 @@ fn hostile_identities_are_refused_and_a_real_node_is_provisioned_meanwhile() {
 fn provisioner_log(world: &World) -> String {
     std::fs::read_to_string(world.path(&format!("{PROVISIONER_IDENTITY}.log"))).unwrap_or_default()
 }
+
+/// The daemon's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kib| kib.parse().ok())
+        .unwrap_or(0)
+}
+
+const FLOOD: usize = 1_000_000;
+/// How much the daemon's memory may grow during a flood.
+const RSS_GROWTH_KIB: u64 = 64 * 1024;
+/// Log lines a flood may cause: a few per kind per 10 s window, whatever the flood's size.
+const FLOOD_LOG_LINES: usize = 2_000;
+
+/// Floods the daemon with `FLOOD` startup events made by `event(n)` and checks that memory
+/// stays flat, the log stays short, and every event is accounted for (handled, or dropped
+/// and counted) within a bound.
+fn flood(event: impl Fn(usize) -> Vec<u8>, yaml: &str) {
+    let world = World::new();
+    let helper = world.write("sh-helper.sh", SH_HELPER);
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!("{}{yaml}", yaml_helper(&format!("/bin/sh {helper}"))),
+            ..Default::default()
+        },
+    );
+    let pid = provisioner.pid();
+    let before = rss_kib(pid);
+    let lines_before = provisioner.log().lines().count();
+    let node = Connection::connect(
+        &insecure_settings(&world.broker.url(), "flooding-node", Duration::from_secs(2)),
+        "flooding-node",
+    )
+    .expect("connects");
+    let subject = lifecycle::event_subject("startup", "provision_mode_server");
+    let mut peak = before;
+    let publishing_ends = Instant::now() + PATIENCE;
+    for n in 0..FLOOD {
+        node.publish(&subject, &event(n)).expect("publish");
+        if n % 50_000 == 0 {
+            // Paced by the broker's round trip, so the flood is a stream, not one burst
+            // sitting in our own buffer.
+            node.flush(Duration::from_secs(30)).expect("flush");
+            peak = peak.max(rss_kib(pid));
+            assert!(Instant::now() < publishing_ends, "publishing took too long");
+        }
+    }
+    node.flush(Duration::from_secs(30)).expect("flush");
+    // Every event handled by the listener, or dropped at the subscription's bound and counted.
+    let metrics = provisioner.wait_metrics("every event handled or counted as dropped", |m| {
+        m.get("choria_provisioner_event_discovered")
+            + m.get("choria_provisioner_dropped_messages{kind=\"lifecycle_event\"}")
+            == FLOOD as f64
+    });
+    let after = rss_kib(pid).max(peak);
+    node.close();
+    let log = provisioner.log();
+    let lines = log.lines().count() - lines_before;
+    eprintln!(
+        "flood of {FLOOD}: RSS {before} KiB before, {after} KiB at most; {lines} log lines; {}",
+        metrics.summary().replace('\n', ", ")
+    );
+    assert!(
+        after <= before + RSS_GROWTH_KIB,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    assert!(lines <= FLOOD_LOG_LINES, "{lines} log lines");
+    // The count of what was left out comes once the limiter's window ends.
+    wait_for(
+        "a count of the suppressed log lines",
+        PATIENCE,
+        || provisioner.log().contains("suppressed ").then_some(()),
+        || provisioner.logs(),
+    );
+    provisioner.stop();
+}
+
+#[test]
+fn a_million_startup_events_from_one_identity_keep_memory_and_the_log_flat() {
+    let event = lifecycle::encode_choria_event(
+        "startup",
+        "repeating.example.net",
+        "provision_mode_server",
+        Some("0.29.4"),
+        1_700_000_000,
+    );
+    // The node exists nowhere: its RPCs time out fast; one cycle at a time.
+    flood(
+        |_| event.clone(),
+        "workers: 2\nrpc_timeout: 500ms\nhelper_timeout: 5s\n",
+    );
+}
+
+#[test]
+fn a_million_distinct_identities_beyond_the_work_queue_keep_memory_and_the_log_flat() {
+    flood(
+        |n| {
+            lifecycle::encode_choria_event(
+                "startup",
+                &format!("flood-{n}.example.net"),
+                "provision_mode_server",
+                Some("0.29.4"),
+                1_700_000_000,
+            )
+        },
+        "workers: 2\nwork_queue_size: 1000\nrpc_timeout: 500ms\nhelper_timeout: 5s\n",
+    );
+}
