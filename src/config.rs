@@ -153,9 +153,19 @@ impl LogLevel {
 
 /// The `helper` setting split with shell quoting rules (as Go's go-shellquote since provisioner
 /// #214): `/usr/bin/helper --ca "/etc/my ca"` is a program and two arguments. Never empty.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `Debug` shows the program and how many arguments follow, never the arguments.
+#[derive(Clone, PartialEq, Eq)]
 pub struct HelperCommand {
     words: Vec<String>,
+}
+
+impl fmt::Debug for HelperCommand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HelperCommand")
+            .field("program", &self.program())
+            .field("arguments", &self.args().len())
+            .finish()
+    }
 }
 
 impl HelperCommand {

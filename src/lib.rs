@@ -21,6 +21,8 @@ mod metrics;
 mod pidfile;
 mod provision;
 #[cfg(test)]
+mod secrets_tests;
+#[cfg(test)]
 mod test_log;
 
 pub use cli::{parse as parse_command_line, Command, HelperTestArgs, RunArgs, USAGE};

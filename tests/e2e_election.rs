@@ -166,6 +166,7 @@ impl ElectionWorld {
                 discovery_timeout,
                 // The config's default: the locked-nodes scenario waits for the next discovery.
                 interval: "1m".to_string(),
+                ..Default::default()
             },
         )
     }

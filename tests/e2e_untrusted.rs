@@ -534,3 +534,141 @@ fn a_million_distinct_identities_beyond_the_work_queue_keep_memory_and_the_log_f
         "workers: 2\nwork_queue_size: 1000\nrpc_timeout: 500ms\nhelper_timeout: 5s\n",
     );
 }
+
+const SECRET_TOKEN: &str = "hunter2-e2e-provisioning-token";
+const SECRET_PASSWORD: &str = "hunter2-e2e-broker-password";
+const SECRET_ARGUMENT: &str = "hunter2-e2e-helper-argument";
+/// The Organization Issuer of the vectors (`tokens/testdata/ed25519/signer.seed`).
+const ORG_ISSUER_PUBLIC: &str = "3899a8bb4b6e6e09c91c27f28f086f0b40f1d3091a8c83c07320bc6cfdf67730";
+
+/// Wraps the sample ed25519 helper (arguments: the sample, the issuer, the brokers, a key
+/// file, then a secret it ignores) and adds a private key to its answer for the daemon to
+/// transport.
+const KEY_ADDING_HELPER: &str = r#"#!/usr/bin/env python3
+import json, subprocess, sys
+sample, issuer, brokers, key_file = sys.argv[1:5]
+done = subprocess.run(["python3", sample, "--issuer", issuer, "--brokers", brokers],
+                      input=sys.stdin.read(), capture_output=True, text=True, timeout=20)
+sys.stderr.write(done.stderr)
+reply = json.loads(done.stdout)
+reply["key"] = open(key_file).read()
+json.dump(reply, sys.stdout)
+"#;
+
+/// Runs `nodes` simulated nodes with `sim_args` to completion against `provisioner`; every one
+/// provisioned once.
+fn provision_fleet(world: &World, provisioner: &Provisioner, nodes: usize, sim_args: &[&str]) {
+    let count = nodes.to_string();
+    let mut args = vec![
+        "--nodes",
+        count.as_str(),
+        "--token",
+        SECRET_TOKEN,
+        "--keygen-threads",
+        "0",
+        "--exit-when-done",
+        "--deadline",
+        "140s",
+    ];
+    args.extend_from_slice(sim_args);
+    let report = Sim::start(world, &args).wait(provisioner);
+    assert_clean(&report);
+    for node in &report.nodes {
+        assert_provisioned_once(node);
+        assert!(
+            node.record.server_jwt_checks.iter().all(|c| c.ok),
+            "{}: {:?}",
+            node.identity,
+            node.record.server_jwt_checks
+        );
+    }
+    let n = nodes as f64;
+    provisioner.wait_idle("the fleet provisioned", |m| {
+        m.get("choria_provisioner_provisioned") == n
+    });
+}
+
+/// Full runs at debug level with every secret the daemon holds in play: the broker password
+/// (a broker with users; nodes without a JWT, since the simulator's nodes present theirs as a
+/// token such a broker refuses), then the ed25519 flow (the token, a helper argument, the
+/// signing seed and chain token, node JWTs, issued server JWTs, a helper's private key). None
+/// of them reaches the log.
+#[test]
+fn full_runs_at_debug_level_log_no_secret() {
+    let key_file = vector("tokens/testdata/rsa/signer-key.pem");
+    let seed_file = vector("tokens/testdata/ed25519/other.seed");
+    let signing_token = vector("generated/chain-issuer-client.jwt");
+    let mut logs = String::new();
+
+    // 1. Broker users: we log in as `provisioner` with the password; nodes land in `anyone`.
+    let world = World::with_conf(&format!(
+        "authorization {{ users: [ {{user: provisioner, password: \"{SECRET_PASSWORD}\"}}, {{user: anyone, password: \"unused\"}} ] }}\nno_auth_user: anyone\n"
+    ));
+    let helper = world.write("sh-helper.sh", SH_HELPER);
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!(
+                "{}token: {SECRET_TOKEN}\nbroker_provisioning_password: {SECRET_PASSWORD}\nworkers: 2\nrelease_delay: 6s\n",
+                yaml_helper(&format!("/bin/sh {helper} {SECRET_ARGUMENT}")),
+            ),
+            debug: true,
+            ..Default::default()
+        },
+    );
+    provision_fleet(&world, &provisioner, 2, &[]);
+    logs.push_str(&provisioner.logs());
+    provisioner.stop();
+    logs.push_str(&provisioner_log(&world));
+
+    // 2. The ed25519 flow, with a private key from the helper to transport.
+    let world = World::new();
+    let helper_script = world.write("key-adding-helper.py", KEY_ADDING_HELPER);
+    let helper = format!(
+        "python3 {helper_script} {} {ORG_ISSUER_PUBLIC} {} {key_file} {SECRET_ARGUMENT}",
+        project_file("etc/helpers/ed25519-helper.py"),
+        world.broker.url(),
+    );
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!(
+                "{}token: {SECRET_TOKEN}\nworkers: 2\nrelease_delay: 6s\nhelper_timeout: 30s\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER_PUBLIC}\njwt_signing_key: {seed_file}\njwt_signing_token: {signing_token}\n",
+                yaml_helper(&helper),
+            ),
+            debug: true,
+            ..Default::default()
+        },
+    );
+    let node_seed = vector("tokens/testdata/ed25519/signer.seed");
+    provision_fleet(
+        &world,
+        &provisioner,
+        3,
+        &["--jwt-key", &node_seed, "--org-issuer", ORG_ISSUER_PUBLIC],
+    );
+    logs.push_str(&provisioner.logs());
+    provisioner.stop();
+    logs.push_str(&provisioner_log(&world));
+    assert!(logs.contains(" DEBUG "), "not a debug-level run:\n{logs}");
+
+    let mut secrets = vec![
+        SECRET_TOKEN.to_string(),
+        SECRET_PASSWORD.to_string(),
+        SECRET_ARGUMENT.to_string(),
+        // Every JWT, ours or a node's, starts with base64url of `{"`.
+        "eyJ".to_string(),
+    ];
+    for key in [&seed_file, &key_file, &signing_token, &node_seed] {
+        let text = std::fs::read_to_string(key).expect("key file");
+        secrets.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.starts_with("-----") && l.len() >= 16)
+                .map(str::to_string),
+        );
+    }
+    for secret in &secrets {
+        assert!(!logs.contains(secret.as_str()), "the log holds {secret:?}");
+    }
+}

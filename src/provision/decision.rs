@@ -173,8 +173,9 @@ pub enum Decision {
     Configure(Box<Plan>),
 }
 
-/// Everything `configure` would send, and what was decided on the way.
-#[derive(Debug)]
+/// Everything `configure` would send, and what was decided on the way. `Debug` shows the
+/// keys of the `configure` request, never its values: they hold the token, the encrypted key
+/// and the server JWT.
 pub struct Plan {
     pub upgrade: Upgrade,
     /// The `configure` request data, or why configure fails. It is needed only when the cycle
@@ -190,6 +191,29 @@ pub struct Plan {
     pub key_transported: bool,
     /// Things a reader should know that change nothing (ignored keys, skipped comparisons).
     pub notes: Vec<String>,
+}
+
+impl fmt::Debug for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let configure = match &self.configure {
+            Ok(Value::Object(request)) => format!(
+                "Ok(request with {})",
+                request.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+            Ok(_) => "Ok(request)".to_string(),
+            Err(err) => format!("Err({err:?})"),
+        };
+        f.debug_struct("Plan")
+            .field("upgrade", &self.upgrade)
+            .field("configure", &configure)
+            .field("configuration", &self.configuration)
+            .field("certificate", &self.certificate)
+            .field("certificate_pairing", &self.certificate_pairing)
+            .field("server_jwt", &self.server_jwt)
+            .field("key_transported", &self.key_transported)
+            .field("notes", &self.notes)
+            .finish()
+    }
 }
 
 /// What the helper's certificate was paired with.

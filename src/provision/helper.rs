@@ -74,7 +74,8 @@ impl HelperInput {
 }
 
 /// What the helper answered (Go `ConfigResponse`). Absent and `null` fields are empty.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// `Debug` never shows the private key.
+#[derive(Clone, Default, PartialEq)]
 pub struct HelperOutput {
     /// Do not provision this node now; `msg` says why.
     pub defer: bool,
@@ -94,6 +95,30 @@ pub struct HelperOutput {
     pub server_claims: Option<Value>,
     /// The Choria version the node should run (`features.upgrades`).
     pub upgrade: String,
+}
+
+impl fmt::Debug for HelperOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = if self.key.is_empty() {
+            "(none)".to_string()
+        } else {
+            format!("(private key, {} bytes)", self.key.len())
+        };
+        f.debug_struct("HelperOutput")
+            .field("defer", &self.defer)
+            .field("shutdown", &self.shutdown)
+            .field("msg", &self.msg)
+            .field("key", &key)
+            .field("certificate", &self.certificate)
+            .field("ca", &self.ca)
+            .field("ssldir", &self.ssldir)
+            .field("configuration", &self.configuration)
+            .field("action_policies", &self.action_policies)
+            .field("opa_policies", &self.opa_policies)
+            .field("server_claims", &self.server_claims)
+            .field("upgrade", &self.upgrade)
+            .finish()
+    }
 }
 
 /// The keys of [`HelperOutput`], as the helper writes them.
@@ -313,13 +338,27 @@ impl std::error::Error for HelperError {
 /// (`run_helper`). A long-lived helper answering one line per node would be a second variant
 /// here, behind the same [`Helper::ask`], so the cycle and `helper-test` both run whichever
 /// mode the configuration sets without knowing which.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum Helper {
     /// A fresh process per node, killed with its process group after `timeout`.
     PerNode {
         command: HelperCommand,
         timeout: Duration,
     },
+}
+
+// The arguments may hold secrets: only the program and how many arguments follow.
+impl fmt::Debug for Helper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Helper::PerNode { command, timeout } => f
+                .debug_struct("Helper::PerNode")
+                .field("program", &command.program())
+                .field("arguments", &command.args().len())
+                .field("timeout", timeout)
+                .finish(),
+        }
+    }
 }
 
 impl Helper {
@@ -342,8 +381,8 @@ impl Helper {
 }
 
 /// One exchange with the helper, as it happened: what it was sent, what it wrote, how it
-/// ended, how long it took, and the decoded answer or why there is none.
-#[derive(Debug)]
+/// ended, how long it took, and the decoded answer or why there is none. `Debug` gives the
+/// sizes of what was written, not the bytes: the answer may hold a private key.
 pub struct Exchange {
     /// The exact JSON written to its stdin (empty if it could not be encoded).
     pub stdin: String,
@@ -356,6 +395,19 @@ pub struct Exchange {
     /// From the start of the process to the end of the exchange.
     pub duration: Duration,
     pub answer: Result<HelperOutput, HelperError>,
+}
+
+impl fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Exchange")
+            .field("stdin_bytes", &self.stdin.len())
+            .field("stdout_bytes", &self.stdout.len())
+            .field("stderr_bytes", &self.stderr.len())
+            .field("exit", &self.exit)
+            .field("duration", &self.duration)
+            .field("answer", &self.answer)
+            .finish()
+    }
 }
 
 impl Exchange {

@@ -201,6 +201,8 @@ pub struct ProvisionerSetup {
     /// discovery at start only, so a slow run on a busy box never sees a periodic discovery
     /// re-admit refused nodes.
     pub interval: String,
+    /// Runs with `--debug` (every debug line logged).
+    pub debug: bool,
 }
 
 impl Default for ProvisionerSetup {
@@ -210,6 +212,7 @@ impl Default for ProvisionerSetup {
             yaml: String::new(),
             discovery_timeout: 1,
             interval: "1h".to_string(),
+            debug: false,
         }
     }
 }
@@ -248,7 +251,11 @@ impl Provisioner {
         );
         let config = world.write(&format!("{identity}.yaml"), &yaml);
         let stderr_path = world.path(&format!("{identity}.stderr"));
-        let child = Command::new(crate::binary("choria-provisioner"))
+        let mut command = Command::new(crate::binary("choria-provisioner"));
+        if setup.debug {
+            command.arg("--debug");
+        }
+        let child = command
             .args([
                 "run",
                 "--config",
