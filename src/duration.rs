@@ -62,9 +62,13 @@ pub fn parse_nanos(input: &str) -> Result<i64, DurationError> {
         return Err(DurationError::InvalidNumber(number.to_string()));
     }
     // Go: time.Duration(val*24) * time.Hour, val being the float32 widened to float64.
+    // Out of range is refused rather than wrapped as Go's int64 conversion would (a float32
+    // of ~3e38 hours saturates i128 here, so the multiplication is checked too).
     let hours = (f64::from(value) * hours_per_unit).trunc();
-    let nanos = hours as i128 * NANOS_PER_HOUR;
-    i64::try_from(nanos).map_err(|_| DurationError::Overflow(text.to_string()))
+    (hours as i128)
+        .checked_mul(NANOS_PER_HOUR)
+        .and_then(|nanos| i64::try_from(nanos).ok())
+        .ok_or_else(|| DurationError::Overflow(text.to_string()))
 }
 
 /// Parses a Choria duration that must not be negative.
@@ -241,5 +245,13 @@ mod tests {
             .contains("\"S\""));
         assert!(parse("-1m").is_err());
         assert!(parse_nanos("99999999999999999999h").is_err());
+        // Found by fuzzing: a float32 near its maximum, in years, overflowed i128 (a panic).
+        for huge in ["3e38y", "340000000000000000000000000000000000000W", "1e38M"] {
+            assert_eq!(
+                parse_nanos(huge),
+                Err(DurationError::Overflow(huge.to_string())),
+                "{huge}"
+            );
+        }
     }
 }

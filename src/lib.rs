@@ -15,6 +15,9 @@ mod config;
 mod daemon;
 mod duration;
 pub mod fleet;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod helper_test;
 mod http;
 mod metrics;
