@@ -113,6 +113,10 @@ pub struct NodeRecord {
     pub configured_by: BTreeSet<String>,
     /// Why this node counts as provisioned twice (see `note_configured`), if it does.
     pub duplicate: Option<String>,
+    /// Times it went back into provisioning mode after service (`--reprovision-after`); each
+    /// starts a new life, in which it may be provisioned once more.
+    #[serde(default)]
+    pub reprovisioned: u32,
     /// What decided the state after the last restart (see `decide_mode`).
     pub last_boot_decision: Option<String>,
     /// What each successful `configure` delivered.
@@ -223,6 +227,9 @@ pub struct SimServer {
     ecdh_secret: Option<[u8; 32]>,
     restart_pending: bool,
     configured_this_boot: bool,
+    // This life (since the first boot or the last return to provisioning mode).
+    served_this_life: bool,
+    callers_this_life: BTreeSet<String>,
     // Files: survive restarts.
     ed25519_public_hex: Option<String>,
     written_config: BTreeMap<String, String>,
@@ -419,6 +426,8 @@ impl SimServer {
             ecdh_secret: None,
             restart_pending: false,
             configured_this_boot: false,
+            served_this_life: false,
+            callers_this_life: BTreeSet::new(),
             ed25519_public_hex: None,
             written_config: BTreeMap::new(),
             server_jwt: None,
@@ -808,8 +817,9 @@ impl SimServer {
         }
     }
 
-    /// Duplicate accounting: configured again after entering service, or by a
-    /// second caller. A retry within one boot by the same caller does not count.
+    /// Duplicate accounting, per life: configured again after entering service, or by a
+    /// second caller. A retry within one boot by the same caller does not count, nor does a
+    /// configure in a new life (after `reprovision`).
     fn note_configured(&mut self, call: &ActionCall) {
         let caller = format!("{}.{}", call.sender_id, call.caller_id);
         if !self.configured_this_boot {
@@ -817,15 +827,16 @@ impl SimServer {
             self.record.provisioned_times += 1;
         }
         if self.record.duplicate.is_none() {
-            if self.record.entered_service > 0 {
+            if self.served_this_life {
                 self.record.duplicate = Some(format!(
                     "configured by {caller} after it had restarted into service"
                 ));
-            } else if let Some(other) = self.record.configured_by.iter().find(|c| **c != caller) {
+            } else if let Some(other) = self.callers_this_life.iter().find(|c| **c != caller) {
                 self.record.duplicate =
                     Some(format!("configured by two callers: {other} and {caller}"));
             }
         }
+        self.callers_this_life.insert(caller.clone());
         self.record.configured_by.insert(caller);
     }
 
@@ -928,12 +939,28 @@ impl SimServer {
                 self.record.last_boot_decision = Some(format!("in service: {why}"));
                 self.state = NodeState::InService;
                 self.record.entered_service += 1;
+                self.served_this_life = true;
                 self.lock = None;
                 self.ecdh_secret = None;
                 self.restart_pending = false;
                 None
             }
         }
+    }
+
+    /// Back into provisioning mode after service, as an operator re-provisioning the machine
+    /// (a wiped configuration, a reboot): a new life begins with a startup event. `None` unless
+    /// the node is in service.
+    pub fn reprovision(&mut self) -> Option<Event> {
+        if self.state != NodeState::InService {
+            return None;
+        }
+        self.record.reprovisioned += 1;
+        self.served_this_life = false;
+        self.callers_this_life.clear();
+        self.written_config.clear();
+        self.server_jwt = None;
+        Some(self.boot_into_provisioning())
     }
 
     pub fn shut_down(&mut self) -> Event {
@@ -1261,6 +1288,42 @@ mod tests {
             .as_deref()
             .unwrap()
             .contains("two callers"));
+    }
+
+    #[test]
+    fn a_reprovisioned_node_starts_a_new_life_and_may_be_provisioned_again() {
+        let e = env("", json!({"chpd": true}));
+        let t = Instant::now();
+        let mut n = node(None);
+        assert_eq!(n.reprovision(), None, "only a node in service goes back");
+        let conf = json!({"config": "{\"identity\":\"node1.example.net\",\"plugin.choria.server.provision\":\"false\"}"});
+        for life in 1..=3 {
+            n.provision_action(&e, &call("configure", &conf, &format!("p{life}")), t, 0);
+            n.provision_action(&e, &call("restart", &json!({"splay":1}), "p"), t, 0);
+            assert_eq!(n.restart_now(&e, None, 0), None);
+            assert_eq!(n.state, NodeState::InService);
+            assert_eq!(
+                n.reprovision(),
+                Some(Event::Startup {
+                    version: n.version.clone()
+                })
+            );
+            assert_eq!(n.state, NodeState::Provisioning);
+            assert!(n.written_config().is_empty());
+        }
+        assert_eq!(
+            n.record.duplicate, None,
+            "each life provisioned once, by any caller"
+        );
+        assert_eq!(n.record.provisioned_times, 3);
+        assert_eq!(n.record.reprovisioned, 3);
+        // Twice within one life still counts.
+        n.provision_action(&e, &call("configure", &conf, "p"), t, 0);
+        n.provision_action(&e, &call("restart", &json!({"splay":1}), "p"), t, 0);
+        n.restart_now(&e, None, 0);
+        n.boot_into_provisioning();
+        n.provision_action(&e, &call("configure", &conf, "p"), t, 0);
+        assert!(n.record.duplicate.is_some());
     }
 
     fn server_jwt(claims: Value) -> String {

@@ -37,6 +37,8 @@ pub struct Options {
     pub report: Option<PathBuf>,
     pub exit_when_done: bool,
     pub deadline: Option<Duration>,
+    /// A node in service goes back into provisioning mode this long (±50 %) after its restart.
+    pub reprovision_after: Option<Duration>,
     pub workers: usize,
     pub keygen_threads: usize,
     pub progress: Option<Duration>,
@@ -134,6 +136,8 @@ Run:
   --report FILE             write the JSON report there (default: stdout before the summary)
   --exit-when-done          exit once every fault-free node is in service or shut down
   --deadline DUR            exit after DUR
+  --reprovision-after DUR   churn: a node in service returns to provisioning mode (a new
+                            life, provisioned again) DUR +-50% after entering service
   --workers N               threads running choria_provision actions (default 2)
   --keygen-threads N        threads pre-generating RSA keys from the first gencsr on (default 1; 0 = inline)
   --progress DUR            print a progress line to stderr every DUR
@@ -187,6 +191,7 @@ impl Options {
             report: None,
             exit_when_done: false,
             deadline: None,
+            reprovision_after: None,
             workers: 2,
             keygen_threads: 1,
             progress: None,
@@ -318,6 +323,7 @@ where
             "--schemas" => opts.schemas = Some(PathBuf::from(v)),
             "--report" => opts.report = Some(PathBuf::from(v)),
             "--deadline" => opts.deadline = Some(duration(f, v)?),
+            "--reprovision-after" => opts.reprovision_after = Some(duration(f, v)?),
             "--workers" => {
                 opts.workers = number(f, v)?;
                 if opts.workers == 0 {
@@ -387,6 +393,8 @@ mod tests {
             "--exit-when-done",
             "--deadline",
             "30s",
+            "--reprovision-after",
+            "20s",
             "--jwt-claims",
             r#"{"update":true}"#,
         ])
@@ -398,6 +406,7 @@ mod tests {
         assert_eq!(o.versions, vec!["1.0", "2.0"]);
         assert!(o.exit_when_done);
         assert_eq!(o.deadline, Some(Duration::from_secs(30)));
+        assert_eq!(o.reprovision_after, Some(Duration::from_secs(20)));
         assert_eq!(o.jwt_claims["update"], serde_json::json!(true));
         assert_eq!(o.identity(0), "node1.sim.example.net");
     }

@@ -41,6 +41,12 @@ pub struct Totals {
     pub key_checks_failed: usize,
     pub server_jwt_checks_failed: usize,
     pub pings_answered: u64,
+    /// Boot sessions with a successful `configure`, over every node and life.
+    #[serde(default)]
+    pub provisioned_times: u64,
+    /// Returns to provisioning mode after service (`--reprovision-after`).
+    #[serde(default)]
+    pub reprovisioned: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -99,6 +105,8 @@ impl Totals {
             t.key_checks_failed += r.key_checks.iter().filter(|c| !c.ok).count();
             t.server_jwt_checks_failed += r.server_jwt_checks.iter().filter(|c| !c.ok).count();
             t.pings_answered += r.pings_answered;
+            t.provisioned_times += u64::from(r.provisioned_times);
+            t.reprovisioned += u64::from(r.reprovisioned);
         }
         t
     }

@@ -135,6 +135,8 @@ enum Task {
     Boot(usize),
     Restart(usize, Option<String>),
     Shutdown(usize),
+    /// `--reprovision-after`: back into provisioning mode after service.
+    Reprovision(usize),
 }
 
 struct Timed {
@@ -176,6 +178,7 @@ struct Shared {
     env: Env,
     schemas: Schemas,
     slow_delay: Duration,
+    reprovision_after: Option<Duration>,
     timer: Sender<(Instant, Task)>,
     work: Sender<Job>,
     stop: AtomicBool,
@@ -527,6 +530,20 @@ fn run_task(shared: &Shared, task: Task) {
             let mut node = shared.nodes[i].lock();
             let event = node.restart_now(&shared.env, new_version, unix_now());
             let identity = node.identity.clone();
+            let in_service = node.state == super::node::NodeState::InService;
+            drop(node);
+            if let Some(event) = event {
+                shared.publish_event(i, &identity, &event);
+            }
+            if let (true, Some(after)) = (in_service, shared.reprovision_after) {
+                let spread = after.mul_f64(rand::random::<f64>() + 0.5);
+                shared.schedule(Instant::now() + spread, Task::Reprovision(i));
+            }
+        }
+        Task::Reprovision(i) => {
+            let mut node = shared.nodes[i].lock();
+            let event = node.reprovision();
+            let identity = node.identity.clone();
             drop(node);
             if let Some(event) = event {
                 shared.publish_event(i, &identity, &event);
@@ -711,6 +728,7 @@ pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimEr
         env,
         schemas,
         slow_delay: opts.slow_delay,
+        reprovision_after: opts.reprovision_after,
         timer: timer_tx,
         work: work_tx,
         stop: AtomicBool::new(false),
