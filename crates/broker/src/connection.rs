@@ -43,6 +43,7 @@ use choria_wire::v2;
 use crate::clock::{unix_now, unix_now_nanos};
 
 use crate::gate::{Halt, Never, Watch};
+use crate::link::{Link, LinkWatch};
 use crate::observe::Observer;
 
 /// How long `close` waits for the crate to flush and shut down before giving up on it.
@@ -437,7 +438,8 @@ struct Inner {
     inbox_prefix: Mutex<Option<String>>,
     /// request id → the waiting caller's channel (ids are unique across both prefixes).
     waiters: Mutex<HashMap<String, Route>>,
-    connected: Arc<AtomicBool>,
+    /// Up or down, as signals: a request in flight ends when its link drops.
+    link: Arc<Link>,
     closing: Arc<AtomicBool>,
     /// Dropped by `close`, which wakes our background threads at once.
     close_signal: Mutex<Option<Sender<Never>>>,
@@ -539,9 +541,9 @@ impl Connection {
             }
         }
 
-        let connected = Arc::new(AtomicBool::new(false));
-        let on_disconnect = connected.clone();
-        let on_reconnect = connected.clone();
+        let link = Arc::new(Link::new(false));
+        let on_disconnect = link.clone();
+        let on_reconnect = link.clone();
         let conn_name = name.to_string();
         let closing = Arc::new(AtomicBool::new(false));
         let closing_seen = closing.clone();
@@ -550,14 +552,15 @@ impl Connection {
             .max_reconnects(None)
             .reconnect_delay_callback(reconnect_delay)
             .disconnect_callback(move || {
-                on_disconnect.store(false, Ordering::SeqCst);
+                // Every request in flight on the link ends its try now (see `link`).
+                on_disconnect.lost();
                 // Our own close disconnects too; that is not news.
                 if !closing_seen.load(Ordering::SeqCst) {
                     log::warn!("broker connection {conn_name} lost; reconnecting");
                 }
             })
             .reconnect_callback(move || {
-                on_reconnect.store(true, Ordering::SeqCst);
+                on_reconnect.back();
                 log::info!("broker connection reconnected");
             })
             // A flood of dropped messages reports once per message: rate-limited.
@@ -575,7 +578,7 @@ impl Connection {
                 hint: refusal_hint(settings, &source.to_string()),
                 source,
             })?;
-        connected.store(true, Ordering::SeqCst);
+        link.back();
 
         let prefix = reply_prefix(&settings.caller_id);
         let reply_sub = if tuning.reply_routing {
@@ -606,7 +609,7 @@ impl Connection {
             reply_prefix: prefix,
             inbox_prefix: Mutex::new(None),
             waiters: Mutex::new(HashMap::new()),
-            connected,
+            link,
             closing,
             close_signal: Mutex::new(Some(close_signal)),
             closed,
@@ -805,7 +808,7 @@ impl Connection {
         let not_connected = || ConnectionError::Flush {
             source: io::Error::new(io::ErrorKind::NotConnected, "not connected to the broker"),
         };
-        if !self.inner.connected.load(Ordering::SeqCst) {
+        if !self.inner.link.is_up() {
             return Err(not_connected());
         }
         self.inner
@@ -850,6 +853,8 @@ impl Connection {
                 Err(TrySendError::Disconnected(_)) => Routed::Gone,
             },
         });
+        // Taken before the request goes out, so a drop in between is seen too.
+        let link = self.inner.link.watch();
         self.inner
             .waiters
             .lock()
@@ -858,6 +863,7 @@ impl Connection {
             inner: self.inner.clone(),
             request_id: request_id.to_string(),
             replies: rx,
+            link,
         }
     }
 
@@ -879,7 +885,39 @@ impl Connection {
 
     /// Whether the link is up right now (it may drop the next moment).
     pub fn is_connected(&self) -> bool {
-        self.inner.connected.load(Ordering::SeqCst)
+        self.inner.link.is_up()
+    }
+
+    /// Times the link dropped since the connection was made.
+    pub fn link_drops(&self) -> u64 {
+        self.inner.link.drops()
+    }
+
+    /// A watch on the link as it is now: [`LinkWatch::lost`] disconnects when it drops
+    /// (already, if it is down now).
+    pub fn link_watch(&self) -> LinkWatch {
+        self.inner.link.watch()
+    }
+
+    /// Waits until the link is up (at once if it is), `deadline` passes, or the gate `watch`
+    /// guards closes: a request sent while the link is down would only sit in the crate's
+    /// buffer for a dead link. [`Next::Reply`] means up.
+    pub fn wait_until_up(&self, deadline: Instant, watch: &Watch) -> Next<()> {
+        let back = self.inner.link.back_signal();
+        if self.inner.closing.load(Ordering::SeqCst) {
+            return Next::Deadline;
+        }
+        let timer = crossbeam_channel::at(deadline);
+        select! {
+            recv(back) -> _ => if watch.is_closed() {
+                Next::Halted(watch.halt())
+            } else {
+                Next::Reply(())
+            },
+            recv(watch.closed()) -> _ => Next::Halted(watch.halt()),
+            recv(self.inner.closed) -> _ => Next::Deadline,
+            recv(timer) -> _ => Next::Deadline,
+        }
     }
 
     /// Publishes `body` to `subject` with `headers` and a fresh reply subject of ours, and
@@ -908,11 +946,16 @@ impl Connection {
             Err(TrySendError::Full(_)) => Routed::Full,
             Err(TrySendError::Disconnected(_)) => Routed::Gone,
         });
+        let link = self.inner.link.watch();
+        if link.is_lost() {
+            return Err(RequestError::Disconnected);
+        }
         self.inner.waiters.lock().insert(id.clone(), route);
         let waiter = ReplyWaiter {
             inner: self.inner.clone(),
             request_id: id,
             replies: rx,
+            link,
         };
         let header_map = if headers.is_empty() {
             None
@@ -930,10 +973,20 @@ impl Connection {
         if let Some(kick) = &self.inner.flush_kick {
             let _ = kick.try_send(());
         }
-        match waiter.replies.recv_timeout(timeout) {
-            Ok(delivery) if delivery.no_responders => Err(RequestError::NoResponders),
-            Ok(delivery) => Ok(delivery.data),
-            Err(_) => Err(RequestError::Timeout),
+        let timer = crossbeam_channel::after(timeout);
+        let answer = select! {
+            recv(waiter.replies) -> delivery => delivery.ok(),
+            // Its answer cannot come back on a link that dropped: fail now, not at the timeout.
+            recv(waiter.link.lost()) -> _ => match waiter.replies.try_recv() {
+                Ok(delivery) => Some(delivery),
+                Err(_) => return Err(RequestError::Disconnected),
+            },
+            recv(timer) -> _ => None,
+        };
+        match answer {
+            Some(delivery) if delivery.no_responders => Err(RequestError::NoResponders),
+            Some(delivery) => Ok(delivery.data),
+            None => Err(RequestError::Timeout),
         }
     }
 
@@ -979,7 +1032,7 @@ impl Connection {
         }
         self.inner.close_signal.lock().take();
         self.inner.waiters.lock().clear();
-        if self.inner.connected.load(Ordering::SeqCst) {
+        if self.inner.link.is_up() {
             let nats = self.inner.nats.clone();
             let (done_tx, done_rx) = bounded::<()>(1);
             match std::thread::Builder::new()
@@ -1192,7 +1245,7 @@ fn prompt_flush(inner: &Inner, wanted: Receiver<()>) {
                 }
                 // While disconnected the crate's flush would wait for the reconnect; the
                 // crate sends its reconnect buffer by itself then.
-                if inner.connected.load(Ordering::SeqCst) && !inner.closing.load(Ordering::SeqCst) {
+                if inner.link.is_up() && !inner.closing.load(Ordering::SeqCst) {
                     if let Err(err) = inner.nats.flush_timeout(PROMPT_FLUSH_LIMIT) {
                         log::debug!("prompt flush failed: {err}");
                     }
@@ -1210,6 +1263,8 @@ pub enum RequestError {
     NoResponders,
     /// No answer within the timeout.
     Timeout,
+    /// The link dropped while the request waited: no answer can come on it.
+    Disconnected,
     /// The request could not be sent (closed, or an I/O failure).
     Transport(String),
 }
@@ -1219,6 +1274,7 @@ impl fmt::Display for RequestError {
         match self {
             RequestError::NoResponders => f.write_str("no responders"),
             RequestError::Timeout => f.write_str("no reply in time"),
+            RequestError::Disconnected => f.write_str("the broker connection dropped"),
             RequestError::Transport(reason) => f.write_str(reason),
         }
     }
@@ -1298,6 +1354,8 @@ pub enum Next<T = Vec<u8>> {
     Reply(T),
     Deadline,
     Halted(Halt),
+    /// The link the request went out on dropped: no reply can come back on it.
+    Disconnected,
 }
 
 /// Replies to one request id, as registered by [`Connection::expect_replies`] (transport
@@ -1306,6 +1364,8 @@ pub struct ReplyWaiter<T = Vec<u8>> {
     inner: Arc<Inner>,
     request_id: String,
     replies: Receiver<T>,
+    /// The link as it was when the waiter was registered.
+    link: LinkWatch,
 }
 
 impl<T> ReplyWaiter<T> {
@@ -1319,8 +1379,9 @@ impl<T> ReplyWaiter<T> {
     }
 
     /// The next reply's transport bytes before `deadline`, unless the gate `watch` guards
-    /// closes first. A closed gate wins over a reply that arrives with it: once paused or
-    /// stopping, no reply is acted on.
+    /// closes first or the link the request went out on drops. A closed gate wins over a
+    /// reply that arrives with it: once paused or stopping, no reply is acted on. A reply
+    /// already queued wins over the drop.
     pub fn next_before(&self, deadline: Instant, watch: &Watch) -> Next<T> {
         let timer = crossbeam_channel::at(deadline);
         select! {
@@ -1331,8 +1392,18 @@ impl<T> ReplyWaiter<T> {
                 Err(_) => Next::Deadline,
             },
             recv(watch.closed()) -> _ => Next::Halted(watch.halt()),
+            recv(self.link.lost()) -> _ => match self.replies.try_recv() {
+                Ok(_) if watch.is_closed() => Next::Halted(watch.halt()),
+                Ok(delivery) => Next::Reply(delivery),
+                Err(_) => Next::Disconnected,
+            },
             recv(timer) -> _ => Next::Deadline,
         }
+    }
+
+    /// Whether the link this request went out on has dropped since.
+    pub fn link_lost(&self) -> bool {
+        self.link.is_lost()
     }
 
     /// The next reply, or `None` once `deadline` passes (or on close).

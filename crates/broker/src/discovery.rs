@@ -144,7 +144,9 @@ impl Discovery {
                     senders.insert(identity);
                     window_end = hard_end.min(Instant::now() + SLIDING_WINDOW);
                 }
-                Next::Deadline => break,
+                // Answers to this ping cannot come back on a link that dropped; the next
+                // round (or a startup event) finds the rest.
+                Next::Deadline | Next::Disconnected => break,
                 // The ping is out; a closed gate just means nobody will use the answers.
                 Next::Halted(halt) => return Err(DiscoveryError::Halted(halt)),
             }

@@ -1053,6 +1053,10 @@ fn request(
                 subject: subject.to_string(),
                 after: timeout,
             },
+            RequestError::Disconnected => ElectionError::Transport {
+                subject: subject.to_string(),
+                reason: RequestError::Disconnected.to_string(),
+            },
             RequestError::Transport(reason) => ElectionError::Transport {
                 subject: subject.to_string(),
                 reason,

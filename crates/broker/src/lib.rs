@@ -22,6 +22,7 @@ pub mod connection;
 pub mod discovery;
 pub mod election;
 pub mod gate;
+pub mod link;
 pub mod listener;
 pub mod log_limit;
 pub mod observe;

@@ -8,6 +8,9 @@ pub trait Observer: Send + Sync {
     fn rpc_time(&self, _action: &str, _seconds: f64) {}
     /// One RPC try of `action` failed.
     fn rpc_error(&self, _action: &str) {}
+    /// A request of `action` was ended by the broker link dropping (and is sent again once
+    /// the link is back, within the same try).
+    fn rpc_disconnect(&self, _action: &str) {}
     /// A message of `kind` was refused as malformed.
     fn malformed(&self, _kind: &str) {}
     /// `count` messages of `kind` were dropped because a bound was reached (a subscription's
@@ -36,7 +39,7 @@ impl Observer for NoObserver {}
 
 /// An observer that counts every report by name, for tests and tools: `malformed:<kind>`,
 /// `dropped:<kind>` (the sum of the counts),
-/// `rpc_error:<action>`, `rpc_time:<action>` (tries timed), `discover_cycle`,
+/// `rpc_error:<action>`, `rpc_disconnect:<action>`, `rpc_time:<action>` (tries timed), `discover_cycle`,
 /// `discovery_error`, `event_discovered`, `election_campaign:<key>:<identity>:<state>`; and
 /// holds the last value of `election_leader:<key>:<identity>` (0 or 1) and
 /// `election_interval_ms:<key>:<identity>`.
@@ -71,6 +74,9 @@ impl Observer for Counts {
     }
     fn rpc_error(&self, action: &str) {
         self.add(format!("rpc_error:{action}"));
+    }
+    fn rpc_disconnect(&self, action: &str) {
+        self.add(format!("rpc_disconnect:{action}"));
     }
     fn malformed(&self, kind: &str) {
         self.add(format!("malformed:{kind}"));

@@ -186,9 +186,14 @@ pub struct RpcClient {
 /// How one try ended.
 enum TryOutcome {
     Ok(serde_json::Value),
-    Status { code: u8, message: String },
+    Status {
+        code: u8,
+        message: String,
+    },
     LockRefused,
     Timeout,
+    /// The link the request went out on dropped before its reply came.
+    Disconnected,
     Unsent(SendFailure),
     Halted(Halt),
 }
@@ -222,12 +227,60 @@ impl RpcClient {
         }
     }
 
+    /// One try: up to [`RpcClient::try_timeout`] for the node's reply. When the broker link
+    /// drops under it, the try does not wait out its time for a reply that cannot come: the
+    /// request ends at once, the try waits for the reconnect within the same time and sends
+    /// it again (a fresh request id) as soon as the link is back. The node may not be back on
+    /// the broker yet, so from then on the try sends again after each FiveSec step without an
+    /// answer (only the latest request's reply counts, as the node acts on the latest), until
+    /// its time runs out. Only the time runs out a try.
     fn one_try(
         &self,
         identity: &Identity,
         action: &Action,
         body: &str,
         filter: &Filter,
+        watch: &Watch,
+    ) -> TryOutcome {
+        let deadline = Instant::now() + self.try_timeout(action);
+        let mut resent = 0usize;
+        loop {
+            match self.conn.wait_until_up(deadline, watch) {
+                Next::Reply(()) => {}
+                Next::Halted(halt) => return TryOutcome::Halted(halt),
+                Next::Deadline | Next::Disconnected => return TryOutcome::Timeout,
+            }
+            let wait_until = if resent == 0 {
+                deadline
+            } else {
+                let step = backoff::five_sec(resent - 1, &mut rand::thread_rng());
+                deadline.min(Instant::now() + step)
+            };
+            match self.send_once(identity, action, body, filter, wait_until, watch) {
+                TryOutcome::Disconnected => {
+                    self.observer.rpc_disconnect(action.label);
+                    if crate::log_limit::global().allow("rpc_disconnect", action.label) {
+                        log::info!(
+                            "{action} on {identity}: the broker link dropped under the request; \
+                             sending it again once the link is back"
+                        );
+                    }
+                    resent += 1;
+                }
+                TryOutcome::Timeout if resent > 0 && Instant::now() < deadline => resent += 1,
+                other => return other,
+            }
+        }
+    }
+
+    /// Sends the request once and waits for its reply until `deadline`.
+    fn send_once(
+        &self,
+        identity: &Identity,
+        action: &Action,
+        body: &str,
+        filter: &Filter,
+        deadline: Instant,
         watch: &Watch,
     ) -> TryOutcome {
         let request_id = self.conn.new_request_id();
@@ -248,7 +301,6 @@ impl RpcClient {
         if let Err(err) = self.conn.publish(&subject, &transport) {
             return TryOutcome::Unsent(SendFailure::Publish(err.to_string()));
         }
-        let deadline = Instant::now() + self.try_timeout(action);
         self.await_reply(&waiter, identity, action.label, deadline, watch)
     }
 
@@ -266,6 +318,7 @@ impl RpcClient {
                 Next::Reply(bytes) => bytes,
                 Next::Deadline => return TryOutcome::Timeout,
                 Next::Halted(halt) => return TryOutcome::Halted(halt),
+                Next::Disconnected => return TryOutcome::Disconnected,
             };
             let reply = match self.conn.decode_reply(&bytes) {
                 Ok(reply) => reply,
@@ -372,7 +425,9 @@ impl NodeRpc for RpcClient {
                     );
                     RpcOutcome::Status { code, message }
                 }
-                TryOutcome::Timeout => {
+                // One try's whole time went by with the link down (a long outage): counted
+                // as a timed-out try, as before.
+                TryOutcome::Timeout | TryOutcome::Disconnected => {
                     log::warn!(
                         "{label} on {identity} try {}/{tries}: no reply within {:?}",
                         attempt + 1,

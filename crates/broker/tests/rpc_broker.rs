@@ -702,3 +702,111 @@ fn a_request_that_cannot_be_published_is_reported_as_unsent_not_as_a_timeout() {
     // Counted as an RPC error, as every failed try is.
     assert_eq!(metrics.get("rpc_error:choria_provision#gencsr"), 1);
 }
+
+/// Waits up to `limit` for `cond`, failing with `what`.
+fn wait_until(limit: Duration, what: &str, cond: impl Fn() -> bool) {
+    let end = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The broker dies under a request in flight: the try ends at once by the disconnect (its
+/// timeout is a minute, and the disconnect is counted while the broker is still down), waits
+/// for the broker to come back on the same port, and the request is sent again and answered
+/// within the same try: `gencsr`, which has only one, still succeeds and no try failed.
+#[test]
+fn a_request_in_flight_when_the_broker_dies_ends_by_the_disconnect_and_resumes_after_the_reconnect()
+{
+    let mut server = NatsServer::start().expect("nats-server");
+    let node = "outage.example.net";
+    // Its first reply would have been lost in the dead broker: it answers only later ones.
+    let responder = start_node(
+        &server.url(),
+        node,
+        Box::new(move |request, index| {
+            if index == 0 {
+                Vec::new()
+            } else {
+                vec![ok_reply(
+                    request,
+                    node,
+                    &json!({"csr": "x", "ssldir": "/s"}),
+                )]
+            }
+        }),
+    );
+    let conn = connect(&server, PROVISIONER);
+    let counts = Arc::new(Counts::default());
+    let rpc =
+        RpcClient::new(conn.clone(), counts.clone()).with_ddl_timeout(Duration::from_secs(60));
+    let caller = std::thread::Builder::new()
+        .name("test-caller".into())
+        .spawn(move || {
+            rpc.call(
+                &id(node),
+                &Action::GENCSR,
+                json!({"token": TOKEN}),
+                &Gate::new(false),
+            )
+        })
+        .unwrap();
+    wait_until(WAIT, "the request to reach the node", || {
+        responder.seen().len() == 1
+    });
+    server.stop();
+    let label = "rpc_disconnect:choria_provision#gencsr";
+    wait_until(WAIT, "the try to end by the disconnect", || {
+        counts.get(label) == 1
+    });
+    assert!(!conn.is_connected(), "ended while the broker is still down");
+    std::thread::sleep(Duration::from_millis(500));
+    server.start_again().expect("nats-server starts again");
+    let outcome = caller.join().expect("caller thread");
+    assert!(matches!(outcome, RpcOutcome::Ok(_)), "{outcome:?}");
+    assert_eq!(counts.get(label), 1);
+    assert_eq!(
+        counts.get("rpc_error:choria_provision#gencsr"),
+        0,
+        "no try failed"
+    );
+    assert!(responder.seen().len() >= 2, "the request was sent again");
+    assert_eq!(conn.link_drops(), 1);
+    responder.stop();
+    conn.close();
+}
+
+/// An outage longer than the tries: each try ends by the disconnect at once, waits for the
+/// link within its time, and when the time runs out it counts as a failed try, as before.
+#[test]
+fn tries_exhausted_in_a_long_outage_count_as_errors() {
+    let mut server = NatsServer::start().expect("nats-server");
+    let node = "silent.example.net";
+    let responder = start_node(&server.url(), node, Box::new(|_, _| Vec::new()));
+    let conn = connect(&server, PROVISIONER);
+    let counts = Arc::new(Counts::default());
+    let rpc = RpcClient::new(conn.clone(), counts.clone()).with_ddl_timeout(Duration::from_secs(1));
+    let caller = std::thread::Builder::new()
+        .name("test-caller".into())
+        .spawn(move || {
+            rpc.call(
+                &id(node),
+                &Action::GENCSR,
+                json!({"token": TOKEN}),
+                &Gate::new(false),
+            )
+        })
+        .unwrap();
+    wait_until(WAIT, "the request to reach the node", || {
+        responder.seen().len() == 1
+    });
+    server.stop();
+    let outcome = caller.join().expect("caller thread");
+    assert_eq!(outcome, RpcOutcome::Timeout);
+    assert_eq!(counts.get("rpc_disconnect:choria_provision#gencsr"), 1);
+    assert_eq!(counts.get("rpc_error:choria_provision#gencsr"), 1);
+    server.start_again().expect("nats-server starts again");
+    responder.stop();
+    conn.close();
+}

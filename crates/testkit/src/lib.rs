@@ -159,6 +159,15 @@ impl NatsServer {
         self.stop();
         self.spawn()
     }
+
+    /// Starts a stopped server again on the same port with the same store (an outage of
+    /// the caller's choosing between [`NatsServer::stop`] and this).
+    pub fn start_again(&mut self) -> std::io::Result<()> {
+        if self.child.is_some() {
+            return Ok(());
+        }
+        self.spawn()
+    }
 }
 
 impl Drop for NatsServer {
