@@ -28,6 +28,8 @@ pub type Body = fn(&[u8]) -> bool;
 pub const TARGETS: &[(&str, Body)] = &[
     ("v1_reply", v1_reply),
     ("discovery_reply", discovery_reply),
+    ("v2_reply", v2_reply),
+    ("v2_discovery_reply", v2_discovery_reply),
     ("lifecycle_event", lifecycle_event),
     ("helper_output", helper_output),
     ("provisioning_jwt", provisioning_jwt),
@@ -62,6 +64,24 @@ pub fn v1_reply(bytes: &[u8]) -> bool {
 /// A broadcast discovery answer: only the transport's sender is read, then checked.
 pub fn discovery_reply(bytes: &[u8]) -> bool {
     match choria_wire::v1::client::transport_sender(bytes) {
+        Ok(sender) => Identity::parse(&sender).is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// A protocol v2 reply (transport, secure reply with its hash, reply), then the RPC reply
+/// inside and the sender's identity.
+pub fn v2_reply(bytes: &[u8]) -> bool {
+    let Ok(reply) = choria_wire::v2::client::decode_reply(bytes) else {
+        return false;
+    };
+    let sender = Identity::parse(&reply.sender).is_ok();
+    choria_wire::v1::client::parse_rpc_reply(&reply.message).is_ok() && sender
+}
+
+/// A protocol v2 discovery answer: the transport's sender, then checked.
+pub fn v2_discovery_reply(bytes: &[u8]) -> bool {
+    match choria_wire::v2::client::transport_sender(bytes) {
         Ok(sender) => Identity::parse(&sender).is_ok(),
         Err(_) => false,
     }
