@@ -20,6 +20,7 @@ use choria_wire::identity::Identity;
 use crate::config::Config;
 use crate::provision::decision::{decide, NodeFacts};
 use crate::provision::helper::{CsrReply, HelperOutput};
+use crate::provision::CycleSettings;
 
 /// A target's body: true when the input was accepted.
 pub type Body = fn(&[u8]) -> bool;
@@ -98,8 +99,7 @@ pub fn lifecycle_event(bytes: &[u8]) -> bool {
 /// What [`helper_output`] judges answers against: a PKI + JWT configuration and a node that
 /// sent a CSR and an ECDH key, so certificates, keys and their pairing are all checked.
 struct Judge {
-    config: Config,
-    deny: DenyList,
+    settings: CycleSettings,
     node: NodeFacts,
 }
 
@@ -112,10 +112,14 @@ fn judge() -> Option<&'static Judge> {
     static JUDGE: OnceLock<Option<Judge>> = OnceLock::new();
     JUDGE
         .get_or_init(|| {
-            let yaml = "helper: /bin/true\nfeatures:\n  pki: true\n  jwt: true\n";
+            // A deny list that matches nothing: the node is `rip.mcollective`, which Go's
+            // default refuses. The verify key is the tokens test signer's, inline.
+            let yaml = "helper: /bin/true\n\
+                        cert_deny_list: ['^nothing-matches-this$']\n\
+                        jwt_verify_cert: 3899a8bb4b6e6e09c91c27f28f086f0b40f1d3091a8c83c07320bc6cfdf67730\n\
+                        features:\n  pki: true\n  jwt: true\n";
             let (config, _) = Config::parse(Path::new("fuzz.yaml"), yaml).ok()?;
-            // An empty deny list: the node is `rip.mcollective`, which Go's default refuses.
-            let deny = DenyList::new(&["^nothing-matches-this$".to_string()]).ok()?;
+            let settings = CycleSettings::new(&config).ok()?;
             let mut node = NodeFacts::new(Identity::parse("rip.mcollective").ok()?);
             node.csr = Some(CsrReply {
                 csr: CSR.to_string(),
@@ -127,7 +131,7 @@ fn judge() -> Option<&'static Judge> {
                 "88a9a0ed27dc93c29466ea2bef99e078342b27e7a1d789fc35a9131f86c3a022".to_string();
             node.inventory_json = json!({"version": "0.29.4"}).to_string();
             node.version = "0.29.4".to_string();
-            Some(Judge { config, deny, node })
+            Some(Judge { settings, node })
         })
         .as_ref()
 }
@@ -139,7 +143,7 @@ pub fn helper_output(bytes: &[u8]) -> bool {
         return false;
     };
     match judge() {
-        Some(judge) => decide(&judge.config, &judge.deny, &judge.node, &answer, NOW_UNIX).is_ok(),
+        Some(judge) => decide(&judge.settings, &judge.node, &answer, NOW_UNIX).is_ok(),
         None => false,
     }
 }
