@@ -901,11 +901,12 @@ impl Connection {
 
     /// Waits until the link is up (at once if it is), `deadline` passes, or the gate `watch`
     /// guards closes: a request sent while the link is down would only sit in the crate's
-    /// buffer for a dead link. [`Next::Reply`] means up.
+    /// buffer for a dead link. [`Next::Reply`] means go ahead: the link is up, or the
+    /// connection is closed, which the send itself reports.
     pub fn wait_until_up(&self, deadline: Instant, watch: &Watch) -> Next<()> {
         let back = self.inner.link.back_signal();
         if self.inner.closing.load(Ordering::SeqCst) {
-            return Next::Deadline;
+            return Next::Reply(());
         }
         let timer = crossbeam_channel::at(deadline);
         select! {
@@ -915,7 +916,7 @@ impl Connection {
                 Next::Reply(())
             },
             recv(watch.closed()) -> _ => Next::Halted(watch.halt()),
-            recv(self.inner.closed) -> _ => Next::Deadline,
+            recv(self.inner.closed) -> _ => Next::Reply(()),
             recv(timer) -> _ => Next::Deadline,
         }
     }
