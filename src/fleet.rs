@@ -62,7 +62,7 @@ impl Discover for choria_broker::discovery::Discovery {
     }
 }
 
-/// Where a sighting came from (for logs).
+/// Where a sighting came from: it picks the counter of a newly added node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     Discovery,
@@ -231,7 +231,26 @@ impl Fleet {
             }
         };
         self.update_gauges(&admissions);
+        drop(admissions);
+        self.count_new(&result, source);
         result
+    }
+
+    /// `discovered` and `event_discovered` count nodes newly added, not sightings: Go moves
+    /// them only when `add` returns true (provisioner hosts/hosts.go,
+    /// discoverProvisionableNodes; hosts/event.go, listen), which it also does when the full
+    /// queue then drops the node. Our re-admission of a long-held node is an addition too.
+    fn count_new(&self, admission: &Admission, source: Source) {
+        let added = matches!(
+            admission,
+            Admission::Admitted(_) | Admission::Readmitted(_) | Admission::Dropped
+        );
+        if added {
+            match source {
+                Source::Discovery => self.metrics.discovered.inc(),
+                Source::Event => self.metrics.event_discovered.inc(),
+            }
+        }
     }
 
     /// Pops the next ticket, waiting at most `timeout`.
@@ -597,7 +616,6 @@ pub fn run_discovery(fleet: &Fleet, discover: &dyn Discover) {
         Ok(identities) => {
             let mut admitted = 0;
             for identity in &identities {
-                fleet.metrics.discovered.inc();
                 if matches!(
                     fleet.admit(identity, Source::Discovery),
                     Admission::Admitted(_) | Admission::Readmitted(_)
@@ -821,6 +839,43 @@ mod tests {
     }
 
     #[test]
+    fn only_newly_added_nodes_count_as_discovered_or_event_discovered() {
+        let (fleet, clock, metrics) = fleet_with(2);
+        let counts = |m: &Metrics| (m.discovered.get(), m.event_discovered.get());
+        type Step = (&'static str, &'static str, Source, Admission, (u64, u64));
+        #[rustfmt::skip]
+        let steps: Vec<Step> = vec![
+            // what,                          node, source,            admission,              (discovered, event_discovered) after
+            ("an event adds a node",          "a",  Source::Event,     Admission::Admitted(1), (0, 1)),
+            ("discovery sees it queued",      "a",  Source::Discovery, Admission::Ignored,     (0, 1)),
+            ("its next event",                "a",  Source::Event,     Admission::Ignored,     (0, 1)),
+            ("discovery adds another",        "b",  Source::Discovery, Admission::Admitted(2), (1, 1)),
+            ("a full queue drops: Go counts", "c",  Source::Discovery, Admission::Dropped,     (2, 1)),
+            ("so does an event's",            "d",  Source::Event,     Admission::Dropped,     (2, 2)),
+        ];
+        for (what, node, source, admission, after) in steps {
+            assert_eq!(fleet.admit(&id(node), source), admission, "{what}");
+            assert_eq!(counts(&metrics), after, "{what}");
+        }
+        // Held, then re-admitted after an interval: an addition (Go would never re-add).
+        let a = pop(&fleet);
+        assert_eq!(fleet.start(&a), Start::Provision);
+        fleet.hold(&a);
+        assert_eq!(fleet.admit(&id("a"), Source::Discovery), Admission::Ignored);
+        assert_eq!(counts(&metrics), (2, 2), "held");
+        clock.advance(INTERVAL * 2);
+        assert_eq!(
+            fleet.admit(&id("a"), Source::Discovery),
+            Admission::Readmitted(5)
+        );
+        assert_eq!(counts(&metrics), (3, 2), "re-admitted");
+        fleet.pause();
+        assert_eq!(fleet.admit(&id("e"), Source::Event), Admission::Refused);
+        assert_eq!(fleet.admit(&id("f"), Source::Discovery), Admission::Refused);
+        assert_eq!(counts(&metrics), (3, 2), "paused: nothing added");
+    }
+
+    #[test]
     fn pause_refuses_admission_and_sets_the_gauge() {
         let (fleet, _, metrics) = fleet_with(10);
         assert_eq!(metrics.paused.get(), 0.0);
@@ -938,6 +993,7 @@ mod tests {
             }),
             "upgraded" => ProvisionOutcome::Provisioned { hold: false },
             "foreign" => ProvisionOutcome::OwnedElsewhere,
+            "halted" => ProvisionOutcome::Halted,
             _ => ProvisionOutcome::Provisioned { hold: true },
         }
     }
@@ -1022,17 +1078,20 @@ mod tests {
             outcome: outcome_by_name,
         });
         let discovery = Arc::new(FixedDiscovery {
-            identities: ["ok", "fails", "upgraded", "foreign"].map(id).to_vec(),
+            identities: ["ok", "fails", "upgraded", "foreign", "halted"]
+                .map(id)
+                .to_vec(),
             rounds: AtomicUsize::new(0),
         });
         let threads =
             FleetThreads::start(fleet.clone(), cycle.clone(), discovery.clone(), 3).unwrap();
 
-        wait_until("four cycles", || cycle.calls.lock().len() == 4);
+        wait_until("five cycles", || cycle.calls.lock().len() == 5);
         wait_until("only the held node left", || fleet.len() == 1);
         assert_eq!(fleet.stage_of("ok").map(|s| s.0), Some(Stage::Held));
-        assert_eq!(metrics.provision_errors.get(), 1);
-        assert_eq!(metrics.discovered.get(), 4);
+        // Deliberate: a cycle halted by a pause or a stop is not an error (Go counts one).
+        assert_eq!(metrics.provision_errors.get(), 1, "only the failed cycle");
+        assert_eq!(metrics.discovered.get(), 5, "five nodes added");
         assert_eq!(
             discovery.rounds.load(Ordering::SeqCst),
             1,
@@ -1044,8 +1103,13 @@ mod tests {
         wait_until("a second round", || {
             discovery.rounds.load(Ordering::SeqCst) == 2
         });
-        wait_until("seven cycles", || cycle.calls.lock().len() == 7);
+        wait_until("nine cycles", || cycle.calls.lock().len() == 9);
         assert_eq!(cycle.calls.lock().iter().filter(|c| *c == "ok").count(), 1);
+        assert_eq!(
+            metrics.discovered.get(),
+            9,
+            "the four forgotten nodes are added again; the held one is not counted"
+        );
 
         // The release delay passes on the injected clock: the held node is forgotten.
         clock.advance(Duration::from_secs(61));

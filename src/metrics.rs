@@ -1,8 +1,8 @@
 //! The Prometheus registry with every metric of the Go daemon (provisioner config/stats.go,
 //! host/stats.go, hosts/stats.go), the election metrics of go-choria
 //! (providers/election/streams/stats.go), `choria_provisioner_work_queue_dropped` and
-//! `choria_provisioner_audit_errors` (ours); and the tiny
-//! HTTP listener that serves them at `/metrics`.
+//! `choria_provisioner_audit_errors` (ours), the `process_*` metrics Go's default registry
+//! carries; and the tiny HTTP listener that serves them at `/metrics`.
 //!
 //! Every metric is created at start, at zero, for our `site`, so dashboards see the full set
 //! before the first node arrives. Go's `rpc_time` and `helper_time` are summaries without
@@ -166,9 +166,6 @@ impl choria_broker::observe::Observer for Metrics {
     }
     fn discovery_error(&self) {
         self.discovery_errors.inc();
-    }
-    fn event_discovered(&self) {
-        self.event_discovered.inc();
     }
     fn election_started(&self, key: &str, identity: &str, interval_seconds: f64) {
         // Present at zero before the first campaign, as go-choria's are once registered.
@@ -350,6 +347,16 @@ impl Metrics {
             registry,
             site: site.to_string(),
         };
+        // Go serves its default registry, which carries the process collector
+        // (process_cpu_seconds_total, process_resident_memory_bytes, ...). The go_* metrics of
+        // Go's runtime have no counterpart here.
+        #[cfg(target_os = "linux")]
+        metrics
+            .registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("the process collector's names are unique");
         // Every action the cycle can call is present from the start.
         for action in choria_broker::rpc::Action::ALL {
             metrics.rpc_time.touch(&[action.label]);
@@ -410,6 +417,9 @@ impl MetricsServer {
 }
 
 #[cfg(test)]
+mod dashboard_tests;
+
+#[cfg(test)]
 mod http_tests;
 
 #[cfg(test)]
@@ -433,6 +443,29 @@ mod tests {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
         assert!(text.contains("# TYPE choria_provisioner_rpc_time summary"));
+    }
+
+    #[test]
+    fn process_metrics_are_served_as_by_gos_default_registry() {
+        let text = Metrics::new("s").render();
+        for name in [
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_max_fds",
+            "process_virtual_memory_bytes",
+            "process_resident_memory_bytes",
+            "process_start_time_seconds",
+        ] {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+            let value: f64 = line[name.len() + 1..].parse().expect("a number");
+            if name != "process_cpu_seconds_total" {
+                assert!(value > 0.0, "{line}");
+            }
+        }
+        assert!(!text.contains("go_"), "no Go runtime metrics can exist");
     }
 
     #[test]

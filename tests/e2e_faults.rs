@@ -1,5 +1,5 @@
 //! End to end: every simulator fault in a mixed fleet, healthy nodes alongside. Dead,
-//! malformed and bad-hash nodes are retried then refused (counted in rpc_errors and
+//! malformed and bad-hash nodes are retried then refused (counted once each in rpc_errors, and in
 //! malformed_messages), slow ones within the RPC timeout are provisioned, wrong-cn nodes are
 //! refused by the CSR check (pki), bad-signature nodes by the gen25519 check (ed25519), and
 //! foreign-lock nodes are skipped as owned elsewhere without counting an error. Healthy
@@ -230,10 +230,17 @@ fn jwt_fleet_with_dead_slow_malformed_bad_hash_and_foreign_lock_nodes() {
         ("choria_provisioner_provisioned", 8.0),
         // Foreign-lock nodes are not errors: 2 dead + 2 malformed + 2 bad-hash.
         ("choria_provisioner_provision_errors", 6.0),
-        // Every failed try of the 6 silent or unreadable nodes.
+        // One failed call (of 3 tries) for each of the 6 silent or unreadable nodes, as Go
+        // counts (provisioner host/rpc.go, rpcWrapper).
         (
             "choria_provisioner_rpc_errors{rpc=\"choria_provision#jwt\"}",
-            18.0,
+            6.0,
+        ),
+        // Every try is timed: one for each of the 8 provisioned and 2 foreign-lock nodes,
+        // three for each refused one.
+        (
+            "choria_provisioner_rpc_time_count{rpc=\"choria_provision#jwt\"}",
+            10.0 + 18.0,
         ),
         // Bad hash: the SecureReply layer; malformed: the RPC reply JSON inside it.
         ("choria_provisioner_malformed_messages{kind=\"reply\"}", 6.0),
@@ -252,7 +259,7 @@ fn jwt_fleet_with_dead_slow_malformed_bad_hash_and_foreign_lock_nodes() {
     }
     assert_eq!(
         metrics.sum("choria_provisioner_rpc_errors"),
-        18.0,
+        6.0,
         "{}",
         metrics.summary()
     );

@@ -421,6 +421,8 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
         // Reported as a send failure, not as "no reply".
         case("inventory unsent", Plain, "", ok(), vec![(I, Reply::Unsent)], Want::Failed("rpcutil#inventory failed: the request was not sent: could not publish to provisioning.node.rip.mcollective: broken pipe"), &[I]),
         case("configure refused", Plain, "", ok(), vec![(CF, Reply::Status(1, "Did not receive any configuration to write"))], Want::Failed("choria_provision#configure failed"), &[I, CF]),
+        // The restart reply lost (the node restarted first, or the broker died in between):
+        // a failure, not provisioned, as Go counts it (provisioner host/host.go, Provision).
         case("restart timeout", Plain, "", ok(), vec![(R, Reply::Timeout)], Want::Failed("choria_provision#restart failed: no reply after 3 tries"), &[I, CF, R]),
         case("key without jwt", Plain, "", with(ok(), json!({"key": vector("tokens/testdata/rsa/signer-key.pem")})), vec![], Want::Failed("did not start Diffie-Hellman"), &[I]),
         case("key not pem", Jwt, "", with(ok(), json!({"key": "not a key"})), vec![], Want::Failed("cannot encrypt the helper's key"), &[J, I]),
@@ -935,6 +937,24 @@ fn helper_metrics_count_as_go_does() {
     ));
     assert_eq!(h.metrics.helper_shutdown_requests.get(), 1);
     assert_eq!(h.metrics.provisioned.get(), 1);
+}
+
+#[test]
+fn an_empty_configuration_fails_configure_as_one_rpc_error_without_a_request() {
+    // Go's `configure` fails every try with "empty configuration" before sending, so the
+    // call counts one rpc_errors{choria_provision#configure} (provisioner host/rpc.go).
+    let h = harness(Mode::Plain, "", &json!({"msg": "nothing to say"}), &[]);
+    let outcome = h
+        .cycle
+        .provision(&node_identity(), Source::Event, &Gate::new(false));
+    assert!(
+        check(&outcome, &Want::Failed("empty configuration")),
+        "{outcome:?}"
+    );
+    assert_eq!(h.node.calls(), [I], "nothing is sent to the node");
+    assert_eq!(h.metrics.rpc_errors.with_label_values(&[CF]).get(), 1);
+    assert_eq!(h.metrics.provisioned.get(), 0);
+    assert_eq!(h.metrics.helper_errors.get(), 0);
 }
 
 #[test]

@@ -443,7 +443,18 @@ impl Cycle {
             ),
             Upgrade::NotAsked | Upgrade::FeatureOff { .. } | Upgrade::AlreadyThere { .. } => {}
         }
-        let data = plan.configure.map_err(Failure::Answer)?;
+        let data = plan.configure.map_err(|err| {
+            if matches!(err, AnswerError::EmptyConfiguration) {
+                // Go fails every try of `configure` with "empty configuration" before
+                // sending anything, so the call fails and counts one rpc_errors (provisioner
+                // host/rpc.go, configure). We count it the same, without five pointless tries.
+                self.metrics
+                    .rpc_errors
+                    .with_label_values(&[Action::CONFIGURE.label])
+                    .inc();
+            }
+            Failure::Answer(err)
+        })?;
         let reply = self.call(trail, gate, identity, &Action::CONFIGURE, data)?;
         // Delivered: what the node now holds goes on its audit line.
         trail.issued.certificate = plan.certificate.as_ref().map(|c| CertificateRecord {

@@ -12,17 +12,39 @@ pub const FIVE_SEC_STEPS_MS: [u64; 11] = [
     500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
 ];
 
-/// The FiveSec pause before retry number `step` (0-based), jittered as Go does to a uniform
+/// The FiveSec pause of `step` (Go's `Policy.Duration(n)`), jittered as Go does to a uniform
 /// value in `[ms/2, ms/2 + ms)`.
 pub fn five_sec(step: usize, rng: &mut impl Rng) -> Duration {
     let ms = FIVE_SEC_STEPS_MS[step.min(FIVE_SEC_STEPS_MS.len() - 1)];
     Duration::from_millis(ms / 2 + rng.gen_range(0..ms))
 }
 
+/// The pause after failed try `try_number` (1-based) before the next, as Go's `backoff.For`
+/// sleeps `Millis[n]` after try n: the first retry waits 750 ms, not 500 (go-choria
+/// backoff/backoff.go, For). RPC tries (provisioner host/rpc.go, rpcWrapper) and first
+/// connection attempts (go-choria choria/connection.go, Connect) both go through `For`.
+pub fn after_try(try_number: u32, rng: &mut impl Rng) -> Duration {
+    five_sec(try_number as usize, rng)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn the_first_retry_waits_750_ms_jittered_as_go() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for (failed_try, nominal_ms) in [(1, 750), (2, 1000), (4, 2000)] {
+            for _ in 0..50 {
+                let ms = after_try(failed_try, &mut rng).as_millis() as u64;
+                assert!(
+                    (nominal_ms / 2..nominal_ms / 2 + nominal_ms).contains(&ms),
+                    "after try {failed_try}: {ms} ms"
+                );
+            }
+        }
+    }
 
     #[test]
     fn five_sec_follows_go_steps_with_half_to_one_and_a_half_jitter() {

@@ -468,12 +468,12 @@ impl Connection {
         name: &str,
         stop: &Receiver<T>,
     ) -> Result<Connection, ConnectionError> {
-        let mut attempt = 0usize;
+        let mut attempt = 1u32;
         loop {
             match Connection::connect(settings, name) {
                 Ok(conn) => return Ok(conn),
                 Err(err @ ConnectionError::Connect { .. }) => {
-                    let pause = crate::backoff::five_sec(attempt, &mut rand::thread_rng());
+                    let pause = crate::backoff::after_try(attempt, &mut rand::thread_rng());
                     attempt += 1;
                     let mut watch = crossbeam_channel::Select::new();
                     watch.recv(stop);

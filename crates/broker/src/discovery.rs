@@ -2,10 +2,13 @@
 //! `discovery` agent of every server that has `choria_provision` loaded, and the distinct senders
 //! of the replies.
 //!
-//! The window slides: it ends 300 ms after the last new sender, and never later than
-//! `discovery_timeout` after the ping. Like Go, only the transport header naming the sender
-//! (`mc_sender` in v1, `sender` in v2) of a reply is read (no hash or envelope check). The
-//! ping goes out in the connection's protocol.
+//! The window slides: it ends 300 ms after the last new sender, and never later than 2 s
+//! after the ping, the cap the Go provisioner gives its discovery (provisioner hosts/hosts.go,
+//! `broadcast.Timeout(2*time.Second)`); with no reply at all it ends after `discovery_timeout`
+//! or those 2 s, whichever comes first (go-choria broadcast.go starts its timer at
+//! `discovery_timeout`). Like Go, only the transport header naming the sender (`mc_sender`
+//! in v1, `sender` in v2) of a reply is read (no hash or envelope check). The ping goes out
+//! in the connection's protocol.
 //!
 //! Any node can answer, as often as it likes, with anything. So replies are screened on the
 //! connection's dispatcher thread before they are queued: a reply whose sender is missing or
@@ -35,6 +38,26 @@ pub const DISCOVERY_SUBJECT: &str = "provisioning.broadcast.agent.discovery";
 
 /// How long after the last reply the window stays open (Go's `SlidingWindow`).
 pub const SLIDING_WINDOW: Duration = Duration::from_millis(300);
+
+/// The Go provisioner's hard end of a discovery window, whatever `discovery_timeout` says.
+pub const GO_DISCOVERY_CAP: Duration = Duration::from_secs(2);
+
+/// When a discovery window that began at `start` ends: `last_reply` + 300 ms once a reply
+/// came, else `discovery_timeout` after the start; never past `start` + `cap` (Go's
+/// [`GO_DISCOVERY_CAP`] unless a test lifts it).
+pub fn window_end(
+    start: Instant,
+    discovery_timeout: Duration,
+    cap: Duration,
+    last_reply: Option<Instant>,
+) -> Instant {
+    let hard_end = start + cap;
+    let end = match last_reply {
+        Some(at) => at + SLIDING_WINDOW,
+        None => start + discovery_timeout,
+    };
+    end.min(hard_end)
+}
 
 /// Distinct senders one round takes (the queue's bound too): a large fleet answering at once.
 pub const MAX_SENDERS: usize = 100_000;
@@ -87,11 +110,23 @@ impl std::error::Error for DiscoveryError {
 pub struct Discovery {
     conn: Connection,
     observer: Arc<dyn Observer>,
+    cap: Duration,
 }
 
 impl Discovery {
     pub fn new(conn: Connection, observer: Arc<dyn Observer>) -> Discovery {
-        Discovery { conn, observer }
+        Discovery {
+            conn,
+            observer,
+            cap: GO_DISCOVERY_CAP,
+        }
+    }
+
+    /// Replaces Go's 2 s cap on the window, so a test on a loaded machine can wait for a
+    /// large simulated fleet that answers slowly.
+    pub fn with_window_cap(mut self, cap: Duration) -> Discovery {
+        self.cap = cap;
+        self
     }
 
     fn ping(&self, request_id: &str) -> Result<(), DiscoveryError> {
@@ -135,14 +170,16 @@ impl Discovery {
             return Err(err);
         }
 
-        let hard_end = Instant::now() + self.conn.settings().discovery_timeout;
-        let mut window_end = hard_end;
+        let start = Instant::now();
+        let discovery_timeout = self.conn.settings().discovery_timeout;
+        let mut ends_at = window_end(start, discovery_timeout, self.cap, None);
         let mut senders = BTreeSet::new();
         loop {
-            match waiter.next_before(window_end, &watch) {
+            match waiter.next_before(ends_at, &watch) {
                 Next::Reply(identity) => {
                     senders.insert(identity);
-                    window_end = hard_end.min(Instant::now() + SLIDING_WINDOW);
+                    let now = Some(Instant::now());
+                    ends_at = window_end(start, discovery_timeout, self.cap, now);
                 }
                 // Answers to this ping cannot come back on a link that dropped; the next
                 // round (or a startup event) finds the rest.
@@ -216,6 +253,35 @@ impl SenderScreen {
         self.observer.malformed(kind);
         if crate::log_limit::global().allow(kind, "") {
             log::warn!("ignoring a discovery reply: {reason}");
+        }
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_slides_300_ms_and_never_passes_go_s_2_s_cap() {
+        let start = Instant::now();
+        let ms = Duration::from_millis;
+        let secs = Duration::from_secs;
+        #[rustfmt::skip]
+        let cases = [
+            // discovery_timeout, last reply after, window ends after
+            (secs(2),  None,            ms(2000)),
+            (secs(1),  None,            ms(1000)),
+            (secs(10), None,            ms(2000)),
+            (secs(10), Some(ms(100)),   ms(400)),
+            (secs(10), Some(ms(1900)),  ms(2000)),
+            (secs(1),  Some(ms(600)),   ms(900)),
+            (secs(30), Some(ms(5000)),  ms(2000)),
+        ];
+        for (timeout, reply, want) in cases {
+            assert_eq!(
+                window_end(start, timeout, GO_DISCOVERY_CAP, reply.map(|r| start + r)) - start,
+                want,
+                "discovery_timeout {timeout:?}, reply at {reply:?}"
+            );
         }
     }
 }

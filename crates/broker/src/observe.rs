@@ -6,7 +6,7 @@
 pub trait Observer: Send + Sync {
     /// One RPC try of `action` (`agent#action`) took `seconds`.
     fn rpc_time(&self, _action: &str, _seconds: f64) {}
-    /// One RPC try of `action` failed.
+    /// A call of `action` failed after all its tries (not reported per try).
     fn rpc_error(&self, _action: &str) {}
     /// A request of `action` was ended by the broker link dropping (and is sent again once
     /// the link is back, within the same try).
@@ -20,8 +20,6 @@ pub trait Observer: Send + Sync {
     fn discover_cycle(&self) {}
     /// A discovery cycle could not send its request.
     fn discovery_error(&self) {}
-    /// A valid startup event arrived.
-    fn event_discovered(&self) {}
     /// The election of `key` by `identity` starts, campaigning every `interval_seconds`.
     fn election_started(&self, _key: &str, _identity: &str, _interval_seconds: f64) {}
     /// One campaign round in `state` (`candidate` or `leader`).
@@ -39,8 +37,8 @@ impl Observer for NoObserver {}
 
 /// An observer that counts every report by name, for tests and tools: `malformed:<kind>`,
 /// `dropped:<kind>` (the sum of the counts),
-/// `rpc_error:<action>`, `rpc_disconnect:<action>`, `rpc_time:<action>` (tries timed), `discover_cycle`,
-/// `discovery_error`, `event_discovered`, `election_campaign:<key>:<identity>:<state>`; and
+/// `rpc_error:<action>`, `rpc_disconnect:<action>`, `rpc_time:<action>` (tries timed),
+/// `discover_cycle`, `discovery_error`, `election_campaign:<key>:<identity>:<state>`; and
 /// holds the last value of `election_leader:<key>:<identity>` (0 or 1) and
 /// `election_interval_ms:<key>:<identity>`.
 #[derive(Default)]
@@ -93,9 +91,6 @@ impl Observer for Counts {
     }
     fn discovery_error(&self) {
         self.add("discovery_error".into());
-    }
-    fn event_discovered(&self) {
-        self.add("event_discovered".into());
     }
     fn election_started(&self, key: &str, identity: &str, interval_seconds: f64) {
         self.set(format!("election_leader:{key}:{identity}"), 0);

@@ -7,8 +7,10 @@
 //! the action's DDL timeout (as go-choria providers/agent/mcorpc/client/client.go waits) for
 //! that node's one good reply. Replies
 //! that are broken or not ours are logged, counted in `malformed_messages{kind}` and do not end the
-//! wait. Between tries the FiveSec backoff; the gate is read before every try, and every wait
-//! (for a reply, between tries) ends the moment it closes.
+//! wait. Between tries the FiveSec backoff (750 ms before the first retry, as Go); the gate is
+//! read before every try, and every wait (for a reply, between tries) ends the moment it
+//! closes. A call that fails counts one `rpc_errors` however many tries it took, as Go's
+//! `rpcWrapper` does.
 
 use std::fmt;
 use std::sync::Arc;
@@ -396,7 +398,8 @@ impl NodeRpc for RpcClient {
         let mut outcome = RpcOutcome::Timeout;
         for attempt in 0..tries {
             if attempt > 0 {
-                let pause = backoff::five_sec(attempt as usize - 1, &mut rand::thread_rng());
+                // `attempt` tries have failed so far.
+                let pause = backoff::after_try(attempt, &mut rand::thread_rng());
                 if let Err(halt) = gate.sleep(pause) {
                     return (RpcOutcome::Halted(halt), attempt);
                 }
@@ -443,8 +446,9 @@ impl NodeRpc for RpcClient {
                     RpcOutcome::Unsent(failure)
                 }
             };
-            self.observer.rpc_error(label);
         }
+        // Once per failed call, not per try (provisioner host/rpc.go, rpcWrapper).
+        self.observer.rpc_error(label);
         (outcome, tries)
     }
 }

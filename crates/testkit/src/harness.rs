@@ -556,9 +556,14 @@ pub struct Sim {
 impl Sim {
     /// Starts the simulator on the world's broker with `args` (besides `--broker`, `--report`).
     pub fn start(world: &World, args: &[&str]) -> Sim {
-        let report_path = world.path("sim-report.json");
-        let stdout_path = world.path("sim.stdout");
-        let stderr_path = world.path("sim.stderr");
+        Sim::start_named(world, "sim", args)
+    }
+
+    /// As `start`, with its files named after `name`, so a world can run several fleets.
+    pub fn start_named(world: &World, name: &str, args: &[&str]) -> Sim {
+        let report_path = world.path(&format!("{name}-report.json"));
+        let stdout_path = world.path(&format!("{name}.stdout"));
+        let stderr_path = world.path(&format!("{name}.stderr"));
         let child = Command::new(crate::binary("choria-fleet-sim"))
             .arg("--broker")
             .arg(world.broker.url())
@@ -582,6 +587,18 @@ impl Sim {
     /// has announced its boot: a node publishes its startup event on the connection it
     /// subscribed on, so by then the broker routes requests to it.
     pub fn start_booted(world: &World, nodes: usize, args: &[&str]) -> Sim {
+        Sim::start_booted_as(world, "sim", "node", nodes, args)
+    }
+
+    /// As `start_booted`, for a fleet whose files are named after `name` and whose nodes are
+    /// `<prefix><n>.sim.example.net` (`--prefix` is added to `args`).
+    pub fn start_booted_as(
+        world: &World,
+        name: &str,
+        prefix: &str,
+        nodes: usize,
+        args: &[&str],
+    ) -> Sim {
         let watcher = Connection::connect(
             &insecure_settings(&world.broker.url(), "sim-watcher", Duration::from_secs(2)),
             "sim-watcher",
@@ -596,11 +613,13 @@ impl Sim {
         watcher.flush(BOOT_LIMIT).expect("flush");
 
         let nodes_arg = nodes.to_string();
-        let mut all_args = vec!["--nodes", nodes_arg.as_str()];
+        let mut all_args = vec!["--nodes", nodes_arg.as_str(), "--prefix", prefix];
         all_args.extend_from_slice(args);
-        let mut sim = Sim::start(world, &all_args);
+        let mut sim = Sim::start_named(world, name, &all_args);
 
-        let expected: BTreeSet<String> = (0..nodes).map(sim_identity).collect();
+        let expected: BTreeSet<String> = (0..nodes)
+            .map(|i| format!("{prefix}{}.sim.example.net", i + 1))
+            .collect();
         let mut booted = BTreeSet::new();
         let deadline = Instant::now() + BOOT_LIMIT;
         while booted.len() < nodes && Instant::now() < deadline {
@@ -958,9 +977,11 @@ pub fn yaml_helper(command: &str) -> String {
 /// The e2e tests' own helper: configures every node out of provisioning mode, except where
 /// its rules file (argument 1, JSON) says otherwise:
 /// `{"defer": [identity..], "shutdown": [identity..], "fail": [identity..],
-///   "upgrade": {identity: version}, "brokers": "nats://..", "record_dir": DIR}` (`fail`:
-/// exit 1 without an answer). With `record_dir` it writes each input it
-/// was given to `DIR/<identity>.<n>.json`, so tests can check what the provisioner passed.
+///   "upgrade": {identity: version}, "brokers": "nats://..", "record_dir": DIR,
+///   "wait_for": FILE}` (`fail`: exit 1 without an answer). With `record_dir` it writes each
+/// input it was given to `DIR/<identity>.<n>.json`, so tests can check what the provisioner
+/// passed; with `wait_for` it answers only once FILE exists (at most 300 s), so a test can
+/// keep nodes in flight.
 pub const RULES_HELPER: &str = r#"#!/usr/bin/env python3
 import json, os, sys, time
 
@@ -973,6 +994,11 @@ if rules.get("record_dir"):
     name = "%s.%d.%d.json" % (identity, time.time_ns(), os.getpid())
     with open(os.path.join(rules["record_dir"], name), "w") as f:
         json.dump(node, f)
+
+if rules.get("wait_for"):
+    deadline = time.time() + 300
+    while not os.path.exists(rules["wait_for"]) and time.time() < deadline:
+        time.sleep(0.1)
 
 if identity in rules.get("fail", []):
     sys.exit("e2e rules fail " + identity)
