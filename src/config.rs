@@ -114,8 +114,10 @@ pub enum LogLevel {
 }
 
 impl LogLevel {
-    /// Every accepted name, in order of verbosity (`fatal` and `panic` log errors only).
-    const NAMES: [(&'static str, LogLevel); 8] = [
+    /// Every accepted name, in order of verbosity (`fatal` logs errors: we have no fatal
+    /// level). Go's `SetupLogging` takes debug, info, warn, error and fatal; anything else
+    /// (`panic` too) is warn there and here.
+    const NAMES: [(&'static str, LogLevel); 7] = [
         ("trace", LogLevel::Trace),
         ("debug", LogLevel::Debug),
         ("info", LogLevel::Info),
@@ -123,7 +125,6 @@ impl LogLevel {
         ("warning", LogLevel::Warn),
         ("error", LogLevel::Error),
         ("fatal", LogLevel::Error),
-        ("panic", LogLevel::Error),
     ];
 
     /// The level a name selects, case-insensitively.
@@ -378,7 +379,7 @@ impl Config {
         let keys = KeyReader::from_yaml(path, text)?;
         let mut warnings = keys.unknown_and_unused_keys();
         let work = read_work(&keys)?;
-        let logging = read_logging(&keys)?;
+        let logging = read_logging(&keys, &mut warnings)?;
         let broker = read_broker(&keys)?;
         let security = read_security(&keys, &mut warnings)?;
         let config = Config {
@@ -482,12 +483,20 @@ struct Logging {
     audit_file: Option<PathBuf>,
 }
 
-fn read_logging(keys: &KeyReader) -> Result<Logging, ConfigError> {
+fn read_logging(keys: &KeyReader, warnings: &mut Vec<String>) -> Result<Logging, ConfigError> {
+    // Go's `SetupLogging` logs at warn when loglevel is unset or not a name it knows
+    // (go-choria choria/framework.go); so do we, saying so for a name we do not know.
     let loglevel = match keys.optional_string("loglevel")? {
-        None => LogLevel::Info,
-        Some(name) => LogLevel::parse(&name).ok_or_else(|| {
-            keys.invalid("loglevel", &format!("must be one of {}", LogLevel::names()))
-        })?,
+        None => LogLevel::Warn,
+        Some(name) if name.is_empty() => LogLevel::Warn,
+        Some(name) => LogLevel::parse(&name).unwrap_or_else(|| {
+            warnings.push(format!(
+                "{}: key loglevel: {name:?} is not one of {}: logging at warn, as Go does",
+                keys.path.display(),
+                LogLevel::names()
+            ));
+            LogLevel::Warn
+        }),
     };
     let monitor_port = keys.uint("monitor_port", 0)?;
     let monitor_port = u16::try_from(monitor_port)
@@ -874,7 +883,7 @@ mod tests {
             c.logfile, None,
             "no logfile means stderr, not a file named info"
         );
-        assert_eq!(c.loglevel, LogLevel::Info);
+        assert_eq!(c.loglevel, LogLevel::Warn, "Go's SetupLogging default");
         assert_eq!(c.helper_timeout, Duration::from_secs(10));
         assert_eq!(c.lifecycle_component, "provision_mode_server");
         assert!(c
@@ -1059,11 +1068,25 @@ features:
             ("warning", LogLevel::Warn),
             ("error", LogLevel::Error),
             ("fatal", LogLevel::Error),
-            ("panic", LogLevel::Error),
         ] {
             assert_eq!(LogLevel::parse(name), Some(level), "{name}");
-            let (c, _) = parse(&format!("helper: h\nloglevel: {name}\n")).unwrap();
+            let (c, warnings) = parse(&format!("helper: h\nloglevel: {name}\n")).unwrap();
             assert_eq!(c.loglevel, level, "{name}");
+            assert!(warnings.is_empty(), "{name}: {warnings:?}");
+        }
+        // Unset, empty or unknown: warn, as Go's default branch; an unknown name is warned.
+        for (line, warned) in [
+            ("", false),
+            ("loglevel: \"\"\n", false),
+            ("loglevel: loud\n", true),
+            ("loglevel: panic\n", true),
+        ] {
+            let (c, warnings) = parse(&format!("helper: h\n{line}")).unwrap();
+            assert_eq!(c.loglevel, LogLevel::Warn, "{line}");
+            let said = warnings
+                .iter()
+                .any(|w| w.contains("loglevel") && w.contains("as Go does"));
+            assert_eq!(said, warned, "{line}: {warnings:?}");
         }
         assert_eq!(LogLevel::parse("loud"), None);
         assert_eq!(LogLevel::Warn.filter(), log::LevelFilter::Warn);
@@ -1151,7 +1174,6 @@ features:
                 "helper: h\ncert_deny_list: ['(']",
                 &["cert_deny_list", "regular expression"],
             ),
-            ("helper: h\nloglevel: loud", &["loglevel", "loud"]),
             (
                 "helper: h\nhelper_timeout: 0s",
                 &["helper_timeout", "more than 0"],

@@ -2,7 +2,7 @@
 //! lifecycle listener, the election, and signals. `run` returns the process exit code.
 
 use std::fmt;
-use std::io::{self, Write};
+use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,47 +105,17 @@ impl std::error::Error for DaemonError {
 /// How long in-flight cycles get to end after SIGINT/SIGTERM.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// Sets up `log` to write to the configured file, or to stderr when there is none (Go's
-/// default writes to a file named `info`: fixed).
+/// Sets up `log` as the configuration says (see [`crate::logging`]): Go's JSON lines in a
+/// log file, text on stdout or stderr, or nothing.
 pub fn init_logging(config: &Config, debug: bool) -> Result<(), DaemonError> {
-    let level = if debug {
-        log::LevelFilter::Debug
-    } else {
-        config.loglevel.filter()
-    };
-    let mut builder = env_logger::Builder::new();
-    builder.filter_level(level);
-    // The `nats` crate logs reconnect chatter at info; keep it at warn unless debugging.
-    if level < log::LevelFilter::Debug {
-        builder.filter_module("nats", log::LevelFilter::Warn);
-    }
-    builder.format(|buf, record| {
-        // The last line of defence against forged log lines: whatever a message holds, it is
-        // written as one line without control characters.
-        let message = record.args().to_string();
-        writeln!(
-            buf,
-            "{} {:<5} {}: {}",
-            buf.timestamp_millis(),
-            record.level(),
-            record.target(),
-            choria_wire::text::one_line(&message)
-        )
-    });
-    if let Some(path) = &config.logfile {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|source| DaemonError::LogFile {
-                path: path.clone(),
-                source,
-            })?;
-        builder.target(env_logger::Target::Pipe(Box::new(file)));
-    } else {
-        builder.target(env_logger::Target::Stderr);
-    }
-    builder.try_init().map_err(DaemonError::Logging)
+    crate::logging::init(config.logfile.as_deref(), config.loglevel.filter(), debug).map_err(
+        |err| match err {
+            crate::logging::InitError::LogFile { path, source } => {
+                DaemonError::LogFile { path, source }
+            }
+            crate::logging::InitError::Logger(err) => DaemonError::Logging(err),
+        },
+    )
 }
 
 /// Runs the daemon until SIGINT or SIGTERM. Returns the exit code.

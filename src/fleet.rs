@@ -407,7 +407,11 @@ fn work_one(
         Start::Provision => {}
     }
     fleet.metrics.busy_workers.inc();
-    let outcome = cycle.provision(&ticket.identity, ticket.source, &fleet.gate);
+    let outcome = {
+        // Every line of the cycle names the node, as Go's per-host logger does.
+        let _node = crate::logging::NodeScope::enter(&ticket.identity);
+        cycle.provision(&ticket.identity, ticket.source, &fleet.gate)
+    };
     fleet.metrics.busy_workers.dec();
     let held = match &outcome {
         ProvisionOutcome::Provisioned { hold } => {

@@ -20,6 +20,7 @@ pub mod fleet;
 pub mod fuzzing;
 mod helper_test;
 mod http;
+mod logging;
 mod metrics;
 mod pidfile;
 mod provision;

@@ -386,14 +386,15 @@ impl ProvisionerRun {
 }
 
 fn log_in(dir: &Path) -> String {
-    std::fs::read_to_string(dir.join("provisioner.log")).unwrap_or_default()
+    let raw = std::fs::read_to_string(dir.join("provisioner.log")).unwrap_or_default();
+    choria_testkit::harness::json_log_text(&raw)
 }
 
 /// The daemon's log file and stderr, for failure messages.
 fn logs_in(dir: &Path) -> String {
     format!(
         "---- provisioner log ----\n{}---- provisioner stderr ----\n{}----",
-        log_in(dir),
+        std::fs::read_to_string(dir.join("provisioner.log")).unwrap_or_default(),
         std::fs::read_to_string(dir.join("provisioner.stderr")).unwrap_or_default()
     )
 }
@@ -681,11 +682,11 @@ fn an_untrusted_certificate_is_refused_cleanly_and_retried() {
             &pki.file(refusal.ca),
         );
         // The refusal is logged and the first connection retried (the FiveSec backoff): two
-        // attempts, each a WARN naming the broker and the TLS failure; the daemon stays up.
+        // attempts, each a warning naming the broker and the TLS failure; the daemon stays up.
         let lines = provisioner.wait_log_lines("could not connect to the broker", 2);
         for line in &lines {
             let want = format!(
-                "WARN  choria_broker::connection: could not connect to the broker at {url}: {}{TLS_HINT}; retrying",
+                "warning hosts: could not connect to the broker at {url}: {}{TLS_HINT}; retrying",
                 refusal.client_says
             );
             assert!(line.ends_with(&want), "{case}: {line:?}\nwanted {want:?}");

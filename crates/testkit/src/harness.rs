@@ -328,8 +328,14 @@ impl Provisioner {
         }
     }
 
-    /// The daemon's log file so far.
+    /// The daemon's log so far, one `time level component: msg` line per JSON record of its
+    /// log file (see [`json_log_text`]).
     pub fn log(&self) -> String {
+        json_log_text(&self.raw_log())
+    }
+
+    /// The daemon's log file as written: JSON lines.
+    pub fn raw_log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
@@ -338,7 +344,7 @@ impl Provisioner {
         let stderr = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
         format!(
             "---- {id} log ----\n{}\n---- {id} stderr ----\n{stderr}\n----",
-            self.log(),
+            self.raw_log(),
             id = self.identity
         )
     }
@@ -442,6 +448,31 @@ impl Drop for Provisioner {
             kill_and_reap(&mut child);
         }
     }
+}
+
+/// The daemon's JSON log lines (logrus's shape: `component`, `level`, `msg`, `time`) as text,
+/// one `time level component: msg` line each, so tests can look for messages. Every complete
+/// line must be such a JSON object; a last line still being written is left out.
+pub fn json_log_text(raw: &str) -> String {
+    let mut text = String::new();
+    for line in raw.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
+        let record: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line:?}"));
+        let field = |key: &str| {
+            record[key]
+                .as_str()
+                .unwrap_or_else(|| panic!("log line without {key}: {line:?}"))
+                .to_string()
+        };
+        text.push_str(&format!(
+            "{} {} {}: {}\n",
+            field("time"),
+            field("level"),
+            field("component"),
+            field("msg")
+        ));
+    }
+    text
 }
 
 /// A scrape of `/metrics`: series (name with labels, `site` removed) to value.

@@ -1,0 +1,373 @@
+//! Logging as a Go user knows it (go-choria choria/framework.go, `CommonLogOpener` and
+//! `SetupLogging`; logrus v1.9 `JSONFormatter`).
+//!
+//! With `logfile` a path, every record is one JSON object on its own line, the shape log
+//! shippers at Go sites parse: the keys `component`, `level`, `msg` and `time` (plus `election`
+//! on the election's lines), sorted as logrus writes them, `level` one of logrus's names
+//! (`warning`, not `warn`), `time` in RFC 3339 to the second with the local offset, strings
+//! escaped as Go's encoder does. `component` is what Go puts there: the node's identity on
+//! every line of that node's provisioning cycle (Go's `fw.Logger(h.Identity)`), `hosts` for
+//! the fleet, discovery, lifecycle events and the election, `provisioner` for the rest.
+//!
+//! `stdout`, `stderr` and `discard` (any case) are destinations, never file names; unset logs
+//! text lines to stderr. The log file is created mode 0640: it names nodes and helpers.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use log::{Level, LevelFilter};
+
+/// Where log lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// Text lines on stderr (`logfile` unset, or `stderr`).
+    Stderr,
+    /// Text lines on stdout (`logfile: stdout`).
+    Stdout,
+    /// Nowhere (`logfile: discard`).
+    Discard,
+    /// JSON lines appended to this file.
+    File(PathBuf),
+}
+
+impl Destination {
+    /// The destination `logfile` names. go-choria compares the three special names
+    /// case-insensitively (`strings.ToLower`), so `STDOUT` is stdout too, never a file.
+    pub fn from_setting(logfile: Option<&Path>) -> Destination {
+        let Some(path) = logfile else {
+            return Destination::Stderr;
+        };
+        match path.to_str().map(str::to_ascii_lowercase).as_deref() {
+            Some("") => Destination::Stderr,
+            Some("stdout") => Destination::Stdout,
+            Some("stderr") => Destination::Stderr,
+            Some("discard") => Destination::Discard,
+            _ => Destination::File(path.to_path_buf()),
+        }
+    }
+}
+
+/// The level `config` read (unset or unknown there is `warn`, Go's default branch), unless
+/// `--debug` says debug, which wins as in Go.
+pub fn level_filter(level: LevelFilter, debug: bool) -> LevelFilter {
+    if debug {
+        LevelFilter::Debug
+    } else {
+        level
+    }
+}
+
+/// Why logging could not be set up.
+#[derive(Debug)]
+pub enum InitError {
+    LogFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    Logger(log::SetLoggerError),
+}
+
+thread_local! {
+    /// The node whose provisioning cycle this thread runs, if any.
+    static NODE: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+}
+
+/// While alive, every line logged on this thread carries `component: <identity>`, as every
+/// line of a Go host's cycle does. A worker enters one around each cycle.
+pub struct NodeScope {
+    previous: Option<Arc<str>>,
+}
+
+impl NodeScope {
+    pub fn enter(identity: &str) -> NodeScope {
+        let previous = NODE.with(|node| node.replace(Some(Arc::from(identity))));
+        NodeScope { previous }
+    }
+}
+
+impl Drop for NodeScope {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        NODE.with(|node| *node.borrow_mut() = previous);
+    }
+}
+
+/// The fields Go's line would carry besides level, msg and time: the node in scope, else
+/// the Go logger that logs what the module `target` does.
+fn fields(target: &str, node: Option<&str>) -> Vec<(&'static str, String)> {
+    if let Some(node) = node {
+        return vec![("component", node.to_string())];
+    }
+    let module = target.split("::").take(2).collect::<Vec<_>>().join("::");
+    match module.as_str() {
+        // provisioner hosts/election.go: the hosts logger with `election: provisioner`.
+        "choria_broker::election" => vec![
+            ("component", "hosts".into()),
+            ("election", "provisioner".into()),
+        ],
+        // provisioner hosts/: discovery, lifecycle events, the work queue and its workers.
+        "choria_provisioner::fleet"
+        | "choria_broker::discovery"
+        | "choria_broker::listener"
+        | "choria_broker::connection" => vec![("component", "hosts".into())],
+        // The NATS client's own lines, as go-choria's connection logs them.
+        _ if target.split("::").next() == Some("nats") => vec![("component", "hosts".into())],
+        _ => vec![("component", "provisioner".into())],
+    }
+}
+
+/// logrus's name of a level (`Level.String()`).
+fn level_name(level: Level) -> &'static str {
+    match level {
+        Level::Error => "error",
+        Level::Warn => "warning",
+        Level::Info => "info",
+        Level::Debug => "debug",
+        Level::Trace => "trace",
+    }
+}
+
+/// One JSON line as logrus's `JSONFormatter` writes it: keys sorted, Go's escaping, `\n`.
+pub fn json_line(
+    level: Level,
+    target: &str,
+    message: &str,
+    node: Option<&str>,
+    time: &str,
+) -> String {
+    let mut map: BTreeMap<&str, String> = fields(target, node).into_iter().collect();
+    map.insert("level", level_name(level).to_string());
+    map.insert("msg", choria_wire::text::one_line(message).into_owned());
+    map.insert("time", time.to_string());
+    // A map of strings always serialises.
+    let json = serde_json::to_string(&map).unwrap_or_default();
+    let mut line = choria_wire::json::go_escape(json);
+    line.push('\n');
+    line
+}
+
+/// `unix` seconds as RFC 3339 in local time to the second, `Z` when the offset is zero: Go's
+/// `time.RFC3339` layout of a local time, logrus's default.
+pub fn rfc3339_local(unix: i64) -> String {
+    // SAFETY: libc::tm is plain old data (integers and, on glibc, a pointer that may be null).
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    let t: libc::time_t = unix as libc::time_t;
+    // SAFETY: localtime_r reads `t` and writes only into our `tm`; both outlive the call.
+    let ok = unsafe { !libc::localtime_r(&t, &mut tm).is_null() };
+    if !ok {
+        return rfc3339_utc(unix);
+    }
+    let offset = tm.tm_gmtoff;
+    let zone = if offset == 0 {
+        "Z".to_string()
+    } else {
+        let sign = if offset < 0 { '-' } else { '+' };
+        let abs = offset.unsigned_abs();
+        format!("{sign}{:02}:{:02}", abs / 3600, abs % 3600 / 60)
+    };
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}{zone}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
+/// UTC fallback should the C library fail to convert the time.
+fn rfc3339_utc(unix: i64) -> String {
+    let days = unix.div_euclid(86_400);
+    let secs = unix.rem_euclid(86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+/// Opens (creating it 0640, appending) the log file.
+fn open_log_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(path)
+}
+
+/// Sets up `log` for the configured destination and level.
+pub fn init(logfile: Option<&Path>, level: LevelFilter, debug: bool) -> Result<(), InitError> {
+    let level = level_filter(level, debug);
+    let destination = Destination::from_setting(logfile);
+    let mut builder = env_logger::Builder::new();
+    builder.filter_level(level);
+    // The `nats` crate logs reconnect chatter at info; keep it at warn unless debugging.
+    if level < LevelFilter::Debug {
+        builder.filter_module("nats", LevelFilter::Warn.min(level));
+    }
+    match &destination {
+        Destination::File(path) => {
+            let file = open_log_file(path).map_err(|source| InitError::LogFile {
+                path: path.clone(),
+                source,
+            })?;
+            builder.target(env_logger::Target::Pipe(Box::new(file)));
+            builder.format(|buf, record| {
+                let node = NODE.with(|node| node.borrow().clone());
+                let line = json_line(
+                    record.level(),
+                    record.target(),
+                    &record.args().to_string(),
+                    node.as_deref(),
+                    &rfc3339_local(choria_broker::clock::unix_now()),
+                );
+                buf.write_all(line.as_bytes())
+            });
+        }
+        Destination::Stderr | Destination::Stdout => {
+            builder.target(if destination == Destination::Stdout {
+                env_logger::Target::Stdout
+            } else {
+                env_logger::Target::Stderr
+            });
+            builder.format(|buf, record| {
+                // The last line of defence against forged log lines: whatever a message
+                // holds, it is written as one line without control characters.
+                let message = record.args().to_string();
+                writeln!(
+                    buf,
+                    "{} {:<5} {}: {}",
+                    buf.timestamp_millis(),
+                    record.level(),
+                    record.target(),
+                    choria_wire::text::one_line(&message)
+                )
+            });
+        }
+        Destination::Discard => {
+            builder.filter_level(LevelFilter::Off);
+        }
+    }
+    builder.try_init().map_err(InitError::Logger)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logfile_names_a_destination_as_go_choria_reads_it() {
+        let file = |p: &str| Destination::File(PathBuf::from(p));
+        #[rustfmt::skip]
+        let cases = [
+            (None,                              Destination::Stderr),
+            (Some(""),                          Destination::Stderr),
+            (Some("stdout"),                    Destination::Stdout),
+            (Some("STDOUT"),                    Destination::Stdout),
+            (Some("Stderr"),                    Destination::Stderr),
+            (Some("discard"),                   Destination::Discard),
+            (Some("DisCard"),                   Destination::Discard),
+            (Some("/var/log/provisioner.log"),  file("/var/log/provisioner.log")),
+            (Some("./stdout"),                  file("./stdout")),
+            (Some("info"),                      file("info")),
+        ];
+        for (setting, want) in cases {
+            assert_eq!(
+                Destination::from_setting(setting.map(Path::new)),
+                want,
+                "{setting:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn debug_wins_over_the_configured_level_as_in_go() {
+        assert_eq!(level_filter(LevelFilter::Error, true), LevelFilter::Debug);
+        assert_eq!(level_filter(LevelFilter::Trace, true), LevelFilter::Debug);
+        assert_eq!(level_filter(LevelFilter::Warn, false), LevelFilter::Warn);
+    }
+
+    #[test]
+    fn json_lines_are_shaped_as_logrus_writes_them() {
+        let time = "2026-05-20T10:11:12+02:00";
+        #[rustfmt::skip]
+        let cases = [
+            (Level::Warn,  "choria_broker::rpc",               "try 1/5: no reply", Some("n1.example.net"),
+             r#"{"component":"n1.example.net","level":"warning","msg":"try 1/5: no reply","time":"2026-05-20T10:11:12+02:00"}"#),
+            (Level::Info,  "choria_provisioner::fleet",         "discovery found 3 nodes", None,
+             r#"{"component":"hosts","level":"info","msg":"discovery found 3 nodes","time":"2026-05-20T10:11:12+02:00"}"#),
+            (Level::Error, "choria_broker::election::campaign", "lost", None,
+             r#"{"component":"hosts","election":"provisioner","level":"error","msg":"lost","time":"2026-05-20T10:11:12+02:00"}"#),
+            (Level::Debug, "choria_provisioner::daemon",        "a <b> & \"c\"\nd", None,
+             r#"{"component":"provisioner","level":"debug","msg":"a \u003cb\u003e \u0026 \"c\"\\nd","time":"2026-05-20T10:11:12+02:00"}"#),
+            (Level::Trace, "nats::client",                      "ping", None,
+             r#"{"component":"hosts","level":"trace","msg":"ping","time":"2026-05-20T10:11:12+02:00"}"#),
+        ];
+        for (level, target, message, node, want) in cases {
+            let line = json_line(level, target, message, node, time);
+            assert_eq!(line, format!("{want}\n"), "{target}: {message}");
+            let parsed: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+            assert_eq!(parsed["time"], time);
+        }
+    }
+
+    #[test]
+    fn a_node_scope_tags_its_thread_until_it_ends() {
+        let current = || NODE.with(|n| n.borrow().clone());
+        assert_eq!(current(), None);
+        {
+            let _outer = NodeScope::enter("a.example.net");
+            assert_eq!(current().as_deref(), Some("a.example.net"));
+            {
+                let _inner = NodeScope::enter("b.example.net");
+                assert_eq!(current().as_deref(), Some("b.example.net"));
+            }
+            assert_eq!(current().as_deref(), Some("a.example.net"));
+            let other = std::thread::spawn(move || NODE.with(|n| n.borrow().clone()));
+            assert_eq!(other.join().unwrap(), None, "another thread is untouched");
+        }
+        assert_eq!(current(), None);
+    }
+
+    #[test]
+    fn times_are_rfc3339_to_the_second_with_an_offset_or_z() {
+        let re = regex::Regex::new(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|[+-]\d\d:\d\d)$").unwrap();
+        for unix in [0, 1_700_000_000, 1_779_264_672] {
+            let text = rfc3339_local(unix);
+            assert!(re.is_match(&text), "{text}");
+        }
+        assert_eq!(rfc3339_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_utc(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(rfc3339_utc(951_782_400), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn the_log_file_is_created_0640_and_appended_to() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("provisioner.log");
+        open_log_file(&path).unwrap().write_all(b"one\n").unwrap();
+        open_log_file(&path).unwrap().write_all(b"two\n").unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        // 0640 less whatever the umask takes away: never readable by others.
+        assert_eq!(mode & !0o640, 0, "{mode:o}");
+        assert_eq!(mode & 0o600, 0o600, "{mode:o}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\ntwo\n");
+    }
+}
