@@ -630,7 +630,7 @@ fn a_node_silent_from_the_start_is_hinted_once() {
     // The hint names the other protocol and the setting that speaks it.
     let v1 = crate::provision::silent_node_hint("v1", "n1", "choria_provision#jwt", 3);
     assert!(
-        v1.starts_with("n1: sighted, but answered none of the 3 tries"),
+        v1.starts_with("n1: sighted, but no valid reply to any of the 3 tries"),
         "{v1}"
     );
     assert!(v1.contains("`v2: true`") && v1.contains("plugin.security.provider = choria"));

@@ -160,10 +160,12 @@ pub struct Cycle {
 /// (enough to name the problem; a whole fleet on the other protocol would flood the log).
 pub const SILENT_HINTS_KEPT: usize = 1_000;
 
-/// The warning for a node that was sighted (startup event or discovery) but answered none of
-/// the tries of its cycle's first action. A provisioning-mode server answers only the protocol
-/// its `provisioning.jwt` names (`v2: true` → v2; go-choria choria/framework.go,
-/// ConfigureProvisioning) and drops the other silently; the Go daemon logs nothing that says so.
+/// The warning for a node that was sighted (startup event or discovery) but gave no valid
+/// answer to any try of its cycle's first action: silence there is what a protocol mismatch
+/// looks like (broken replies are warned about where they are refused). A provisioning-mode
+/// server answers only the protocol its `provisioning.jwt` names (`v2: true` → v2; go-choria
+/// choria/framework.go, ConfigureProvisioning) and drops the other silently; the Go daemon
+/// logs nothing that says so.
 pub fn silent_node_hint(protocol: &str, identity: &str, action: &str, tries: u32) -> String {
     let advice = if protocol == "v2" {
         "this provisioner speaks protocol v2 (plugin.security.provider = choria); a node whose \
@@ -176,8 +178,9 @@ pub fn silent_node_hint(protocol: &str, identity: &str, action: &str, tries: u32
          Issuer network)"
     };
     format!(
-        "{identity}: sighted, but answered none of the {tries} tries of {action}: if it is up, \
-         check its protocol: {advice}"
+        "{identity}: sighted, but no valid reply to any of the {tries} tries of {action}; if it is \
+         up and nothing came back at all (no \"ignoring a reply\" warning for it), check its \
+         protocol: {advice}"
     )
 }
 

@@ -4,13 +4,16 @@
 //! ConfigureProvisioning) so that a provisioner passing against it means something.
 //!
 //! - `options`: the command line; `faults`: which nodes misbehave and how.
-//! - `check`: what a server checks before an agent sees a request (schemas, window, filter).
+//! - `check`: what a server checks before an agent sees a request (schemas, window, filter);
+//!   `caller_check`: what a v2 node checks beyond that (the caller JWT, signature, caller id).
 //! - `node`: one server's state machine and action logic; `keys`: its real key material.
 //! - `events`: lifecycle events; `report`: the JSON report and the summary line.
 //! - `wire`: the broker connections, over `choria-broker`'s `Connection` (the simulator never
 //!   touches `nats` itself); `runner`: threads and dispatch.
 
+pub mod caller_check;
 pub mod check;
+pub mod client_jwt_check;
 pub mod events;
 pub mod faults;
 pub mod keys;
@@ -19,6 +22,7 @@ pub mod options;
 pub mod report;
 pub mod runner;
 pub mod server_jwt_check;
+pub mod tokens;
 pub mod wire;
 
 pub use options::{parse, Options, Parsed, HELP};

@@ -6,6 +6,15 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The protocol the simulated servers speak. A provisioning-mode server speaks v2 exactly when
+/// its provisioning JWT has `v2: true`, and then nothing else (go-choria choria/framework.go,
+/// ConfigureProvisioning; protocol/v2 constructors refuse a non-ed25519 security provider).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireProtocol {
+    V1,
+    V2,
+}
+
 /// Everything the simulator can be told on its command line.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
@@ -25,6 +34,8 @@ pub struct Options {
     pub jwt_claims: serde_json::Map<String, serde_json::Value>,
     /// Key to verify a configured `server_jwt` with (crypto `VerifyKey::load` rules).
     pub org_issuer: Option<String>,
+    /// `--protocol`: v1 (default) or v2 (then `--jwt-key` is the Org Issuer's ed25519 seed).
+    pub protocol: WireProtocol,
     pub lock: Duration,
     /// Versions assigned to nodes round-robin.
     pub versions: Vec<String>,
@@ -119,6 +130,13 @@ Provisioning JWT:
                             purpose, sub, iss, iat, nbf, exp = now+1y), e.g. {\"update\":true}
   --org-issuer KEY          verifies configure's server_jwt: a certificate or public key PEM
                             file, or an ed25519 public key in hex (org issuer or signer key)
+  --protocol v1|v2          the protocol the nodes speak (default v1). v2 is an Organization
+                            Issuer network: the provisioning JWT gets v2:true and ou:choria and
+                            --jwt-key must be the issuer's ed25519 seed; nodes accept only v2,
+                            and check beyond a real node that each request's caller JWT chains
+                            to that issuer with the provisioner permission, that the request
+                            signature verifies with its key and that its caller is the JWT's
+                            callerid, recording every failure as a violation
 
 Faults (fractions 0..1 of the fleet; each node gets at most one, chosen from --seed):
   --dead F                  never answer (they still boot and publish startup)
@@ -181,6 +199,7 @@ impl Options {
             jwt_key: None,
             jwt_claims: serde_json::Map::new(),
             org_issuer: None,
+            protocol: WireProtocol::V1,
             lock: Duration::from_secs(120),
             versions: vec!["0.29.4".into()],
             facts: serde_json::Map::new(),
@@ -311,6 +330,13 @@ where
             "--jwt-key" => opts.jwt_key = Some(PathBuf::from(v)),
             "--jwt-claims" => opts.jwt_claims = json_object(f, v)?,
             "--org-issuer" => opts.org_issuer = Some(v.into()),
+            "--protocol" => {
+                opts.protocol = match v {
+                    "v1" => WireProtocol::V1,
+                    "v2" => WireProtocol::V2,
+                    _ => return Err(bad(f, v, "not v1 or v2")),
+                }
+            }
             "--dead" => opts.faults.dead = fraction(f, v)?,
             "--slow" => opts.faults.slow = fraction(f, v)?,
             "--slow-delay" => opts.slow_delay = duration(f, v)?,
@@ -337,6 +363,12 @@ where
     }
     if opts.brokers.is_empty() {
         return Err(UsageError::Missing("--broker"));
+    }
+    if opts.protocol == WireProtocol::V2 && opts.jwt_key.is_none() {
+        return Err(UsageError::Missing(
+            "--jwt-key: protocol v2 nodes need a provisioning JWT signed by the Org Issuer's \
+             ed25519 seed",
+        ));
     }
     let f = &opts.faults;
     let total =
@@ -432,5 +464,26 @@ mod tests {
             assert!(err.contains(needle), "{args:?}: {err}");
         }
         assert_eq!(parse(["--help"]).unwrap(), Parsed::Help);
+    }
+
+    #[test]
+    fn protocol_v2_needs_the_issuer_seed() {
+        assert_eq!(
+            run(&["--broker", "nats://x:1"]).unwrap().protocol,
+            WireProtocol::V1
+        );
+        let v2 = run(&[
+            "--broker",
+            "nats://x:1",
+            "--protocol",
+            "v2",
+            "--jwt-key",
+            "i.seed",
+        ]);
+        assert_eq!(v2.unwrap().protocol, WireProtocol::V2);
+        let err = run(&["--broker", "nats://x:1", "--protocol", "v2"]).unwrap_err();
+        assert!(err.to_string().contains("--jwt-key"), "{err}");
+        let err = run(&["--broker", "nats://x:1", "--protocol", "v3"]).unwrap_err();
+        assert!(err.to_string().contains("--protocol"), "{err}");
     }
 }

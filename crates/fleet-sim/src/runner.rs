@@ -22,18 +22,21 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
 
+use crate::caller_check::CallerChecks;
 use crate::check::{self, Drop, Schemas};
 use crate::events::Event;
 use crate::faults::{self, Fault};
 use crate::keys::KeyPool;
 use crate::node::{ActionCall, ActionRecord, Env, NodeCrypto, RpcAnswer, Scheduled, SimServer};
-use crate::options::Options;
+use crate::options::{Options, WireProtocol};
 use crate::report::{NodeReport, Report, Totals};
 use crate::server_jwt_check;
 use crate::wire::{self, Auth, Inbound, Link, Route};
+use choria_broker::clock::unix_now_nanos;
 use choria_crypto::jwt::{self, JwtSigner, VerifyKey};
 use choria_crypto::key_transport;
-use choria_wire::v1::server::{self, IncomingRequest};
+use choria_wire::v1::server;
+use choria_wire::v2::server as v2_server;
 
 /// The agents whose broadcast subjects each connection subscribes to.
 const BROADCAST_AGENTS: [&str; 4] = ["discovery", "rpcutil", "choria_provision", "choria_util"];
@@ -100,7 +103,50 @@ impl NodeCrypto for CryptoBridge {
     }
 }
 
-/// The provisioning JWT claims: defaults, then `--jwt-claims` over them.
+/// A request as the nodes see it, whichever protocol it came in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub reply_to: String,
+    pub request_id: String,
+    pub sender_id: String,
+    pub caller_id: String,
+    pub agent: String,
+    pub filter: Value,
+    /// The payload as the agent gets it (go-choria message/message.go, NewMessageFromRequest).
+    pub payload: Vec<u8>,
+}
+
+impl From<server::IncomingRequest> for Request {
+    fn from(r: server::IncomingRequest) -> Request {
+        Request {
+            reply_to: r.reply_to,
+            request_id: r.request_id,
+            sender_id: r.sender_id,
+            caller_id: r.caller_id,
+            agent: r.agent,
+            filter: r.filter,
+            payload: r.payload,
+        }
+    }
+}
+
+impl From<v2_server::IncomingRequest> for Request {
+    fn from(r: v2_server::IncomingRequest) -> Request {
+        Request {
+            reply_to: r.reply_to,
+            request_id: r.request_id,
+            sender_id: r.sender_id,
+            caller_id: r.caller_id,
+            agent: r.agent,
+            filter: r.filter,
+            payload: r.payload,
+        }
+    }
+}
+
+/// The provisioning JWT claims: defaults, then `--jwt-claims` over them. With protocol v2 the
+/// defaults add `v2: true` and `ou` (as `choria jwt prov --protocol-v2` makes them, `ou`
+/// naming the Org Issuer's organisation, `choria` by default).
 pub fn provisioning_claims(opts: &Options, now_unix: i64) -> Map<String, Value> {
     let mut claims = json!({
         "cht": opts.token,
@@ -116,6 +162,10 @@ pub fn provisioning_claims(opts: &Options, now_unix: i64) -> Map<String, Value> 
         "exp": now_unix + 365 * 86_400,
     });
     if let Some(map) = claims.as_object_mut() {
+        if opts.protocol == WireProtocol::V2 {
+            map.insert("v2".into(), Value::Bool(true));
+            map.insert("ou".into(), Value::String("choria".into()));
+        }
         for (k, v) in &opts.jwt_claims {
             map.insert(k.clone(), v.clone());
         }
@@ -165,7 +215,7 @@ impl Ord for Timed {
 
 struct Job {
     node: usize,
-    request: Arc<IncomingRequest>,
+    request: Arc<Request>,
     action: String,
     data: Value,
 }
@@ -176,7 +226,10 @@ struct Shared {
     link_nodes: Vec<Vec<usize>>,
     links: Vec<Link>,
     env: Env,
+    protocol: WireProtocol,
     schemas: Schemas,
+    /// v2: the checks of each request's caller (see `caller_check`).
+    callers: Option<CallerChecks>,
     slow_delay: Duration,
     reprovision_after: Option<Duration>,
     timer: Sender<(Instant, Task)>,
@@ -229,7 +282,7 @@ impl Shared {
         node: usize,
         fault: Option<Fault>,
         identity: &str,
-        request: &IncomingRequest,
+        request: &Request,
         answer: &RpcAnswer,
     ) {
         let mut message = server::encode_rpc_reply(
@@ -242,13 +295,36 @@ impl Shared {
             // Cut the closing brace: no JSON parser accepts what is left.
             message.pop();
         }
-        let now = unix_now();
-        let payload = if fault == Some(Fault::BadHash) {
-            bad_hash_reply(&request.request_id, identity, &request.agent, &message, now)
-        } else {
-            server::encode_reply(&request.request_id, identity, &request.agent, &message, now)
-        };
+        let payload = self.reply(request, identity, &message, fault == Some(Fault::BadHash));
         self.deliver(node, fault, &request.reply_to, payload);
+    }
+
+    /// A reply transport in the fleet's protocol; with `bad_hash` its SecureReply hash is not
+    /// the SHA-256 of the reply it carries.
+    fn reply(&self, request: &Request, identity: &str, message: &str, bad_hash: bool) -> Vec<u8> {
+        let (id, agent) = (&request.request_id, &request.agent);
+        match self.protocol {
+            WireProtocol::V1 if bad_hash => {
+                bad_hash_reply(id, identity, agent, message, unix_now())
+            }
+            WireProtocol::V1 => server::encode_reply(id, identity, agent, message, unix_now()),
+            WireProtocol::V2 => {
+                let reply = v2_server::reply_json(
+                    id,
+                    identity,
+                    agent,
+                    message.as_bytes(),
+                    unix_now_nanos(),
+                );
+                let secure = if bad_hash {
+                    let wrong = base64::engine::general_purpose::STANDARD.encode([0u8; 32]);
+                    v2_server::secure_reply_with_hash(&reply, &wrong)
+                } else {
+                    v2_server::secure_reply_json(&reply)
+                };
+                v2_server::wrap_secure_reply(&secure, identity, Vec::new())
+            }
+        }
     }
 }
 
@@ -270,15 +346,34 @@ fn bad_hash_reply(
 }
 
 /// Checks done once per message, the same for every node that receives it: transport, schemas,
-/// collective and time window.
-fn check_message(schemas: &Schemas, data: &[u8], now: i64) -> Result<Arc<IncomingRequest>, Drop> {
-    check::check_transport(data)?;
-    let request = server::decode_request(data).map_err(|e| Drop::Decode(e.to_string()))?;
-    schemas.check_secure_request(&request.secure_request)?;
-    schemas.check_request(&request.request)?;
-    check::check_collective(&request.collective)?;
-    check::check_time(request.time, request.ttl, now)?;
-    Ok(Arc::new(request))
+/// collective and time window; in v2 also the caller checks.
+fn check_message(shared: &Shared, data: &[u8], now: i64) -> Result<Arc<Request>, Drop> {
+    let schemas = &shared.schemas;
+    check::check_transport(data, shared.protocol)?;
+    match shared.protocol {
+        WireProtocol::V1 => {
+            let request = server::decode_request(data).map_err(|e| Drop::Decode(e.to_string()))?;
+            schemas.check_secure_request(&request.secure_request)?;
+            schemas.check_request(&request.request)?;
+            check::check_collective(&request.collective)?;
+            check::check_time(request.time, request.ttl, now)?;
+            Ok(Arc::new(request.into()))
+        }
+        WireProtocol::V2 => {
+            let request =
+                v2_server::decode_request(data).map_err(|e| Drop::Decode(e.to_string()))?;
+            schemas.check_secure_request(&request.secure_request)?;
+            schemas.check_request(&request.request)?;
+            check::check_collective(&request.collective)?;
+            check::check_time_nanos(request.time, request.ttl, unix_now_nanos())?;
+            if let Some(callers) = &shared.callers {
+                callers
+                    .check(&request, u64::try_from(now).unwrap_or(0))
+                    .map_err(Drop::Caller)?;
+            }
+            Ok(Arc::new(request.into()))
+        }
+    }
 }
 
 /// The MCollective RPC request body `{"agent","action","data"}`: (action, data).
@@ -305,7 +400,7 @@ fn describe_payload(payload: &[u8]) -> String {
 
 fn record_action(
     node: &mut SimServer,
-    request: &IncomingRequest,
+    request: &Request,
     action: String,
     answer: Option<&RpcAnswer>,
 ) {
@@ -325,7 +420,7 @@ fn record_action(
 
 fn handle_inbound(shared: &Shared, link: usize, inbound: Inbound) {
     let now = unix_now();
-    let verdict = check_message(&shared.schemas, &inbound.data, now);
+    let verdict = check_message(shared, &inbound.data, now);
     let single: [usize; 1];
     let (targets, directed): (&[usize], bool) = match inbound.route {
         Route::Node(i) => {
@@ -343,7 +438,7 @@ fn handle_for_node(
     shared: &Shared,
     index: usize,
     subject: &str,
-    verdict: &Result<Arc<IncomingRequest>, Drop>,
+    verdict: &Result<Arc<Request>, Drop>,
     now: i64,
     directed: bool,
 ) {
@@ -392,8 +487,7 @@ fn handle_for_node(
         }
         node.record.pings_answered += 1;
         drop(node);
-        let payload =
-            server::encode_reply(&request.request_id, &identity, "discovery", "pong", now);
+        let payload = shared.reply(&request, &identity, "pong", false);
         shared.deliver(index, fault, &request.reply_to, payload);
         return;
     }
@@ -620,12 +714,12 @@ pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimEr
     let started_unix = unix_now();
     let schemas = match &opts.schemas {
         Some(dir) => Schemas::load(dir),
-        None => Schemas::vendored(),
+        None => Schemas::vendored(opts.protocol),
     }
     .map_err(SimError::Schemas)?;
 
     let claims = provisioning_claims(opts, started_unix);
-    let provisioning_jwt = match &opts.jwt_key {
+    let jwt_signer = match &opts.jwt_key {
         None => None,
         Some(path) => {
             let signer = JwtSigner::from_key_file(path, &|p| std::fs::read(p)).map_err(|e| {
@@ -634,10 +728,28 @@ pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimEr
                     why: e.to_string(),
                 }
             })?;
-            let token = jwt::sign_jwt(&Value::Object(claims.clone()), &signer)
-                .map_err(|e| SimError::JwtSign(e.to_string()))?;
-            Some(token)
+            if opts.protocol == WireProtocol::V2 && !matches!(signer, JwtSigner::Ed25519(_)) {
+                return Err(SimError::JwtKey {
+                    path: path.display().to_string(),
+                    why: "protocol v2 provisioning JWTs are signed EdDSA by the Org Issuer: give \
+                          its 64-hex ed25519 seed"
+                        .into(),
+                });
+            }
+            Some(signer)
         }
+    };
+    let provisioning_jwt = match &jwt_signer {
+        None => None,
+        Some(signer) => Some(
+            jwt::sign_jwt(&Value::Object(claims.clone()), signer)
+                .map_err(|e| SimError::JwtSign(e.to_string()))?,
+        ),
+    };
+    // v2 callers must chain to the Org Issuer, whose seed signs the provisioning JWTs.
+    let callers = match (opts.protocol, &jwt_signer) {
+        (WireProtocol::V2, Some(signer)) => Some(CallerChecks::new(signer.verify_key())),
+        _ => None,
     };
     let verify = match &opts.org_issuer {
         None => None,
@@ -726,7 +838,9 @@ pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimEr
         link_nodes,
         links,
         env,
+        protocol: opts.protocol,
         schemas,
+        callers,
         slow_delay: opts.slow_delay,
         reprovision_after: opts.reprovision_after,
         timer: timer_tx,

@@ -24,6 +24,7 @@ use choria_fleet_sim::report::{NodeReport, Report};
 use choria_wire::lifecycle;
 use choria_wire::v1::server::{self, IncomingRequest};
 
+use crate::relay::{Relay, RelayRules};
 use crate::{free_port, vector_path, NatsServer};
 
 /// How long any one condition may take before the test fails. Generous: the box is shared.
@@ -133,10 +134,12 @@ fn kill_and_reap(child: &mut Child) {
 }
 
 /// One test's world: a broker and a private directory (kept for inspection, and its path
-/// printed, when the test fails or `E2E_KEEP` is set).
+/// printed, when the test fails or `E2E_KEEP` is set), and optionally the CONNECT relay in
+/// front of the broker, standing in for an Organization Issuer broker's checks.
 pub struct World {
     pub broker: NatsServer,
     pub dir: tempfile::TempDir,
+    relay: Option<Relay>,
 }
 
 impl Drop for World {
@@ -164,6 +167,26 @@ impl World {
                 .prefix("choria-e2e-")
                 .tempdir()
                 .expect("a temp dir"),
+            relay: None,
+        }
+    }
+
+    /// Puts the CONNECT relay in front of the broker: from now on the provisioners and the
+    /// fleet connect through it (observers and admin still reach the broker directly).
+    pub fn start_relay(&mut self, rules: RelayRules) {
+        self.relay = Some(Relay::start(self.broker.port, rules).expect("the relay starts"));
+    }
+
+    /// The relay (panics without one: a test bug).
+    pub fn relay(&self) -> &Relay {
+        self.relay.as_ref().expect("the world has a relay")
+    }
+
+    /// Where provisioners and the fleet connect: the relay when there is one, else the broker.
+    pub fn client_url(&self) -> String {
+        match &self.relay {
+            Some(relay) => relay.url(),
+            None => self.broker.url(),
         }
     }
 
@@ -203,6 +226,10 @@ pub struct ProvisionerSetup {
     pub interval: String,
     /// Runs with `--debug` (every debug line logged).
     pub debug: bool,
+    /// Lines added to its `choria.cfg` (a security provider and its files).
+    pub choria_cfg: String,
+    /// `choria_insecure` in its YAML (true by default: plain TCP, unsigned v1 requests).
+    pub insecure: bool,
 }
 
 impl Default for ProvisionerSetup {
@@ -213,6 +240,8 @@ impl Default for ProvisionerSetup {
             discovery_timeout: 1,
             interval: "1h".to_string(),
             debug: false,
+            choria_cfg: String::new(),
+            insecure: true,
         }
     }
 }
@@ -231,56 +260,8 @@ impl Provisioner {
     /// Writes its `choria.cfg` and YAML config into the world's directory, starts the daemon
     /// and waits until it is subscribed to lifecycle events and serving `/metrics`.
     pub fn start(world: &World, setup: ProvisionerSetup) -> Provisioner {
-        let identity = setup.identity;
-        let monitor_port = free_port().expect("a free port");
-        let choria_cfg = world.write(
-            &format!("{identity}.cfg"),
-            &format!(
-                "plugin.choria.middleware_hosts = {}\nidentity = {identity}\ndiscovery_timeout = {}\n",
-                world.broker.url(),
-                setup.discovery_timeout
-            ),
-        );
-        let log_path = world.path(&format!("{identity}.log"));
-        let pid_path = world.path(&format!("{identity}.pid"));
-        let yaml = format!(
-            "interval: {interval}\nloglevel: info\nlogfile: {log:?}\nmonitor_port: {monitor_port}\nchoria_insecure: true\nsite: e2e\n{extra}\n",
-            interval = setup.interval,
-            log = log_path.display().to_string(),
-            extra = setup.yaml
-        );
-        let config = world.write(&format!("{identity}.yaml"), &yaml);
-        let stderr_path = world.path(&format!("{identity}.stderr"));
-        let mut command = Command::new(crate::binary("choria-provisioner"));
-        if setup.debug {
-            command.arg("--debug");
-        }
-        let child = command
-            .args([
-                "run",
-                "--config",
-                &config,
-                "--choria-config",
-                &choria_cfg,
-                "--pid",
-            ])
-            .arg(&pid_path)
-            // No ~/.choriarc of the machine's user can leak in.
-            .env("HOME", world.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr_path).expect("stderr file"))
-            .spawn()
-            .expect("choria-provisioner starts");
-        let mut child = child;
-        let mut provisioner = Provisioner {
-            identity,
-            child: None,
-            monitor_port,
-            log_path,
-            pid_path,
-            stderr_path,
-        };
+        let mut provisioner = Provisioner::spawn(world, setup);
+        let mut child = provisioner.child.take().expect("spawned");
         // "running with N workers" is logged once the lifecycle listener is subscribed, so a
         // simulator started after it cannot boot a node whose startup event nobody hears.
         wait_for(
@@ -309,6 +290,83 @@ impl Provisioner {
             "the pid file was not written"
         );
         provisioner
+    }
+
+    /// Writes its files and starts the daemon, without waiting for anything (for a start
+    /// that is meant to fail, or to hang on a broker that refuses it).
+    pub fn spawn(world: &World, setup: ProvisionerSetup) -> Provisioner {
+        let identity = setup.identity;
+        let monitor_port = free_port().expect("a free port");
+        let choria_cfg = world.write(
+            &format!("{identity}.cfg"),
+            &format!(
+                "plugin.choria.middleware_hosts = {}\nidentity = {identity}\ndiscovery_timeout = {}\n{}",
+                world.client_url(),
+                setup.discovery_timeout,
+                setup.choria_cfg
+            ),
+        );
+        let log_path = world.path(&format!("{identity}.log"));
+        let pid_path = world.path(&format!("{identity}.pid"));
+        let yaml = format!(
+            "interval: {interval}\nloglevel: info\nlogfile: {log:?}\nmonitor_port: {monitor_port}\nchoria_insecure: {insecure}\nsite: e2e\n{extra}\n",
+            interval = setup.interval,
+            insecure = setup.insecure,
+            log = log_path.display().to_string(),
+            extra = setup.yaml
+        );
+        let config = world.write(&format!("{identity}.yaml"), &yaml);
+        let stderr_path = world.path(&format!("{identity}.stderr"));
+        let mut command = Command::new(crate::binary("choria-provisioner"));
+        if setup.debug {
+            command.arg("--debug");
+        }
+        let child = command
+            .args([
+                "run",
+                "--config",
+                &config,
+                "--choria-config",
+                &choria_cfg,
+                "--pid",
+            ])
+            .arg(&pid_path)
+            // No ~/.choriarc of the machine's user can leak in.
+            .env("HOME", world.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr_path).expect("stderr file"))
+            .spawn()
+            .expect("choria-provisioner starts");
+        Provisioner {
+            identity,
+            child: Some(child),
+            monitor_port,
+            log_path,
+            pid_path,
+            stderr_path,
+        }
+    }
+
+    /// Waits (bounded by `limit`) for the process to exit by itself, and its status.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        match wait_exit(&mut child, limit) {
+            Some(status) => status,
+            None => {
+                kill_and_reap(&mut child);
+                panic!(
+                    "{} did not exit within {limit:?}\n{}",
+                    self.identity,
+                    self.logs()
+                );
+            }
+        }
+    }
+
+    /// What it wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
     pub fn pid(&self) -> u32 {
@@ -597,7 +655,7 @@ impl Sim {
         let stderr_path = world.path(&format!("{name}.stderr"));
         let child = Command::new(crate::binary("choria-fleet-sim"))
             .arg("--broker")
-            .arg(world.broker.url())
+            .arg(world.client_url())
             .arg("--report")
             .arg(&report_path)
             .args(args)
