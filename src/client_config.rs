@@ -735,6 +735,38 @@ mod tests {
         }
     }
 
+    /// The shipped samples parse, say what they are for, and the Org Issuer one asks for
+    /// its token where the README says it goes.
+    #[test]
+    fn the_shipped_samples_parse() {
+        let etc = Path::new(env!("CARGO_MANIFEST_DIR")).join("etc");
+        let file_sample = load(&etc.join("choria.cfg")).unwrap();
+        assert_eq!(file_sample.security_provider, "file");
+        let org = load(&etc.join("choria-org-issuer.cfg")).unwrap();
+        assert_eq!(org.security_provider, "choria");
+        assert_eq!(
+            org.choria.token_file.as_deref(),
+            Some(Path::new("/etc/choria-provisioner/credentials/signer.jwt"))
+        );
+        assert_eq!(
+            org.choria.seed_file.as_deref(),
+            Some(Path::new("/etc/choria-provisioner/credentials/signer.seed"))
+        );
+        assert_eq!(
+            (org.choria.certificate.as_ref(), org.choria.ca.as_ref()),
+            (None, None)
+        );
+        // Not installed here: refused at start, naming the file.
+        let err = connect_settings(&org, false, Some("s3cret"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("plugin.security.choria.")
+                && err.contains("/etc/choria-provisioner/credentials/"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn provisioning_password_connects_as_provisioner() {
         let cfg = parse(&file_provider_config("ttl = 45\ndiscovery_timeout = 3\n")).unwrap();

@@ -39,8 +39,8 @@ use choria_crypto::jwt::{verify_provisioning_jwt, VerifyKey};
 use choria_crypto::server_jwt::ed25519_verify;
 use choria_fleet_sim::client_jwt_check::verify_client_jwt;
 
-/// What the relay admits.
-#[derive(Clone, Debug)]
+/// What the relay admits. (No `Debug`: it holds the password.)
+#[derive(Clone)]
 pub struct RelayRules {
     /// `broker_provisioning_password`: the user `provisioner` must present it.
     pub provisioner_password: String,
