@@ -140,6 +140,9 @@ pub struct Metrics {
     pub malformed_messages: IntCounterVec,
     /// Messages dropped because a bound was reached, by `kind` (ours; not in Go).
     pub dropped_messages: IntCounterVec,
+    /// Requests that got two different well-formed replies from their node: one forged
+    /// (ours; not in Go).
+    pub reply_conflicts: IntCounterVec,
     pub election_campaigns: IntCounterVec,
     pub election_leader: GaugeVec,
     pub election_interval_seconds: GaugeVec,
@@ -152,6 +155,9 @@ impl choria_broker::observe::Observer for Metrics {
     }
     fn rpc_error(&self, action: &str) {
         self.rpc_errors.with_label_values(&[action]).inc();
+    }
+    fn reply_conflict(&self, action: &str) {
+        self.reply_conflicts.with_label_values(&[action]).inc();
     }
     fn dropped(&self, kind: &str, count: u64) {
         self.dropped_messages
@@ -315,6 +321,11 @@ impl Metrics {
                 "choria_provisioner_work_queue_dropped",
                 "Nodes dropped because the work queue was full",
             ),
+            reply_conflicts: counter_vec(
+                "choria_provisioner_reply_conflicts",
+                "Requests answered twice, differently, in the node's name: one reply was forged",
+                &["rpc"],
+            ),
             dropped_messages: counter_vec(
                 "choria_provisioner_dropped_messages",
                 "Messages dropped because a bound was reached (a subscription's pending limit, a reply queue, discovery's budget)",
@@ -361,6 +372,7 @@ impl Metrics {
         for action in choria_broker::rpc::Action::ALL {
             metrics.rpc_time.touch(&[action.label]);
             metrics.rpc_errors.with_label_values(&[action.label]);
+            metrics.reply_conflicts.with_label_values(&[action.label]);
         }
         metrics.helper_time.touch(&[]);
         metrics

@@ -695,3 +695,108 @@ fn full_runs_at_debug_level_log_no_secret() {
         assert!(!logs.contains(secret.as_str()), "the log holds {secret:?}");
     }
 }
+
+/// A forger answering one node's `rpcutil#inventory` in its name, racing the real node's
+/// answer: the conflict is caught and the node's cycle fails before `configure` delivers
+/// anything, counted and logged naming the node and the step, while the node beside it is
+/// provisioned as usual. The helper takes a second, as real ones take a good part of one: the
+/// real node's answer (milliseconds) arrives while it runs.
+#[test]
+fn a_forged_reply_racing_the_real_one_stops_the_cycle_before_configure() {
+    let world = World::new();
+    let url = world.broker.url();
+    let victim = sim_identity(0);
+    let forged_name = victim.clone();
+    let forger = Responder::start(
+        &url,
+        "forger",
+        "provisioning.node.>",
+        Box::new(move |request: &IncomingRequest, _| {
+            let action = serde_json::from_slice::<serde_json::Value>(&request.payload)
+                .ok()
+                .and_then(|body| body["action"].as_str().map(String::from))
+                .unwrap_or_default();
+            if action != "inventory" {
+                return vec![];
+            }
+            let body = server::encode_rpc_reply(
+                "inventory",
+                0,
+                "OK",
+                &serde_json::json!({"version": "0.29.4", "facts": {"forged": true}}),
+            );
+            vec![server::encode_reply(
+                &request.request_id,
+                &forged_name,
+                &request.agent,
+                &body,
+                unix_now(),
+            )]
+        }),
+    );
+    let helper = world.write("slow-helper.sh", &format!("sleep 1\n{SH_HELPER}"));
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!(
+                "{}workers: 2\nrelease_delay: 6s\n",
+                yaml_helper(&format!("/bin/sh {helper}"))
+            ),
+            ..Default::default()
+        },
+    );
+    let sim = Sim::start(
+        &world,
+        &[
+            "--nodes",
+            "2",
+            "--keygen-threads",
+            "0",
+            "--deadline",
+            "120s",
+            "--progress",
+            "200ms",
+        ],
+    );
+    let metrics =
+        provisioner.wait_metrics("the forged node refused and the other provisioned", |m| {
+            m.get("choria_provisioner_provision_errors") >= 1.0
+                && m.get("choria_provisioner_provisioned") == 1.0
+        });
+    wait_for(
+        "the other node in service",
+        PATIENCE,
+        || (sim.in_service_now() == Some(1)).then_some(()),
+        || provisioner.logs(),
+    );
+    let report = sim.stop();
+    forger.stop();
+    assert_eq!(
+        metrics.get("choria_provisioner_reply_conflicts{rpc=\"rpcutil#inventory\"}"),
+        metrics.get("choria_provisioner_provision_errors"),
+        "{}",
+        metrics.summary()
+    );
+    for node in &report.nodes {
+        if node.identity == victim {
+            assert_eq!(
+                count_action(node, "choria_provision#configure"),
+                0,
+                "{}: {:?}",
+                node.identity,
+                actions(node)
+            );
+            assert_eq!(node.record.provisioned_times, 0);
+        } else {
+            assert_provisioned_once(node);
+        }
+    }
+    let log = provisioner.log();
+    assert!(
+        log.contains(&format!(
+            "{victim}: two different replies to rpcutil#inventory"
+        )),
+        "{log}"
+    );
+    provisioner.stop();
+}

@@ -12,7 +12,9 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use choria_broker::gate::{Gate, Halt};
-use choria_broker::rpc::{Action, NodeRpc, RpcOutcome, SendFailure};
+use choria_broker::rpc::{
+    Action, ConflictRecorder, NodeRpc, ReplyConflict, ReplyWatch, RpcOutcome, SendFailure,
+};
 use choria_crypto::ed25519::sign_nonce;
 use choria_crypto::jwt::VerifyKey;
 use choria_crypto::key_transport::{decrypt_private_key, ecdh_shared};
@@ -64,11 +66,15 @@ enum Reply {
     ShortKey,
     /// Succeeds, then the gate closes (as if leadership were lost mid-cycle).
     OkThenPause(Value),
+    /// Succeeds, and a second, different reply to the same request is caught (a forgery).
+    OkThenForged(Value),
 }
 
 struct ScriptedNode {
     replies: Mutex<BTreeMap<String, Reply>>,
     calls: Mutex<Vec<(String, Value)>>,
+    /// The conflicts of the cycle's reply watch.
+    watch: Mutex<Option<ConflictRecorder>>,
 }
 
 impl ScriptedNode {
@@ -94,6 +100,12 @@ fn server_seed() -> [u8; 32] {
 }
 
 impl NodeRpc for ScriptedNode {
+    fn watch(&self, _identity: &Identity) -> ReplyWatch {
+        let watch = ReplyWatch::unwatched();
+        *self.watch.lock() = Some(watch.recorder());
+        watch
+    }
+
     fn call(
         &self,
         identity: &Identity,
@@ -116,6 +128,15 @@ impl NodeRpc for ScriptedNode {
             Some(Reply::Ok(value)) => RpcOutcome::Ok(value),
             Some(Reply::OkThenPause(value)) => {
                 gate.set_paused(true);
+                RpcOutcome::Ok(value)
+            }
+            Some(Reply::OkThenForged(value)) => {
+                if let Some(watch) = self.watch.lock().as_ref() {
+                    watch.record(ReplyConflict {
+                        action: action.label,
+                        request_id: "0123456789abcdef0123456789abcdef".into(),
+                    });
+                }
                 RpcOutcome::Ok(value)
             }
             Some(Reply::Status(code, message)) => RpcOutcome::Status {
@@ -319,6 +340,7 @@ fn harness(mode: Mode, extra_yaml: &str, answer: &Value, overrides: &[(&str, Rep
     let node = Arc::new(ScriptedNode {
         replies: Mutex::new(replies),
         calls: Mutex::new(Vec::new()),
+        watch: Mutex::new(None),
     });
     let metrics = Arc::new(Metrics::new("test"));
     let settings = CycleSettings::new(&config).expect("cycle settings");
@@ -444,6 +466,9 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
         case("paused before the helper", Plain, "", ok(), vec![(I, Reply::OkThenPause(json!({"version": "0.29.4"})))], Want::Halted, &[I]),
         case("inventory not an object", Plain, "", ok(), vec![(I, Reply::Ok(json!(["x"])))], Want::Failed("rpcutil#inventory reply data is not an object"), &[I]),
         case("helper answers nonsense", Plain, "", json!({"defer": "maybe"}), vec![], Want::Failed("field defer"), &[I]),
+        // A forged reply caught after the answer was taken: nothing more reaches the node.
+        case("forged inventory", Plain, "", ok(), vec![(I, Reply::OkThenForged(json!({"version": "0.29.4"})))], Want::Failed("two different replies to rpcutil#inventory"), &[I]),
+        case("forged gencsr", Pki, "", ok(), vec![(C, Reply::OkThenForged(json!({"csr": vector("go-choria/providers/security/testdata/good/certificate_requests/rip.mcollective.pem"), "ssldir": "/s"})))], Want::Failed("two different replies to choria_provision#gencsr"), &[I, C]),
         case("server_claims name the node", Ed25519, "", with(ok(), json!({"server_claims": {"identity": IDENTITY}})), vec![], Want::Provisioned { hold: true }, &[J, G, I, CF, R]),
         case("server_claims name another node", Ed25519, "", with(ok(), json!({"server_claims": {"identity": "other.example.net"}})), vec![], Want::Failed("server_claims name identity other.example.net, not this node"), &[J, G, I]),
         case("server_claims name a hostile identity", Ed25519, "", with(ok(), json!({"server_claims": {"identity": "x\r\nPUB evil 1"}})), vec![], Want::Failed("server_claims identity \"x\\r\\nPUB evil 1\" is refused"), &[J, G, I]),

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use choria_broker::rpc::{Action, SendFailure};
+use choria_broker::rpc::{Action, ReplyConflict, SendFailure};
 use choria_crypto::csr::CsrError;
 use choria_crypto::ed25519::NonceError;
 use choria_crypto::jwt::JwtError;
@@ -64,6 +64,9 @@ pub enum Failure {
         direction: &'static str,
         cause: RpcFailure,
     },
+    /// Two different replies came to one of the node's requests: one is forged, so nothing
+    /// more is delivered to the node.
+    Forged(ReplyConflict),
 }
 
 /// Why an action got no usable answer, after all its tries.
@@ -196,6 +199,10 @@ impl fmt::Display for Failure {
                 cause.describe(&Action::RELEASE_UPDATE, f)?;
                 write!(f, " ({direction} to {})", escape(target))
             }
+            Failure::Forged(conflict) => write!(
+                f,
+                "{conflict}; refusing to deliver anything more to the node"
+            ),
         }
     }
 }

@@ -39,7 +39,7 @@ use crate::config::{Config, JwtCheck, Secret, ServerJwtIssuing, Upgrades};
 use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
 use crate::metrics::Metrics;
 use choria_broker::gate::Gate;
-use choria_broker::rpc::{Action, NodeRpc, RpcOutcome};
+use choria_broker::rpc::{Action, NodeRpc, ReplyWatch, RpcOutcome};
 use choria_crypto::csr::{validate_csr, CsrError, DenyList};
 use choria_crypto::ed25519::verify_nonce_signature;
 use choria_crypto::jwt::{verify_provisioning_jwt, JwtError, VerifyKey};
@@ -218,6 +218,14 @@ impl From<Failure> for CycleStop {
 /// One step's result: its value, or why the cycle stops there.
 type StepResult<T> = Result<T, CycleStop>;
 
+/// Stops the cycle if any reply of it so far had a forged twin.
+fn unforged(replies: &ReplyWatch) -> StepResult<()> {
+    match replies.conflict() {
+        None => Ok(()),
+        Some(conflict) => Err(Failure::Forged(conflict).into()),
+    }
+}
+
 /// `malformed_messages{kind}` for a CSR whose common name is not a valid identity.
 pub const MALFORMED_CSR_COMMON_NAME: &str = "csr_common_name";
 
@@ -368,6 +376,9 @@ impl Cycle {
 
     fn run(&self, trail: &mut Trail, identity: &Identity, gate: &Gate) -> StepResult<Finished> {
         let settings = &self.settings;
+        // Every request of this cycle stays registered until it ends, so a forged reply
+        // racing the real one is seen (see `choria_broker::rpc`).
+        let replies = self.rpc.watch(identity);
         let mut node = NodeFacts::new(identity.clone());
         if let Some(jwt) = &settings.jwt {
             self.fetch_jwt(trail, gate, jwt, &mut node)?;
@@ -380,6 +391,8 @@ impl Cycle {
             self.fetch_csr(trail, gate, &mut node)?;
         }
 
+        // What the helper is told comes from the replies so far: none of them may be forged.
+        unforged(&replies)?;
         let answer = self.ask_helper(trail, gate, &node)?;
         let decision = decide(settings, &node, &answer, now_unix()).map_err(|err| {
             if matches!(err, AnswerError::ClaimedIdentityInvalid { .. }) {
@@ -397,9 +410,10 @@ impl Cycle {
             }
             Decision::Shutdown { reason } => {
                 trail.decided = Decided::ShutDown;
+                unforged(&replies)?;
                 self.shut_down(trail, gate, &node, &reason)
             }
-            Decision::Configure(plan) => self.carry_out(trail, gate, &node, *plan),
+            Decision::Configure(plan) => self.carry_out(trail, gate, &node, *plan, &replies),
         }
     }
 
@@ -410,6 +424,7 @@ impl Cycle {
         gate: &Gate,
         node: &NodeFacts,
         plan: Plan,
+        replies: &ReplyWatch,
     ) -> StepResult<Finished> {
         let identity = &node.identity;
         match &plan.upgrade {
@@ -424,6 +439,7 @@ impl Cycle {
                     escape(from),
                     escape(to)
                 );
+                unforged(replies)?;
                 match self.upgrade(trail, gate, node, repository, to, direction) {
                     // No hold: the node restarts on the new version and is provisioned again
                     // on its next sighting (Go: "no delay so we reprov asap").
@@ -458,6 +474,8 @@ impl Cycle {
             }
             Failure::Answer(err)
         })?;
+        // The last look before the node is given its configuration, keys and tokens.
+        unforged(replies)?;
         let reply = self.call(trail, gate, identity, &Action::CONFIGURE, data)?;
         // Delivered: what the node now holds goes on its audit line.
         trail.issued.certificate = plan.certificate.as_ref().map(|c| CertificateRecord {

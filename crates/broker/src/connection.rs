@@ -781,6 +781,15 @@ impl Connection {
         }
     }
 
+    /// [`Connection::decode_reply`] as a plain function, for code that screens replies on the
+    /// dispatcher thread.
+    pub fn reply_decoder(&self) -> fn(&[u8]) -> Result<client::Reply, ProtocolError> {
+        match self.inner.settings.protocol {
+            Protocol::V1(_) => client::decode_reply,
+            Protocol::V2(_) => v2::client::decode_reply,
+        }
+    }
+
     /// The function that reads a reply's sender header in the connection's protocol, for
     /// code that screens replies away from the connection (the dispatcher thread).
     pub fn sender_reader(&self) -> fn(&[u8]) -> Result<String, ProtocolError> {

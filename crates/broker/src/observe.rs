@@ -16,6 +16,9 @@ pub trait Observer: Send + Sync {
     /// `count` messages of `kind` were dropped because a bound was reached (a subscription's
     /// pending limit, a request's reply queue, discovery's byte budget).
     fn dropped(&self, _kind: &str, _count: u64) {}
+    /// Two different well-formed replies from the node asked arrived for one request of
+    /// `action` (`agent#action`): one of them is forged.
+    fn reply_conflict(&self, _action: &str) {}
     /// A discovery cycle started.
     fn discover_cycle(&self) {}
     /// A discovery cycle could not send its request.
@@ -36,7 +39,7 @@ pub struct NoObserver;
 impl Observer for NoObserver {}
 
 /// An observer that counts every report by name, for tests and tools: `malformed:<kind>`,
-/// `dropped:<kind>` (the sum of the counts),
+/// `dropped:<kind>` (the sum of the counts), `reply_conflict:<action>`,
 /// `rpc_error:<action>`, `rpc_disconnect:<action>`, `rpc_time:<action>` (tries timed),
 /// `discover_cycle`, `discovery_error`, `election_campaign:<key>:<identity>:<state>`; and
 /// holds the last value of `election_leader:<key>:<identity>` (0 or 1) and
@@ -78,6 +81,9 @@ impl Observer for Counts {
     }
     fn malformed(&self, kind: &str) {
         self.add(format!("malformed:{kind}"));
+    }
+    fn reply_conflict(&self, action: &str) {
+        self.add(format!("reply_conflict:{action}"));
     }
     fn dropped(&self, kind: &str, count: u64) {
         *self

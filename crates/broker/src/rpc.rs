@@ -5,20 +5,32 @@
 //! its tries and its DDL timeout, in one place. One call = up to `tries` tries, each a fresh
 //! request id published to `provisioning.node.<identity>` and a wait of `discovery_timeout` +
 //! the action's DDL timeout (as go-choria providers/agent/mcorpc/client/client.go waits) for
-//! that node's one good reply. Replies
-//! that are broken or not ours are logged, counted in `malformed_messages{kind}` and do not end the
-//! wait. Between tries the FiveSec backoff (750 ms before the first retry, as Go); the gate is
-//! read before every try, and every wait (for a reply, between tries) ends the moment it
-//! closes. A call that fails counts one `rpc_errors` however many tries it took, as Go's
-//! `rpcWrapper` does.
+//! that node's one good reply. Between tries the FiveSec backoff (750 ms before the first
+//! retry, as Go); the gate is read before every try, and every wait (for a reply, between
+//! tries) ends the moment it closes. A call that fails counts one `rpc_errors` however many
+//! tries it took, as Go's `rpcWrapper` does.
+//!
+//! Every provisioning-mode node sees every request and may answer any of them, naming any
+//! sender. So replies are screened on the connection's dispatcher thread before they are
+//! queued: broken ones and ones not from the node asked are logged, counted in
+//! `malformed_messages{kind}` and dropped there, so junk never pushes the real reply out of the
+//! request's queue. The first well-formed reply is the answer, at once. A later, byte-identical
+//! copy is ignored; a later, *different* well-formed reply means somebody forged one of them.
+//! To see it, the cycle holds a [`ReplyWatch`] while it runs: every request of its node stays
+//! registered until the cycle ends, a conflict is counted (`reply_conflicts{rpc}`) and logged
+//! as an error naming the node and the action, and the cycle asks
+//! [`ReplyWatch::conflict`] before anything is delivered to the node.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
 use choria_wire::identity::{node_subject, Identity};
 use choria_wire::text::escape;
-use choria_wire::v1::client;
+use choria_wire::v1::client::{self, Reply, RpcReply};
 use choria_wire::v1::{Filter, ProtocolError};
 
 use crate::backoff;
@@ -157,14 +169,104 @@ pub trait NodeRpc: Send + Sync {
     ) -> (RpcOutcome, u32) {
         (self.call(identity, action, data, gate), 1)
     }
+    /// Keeps every request of `identity`'s cycle open until the returned watch is dropped, so
+    /// a second, different reply to any of them is seen (see the module documentation). The
+    /// default watches nothing.
+    fn watch(&self, _identity: &Identity) -> ReplyWatch {
+        ReplyWatch::unwatched()
+    }
+}
+
+/// Two different well-formed replies, both from the node asked, to one request: one of them
+/// is forged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyConflict {
+    pub action: &'static str,
+    pub request_id: String,
+}
+
+impl fmt::Display for ReplyConflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "two different replies to {} (request {}): one of them is forged",
+            self.action, self.request_id
+        )
+    }
+}
+
+/// What one node's cycle keeps while it runs: its requests, still registered, and the
+/// conflicts seen among their replies. Dropping it ends the watch.
+pub struct ReplyWatch {
+    shared: Arc<WatchShared>,
+    /// The client's table of watched nodes and this watch's key in it.
+    registered: Option<(Arc<Watching>, Identity)>,
+}
+
+#[derive(Default)]
+struct WatchShared {
+    /// The requests of the cycle, kept registered with the connection.
+    held: Mutex<Vec<ReplyWaiter<RpcReply>>>,
+    conflicts: Mutex<Vec<ReplyConflict>>,
+}
+
+/// Watched nodes, by identity (one cycle per node at a time).
+type Watching = Mutex<HashMap<Identity, Arc<WatchShared>>>;
+
+impl ReplyWatch {
+    /// A watch that holds nothing, for a client that keeps no requests open; conflicts can
+    /// still be recorded (a scripted node does so).
+    pub fn unwatched() -> ReplyWatch {
+        ReplyWatch {
+            shared: Arc::default(),
+            registered: None,
+        }
+    }
+
+    /// The first conflict seen so far, if any.
+    pub fn conflict(&self) -> Option<ReplyConflict> {
+        self.shared.conflicts.lock().first().cloned()
+    }
+
+    /// Where conflicts of this watch are recorded, for a [`NodeRpc`] that finds them itself
+    /// (tests' scripted nodes).
+    pub fn recorder(&self) -> ConflictRecorder {
+        ConflictRecorder(self.shared.clone())
+    }
+}
+
+/// Records conflicts on one [`ReplyWatch`].
+#[derive(Clone)]
+pub struct ConflictRecorder(Arc<WatchShared>);
+
+impl ConflictRecorder {
+    pub fn record(&self, conflict: ReplyConflict) {
+        self.0.conflicts.lock().push(conflict);
+    }
+}
+
+impl Drop for ReplyWatch {
+    fn drop(&mut self) {
+        if let Some((watching, identity)) = self.registered.take() {
+            let mut watching = watching.lock();
+            if watching
+                .get(&identity)
+                .is_some_and(|shared| Arc::ptr_eq(shared, &self.shared))
+            {
+                watching.remove(&identity);
+            }
+        }
+        // Unregisters every request of the cycle with the connection.
+        self.shared.held.lock().clear();
+    }
 }
 
 /// The `statusmsg` of a node whose provisioning lock another provisioner holds (go-choria
 /// providers/agent/mcorpc/golang/provision/provision.go, LockedError).
 const LOCK_REFUSED_MESSAGE: &str = "Could not obtain provisioning lock";
 
-/// Replies held per request beyond the one we want (strays, duplicates) before dropping.
-const REPLY_QUEUE: usize = 16;
+/// Replies queued per request: only the first well-formed one from the node is ever queued.
+const REPLY_QUEUE: usize = 1;
 
 /// `malformed_messages{kind}` labels for replies we refused.
 pub mod malformed {
@@ -178,11 +280,102 @@ pub mod malformed {
     pub const RPC_REPLY: &str = "rpc_reply";
 }
 
+/// The screen of one request's replies, run on the dispatcher thread: only the first
+/// well-formed reply from the node asked is queued; a different one after it is a conflict.
+struct ReplyScreen {
+    decode: fn(&[u8]) -> Result<Reply, ProtocolError>,
+    identity: Identity,
+    request_id: String,
+    action: &'static str,
+    observer: Arc<dyn Observer>,
+    /// The transport bytes of the reply accepted first.
+    first: Mutex<Option<Vec<u8>>>,
+    conflicted: std::sync::atomic::AtomicBool,
+    watch: Option<Arc<WatchShared>>,
+}
+
+impl ReplyScreen {
+    fn screen(&self, bytes: Vec<u8>) -> Option<RpcReply> {
+        let reply = match (self.decode)(&bytes) {
+            Ok(reply) => reply,
+            Err(err) => return self.refuse(malformed::REPLY, &err.to_string()),
+        };
+        if reply.request_id != self.request_id {
+            let reason = format!(
+                "request id {} is not the {:?} we asked",
+                escape(&reply.request_id),
+                self.request_id
+            );
+            return self.refuse(malformed::REPLY_MISMATCH, &reason);
+        }
+        let sender = match Identity::parse(&reply.sender) {
+            Ok(sender) => sender,
+            Err(err) => {
+                let reason = format!("its senderid {} is refused: {err}", escape(&reply.sender));
+                return self.refuse(malformed::REPLY_SENDER, &reason);
+            }
+        };
+        if sender != self.identity {
+            let reason = format!("sent by {sender}, not by the node we asked");
+            return self.refuse(malformed::REPLY_MISMATCH, &reason);
+        }
+        let rpc = match client::parse_rpc_reply(&reply.message) {
+            Ok(rpc) => rpc,
+            Err(err) => return self.refuse(malformed::RPC_REPLY, &err.to_string()),
+        };
+        let mut first = self.first.lock();
+        match first.as_deref() {
+            None => {
+                *first = Some(bytes);
+                Some(rpc)
+            }
+            // The same bytes again (a broker redelivery, a node resending): no news.
+            Some(seen) if seen == bytes.as_slice() => None,
+            Some(_) => {
+                let conflict = ReplyConflict {
+                    action: self.action,
+                    request_id: self.request_id.clone(),
+                };
+                // Counted and logged once per request, however many forgeries follow.
+                if !self
+                    .conflicted
+                    .swap(true, std::sync::atomic::Ordering::SeqCst)
+                {
+                    self.observer.reply_conflict(self.action);
+                    if let Some(watch) = &self.watch {
+                        watch.conflicts.lock().push(conflict.clone());
+                    }
+                    if crate::log_limit::global().allow("reply_conflict", &self.identity) {
+                        log::error!(
+                            "{}: {conflict}; nothing more is delivered to this node in this cycle",
+                            self.identity
+                        );
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    fn refuse(&self, kind: &'static str, reason: &str) -> Option<RpcReply> {
+        self.observer.malformed(kind);
+        if crate::log_limit::global().allow(kind, &self.identity) {
+            log::warn!(
+                "ignoring a reply to {} for {}: {reason}",
+                self.action,
+                self.identity
+            );
+        }
+        None
+    }
+}
+
 /// Directed RPC over the shared broker connection.
 pub struct RpcClient {
     conn: Connection,
     observer: Arc<dyn Observer>,
     ddl_timeout_override: Option<Duration>,
+    watching: Arc<Watching>,
 }
 
 /// How one try ended.
@@ -206,6 +399,7 @@ impl RpcClient {
             conn,
             observer,
             ddl_timeout_override: None,
+            watching: Arc::default(),
         }
     }
 
@@ -220,13 +414,6 @@ impl RpcClient {
     pub fn try_timeout(&self, action: &Action) -> Duration {
         self.conn.settings().discovery_timeout
             + self.ddl_timeout_override.unwrap_or(action.ddl_timeout)
-    }
-
-    fn malformed(&self, kind: &'static str, identity: &Identity, label: &str, reason: &str) {
-        self.observer.malformed(kind);
-        if crate::log_limit::global().allow(kind, identity) {
-            log::warn!("ignoring a reply to {label} for {identity}: {reason}");
-        }
     }
 
     /// One try: up to [`RpcClient::try_timeout`] for the node's reply. When the broker link
@@ -297,81 +484,62 @@ impl RpcClient {
             Ok(bytes) => bytes,
             Err(err) => return TryOutcome::Unsent(SendFailure::Encode(err)),
         };
-        // Registered before publishing, so even an instant reply finds its waiter.
-        let waiter = self.conn.expect_replies(&request_id, REPLY_QUEUE);
+        // Registered before publishing, so even an instant reply finds its waiter; screened
+        // on the dispatcher, so only the node's first well-formed reply is ever queued.
+        let watched = self.watching.lock().get(identity).cloned();
+        let screen = ReplyScreen {
+            decode: self.conn.reply_decoder(),
+            identity: identity.clone(),
+            request_id: request_id.clone(),
+            action: action.label,
+            observer: self.observer.clone(),
+            first: Mutex::new(None),
+            conflicted: Default::default(),
+            watch: watched.clone(),
+        };
+        let waiter = self
+            .conn
+            .expect_screened(&request_id, REPLY_QUEUE, move |bytes: Vec<u8>| {
+                screen.screen(bytes)
+            });
         let subject = node_subject(identity);
         if let Err(err) = self.conn.publish(&subject, &transport) {
             return TryOutcome::Unsent(SendFailure::Publish(err.to_string()));
         }
-        self.await_reply(&waiter, identity, action.label, deadline, watch)
-    }
-
-    /// Waits for the node's one good reply to `waiter`'s request until `deadline`.
-    fn await_reply(
-        &self,
-        waiter: &ReplyWaiter,
-        identity: &Identity,
-        label: &str,
-        deadline: Instant,
-        watch: &Watch,
-    ) -> TryOutcome {
-        loop {
-            let bytes = match waiter.next_before(deadline, watch) {
-                Next::Reply(bytes) => bytes,
-                Next::Deadline => return TryOutcome::Timeout,
-                Next::Halted(halt) => return TryOutcome::Halted(halt),
-                Next::Disconnected => return TryOutcome::Disconnected,
-            };
-            let reply = match self.conn.decode_reply(&bytes) {
-                Ok(reply) => reply,
-                Err(err) => {
-                    self.malformed(malformed::REPLY, identity, label, &err.to_string());
-                    continue;
-                }
-            };
-            if reply.request_id != waiter.request_id() {
-                let reason = format!(
-                    "request id {} is not the {:?} we asked",
-                    escape(&reply.request_id),
-                    waiter.request_id()
-                );
-                self.malformed(malformed::REPLY_MISMATCH, identity, label, &reason);
-                continue;
-            }
-            let sender = match Identity::parse(&reply.sender) {
-                Ok(sender) => sender,
-                Err(err) => {
-                    let reason =
-                        format!("its senderid {} is refused: {err}", escape(&reply.sender));
-                    self.malformed(malformed::REPLY_SENDER, identity, label, &reason);
-                    continue;
-                }
-            };
-            if sender != *identity {
-                let reason = format!("sent by {sender}, not by the node we asked");
-                self.malformed(malformed::REPLY_MISMATCH, identity, label, &reason);
-                continue;
-            }
-            let rpc = match client::parse_rpc_reply(&reply.message) {
-                Ok(rpc) => rpc,
-                Err(err) => {
-                    self.malformed(malformed::RPC_REPLY, identity, label, &err.to_string());
-                    continue;
-                }
-            };
-            return match rpc.statuscode {
+        let outcome = match waiter.next_before(deadline, watch) {
+            Next::Reply(rpc) => match rpc.statuscode {
                 0 => TryOutcome::Ok(rpc.data),
                 _ if rpc.statusmsg.contains(LOCK_REFUSED_MESSAGE) => TryOutcome::LockRefused,
                 code => TryOutcome::Status {
                     code,
                     message: rpc.statusmsg,
                 },
-            };
+            },
+            Next::Deadline => TryOutcome::Timeout,
+            Next::Halted(halt) => TryOutcome::Halted(halt),
+            Next::Disconnected => TryOutcome::Disconnected,
+        };
+        // The request stays registered for the rest of the cycle, so a later, different
+        // reply to it is still seen.
+        if let Some(watched) = watched {
+            watched.held.lock().push(waiter);
         }
+        outcome
     }
 }
 
 impl NodeRpc for RpcClient {
+    fn watch(&self, identity: &Identity) -> ReplyWatch {
+        let shared = Arc::new(WatchShared::default());
+        self.watching
+            .lock()
+            .insert(identity.clone(), shared.clone());
+        ReplyWatch {
+            shared,
+            registered: Some((self.watching.clone(), identity.clone())),
+        }
+    }
+
     fn call(
         &self,
         identity: &Identity,

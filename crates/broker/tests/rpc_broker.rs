@@ -808,5 +808,76 @@ fn tries_exhausted_in_a_long_outage_count_as_errors() {
     assert_eq!(counts.get("rpc_error:choria_provision#gencsr"), 1);
     server.start_again().expect("nats-server starts again");
     responder.stop();
+}
+
+/// A forger and the real node answer the same request in the node's name, in either order:
+/// the first well-formed reply is the answer at once, and the other is caught as a conflict
+/// (counted, and on the cycle's watch) while the watch is held. A byte-identical second reply
+/// is no conflict, and 100 junk replies before the real one neither push it out nor count as
+/// one.
+#[test]
+fn a_forged_reply_racing_the_real_one_is_caught_as_a_conflict() {
+    let server = NatsServer::start().expect("nats-server");
+    let metrics = Arc::new(Counts::default());
+    let conn = connect(&server, PROVISIONER);
+    let rpc =
+        RpcClient::new(conn.clone(), metrics.clone()).with_ddl_timeout(Duration::from_secs(5));
+    let label = Action::INVENTORY.label;
+    let conflicts = || metrics.get(&format!("reply_conflict:{label}"));
+
+    // (node, what it sends per request, conflict expected)
+    type Send = fn(&IncomingRequest, &str) -> Vec<Vec<u8>>;
+    #[rustfmt::skip]
+    let cases: [(&str, Send, bool); 4] = [
+        ("forged-first",  |r, n| vec![ok_reply(r, n, &json!({"forged": true})), ok_reply(r, n, &json!({"real": true}))], true),
+        ("forged-second", |r, n| vec![ok_reply(r, n, &json!({"real": true})), ok_reply(r, n, &json!({"forged": true}))], true),
+        ("duplicate",     |r, n| { let real = ok_reply(r, n, &json!({"real": true})); vec![real.clone(), real] }, false),
+        ("junk-first",    |r, n| {
+            let mut replies = vec![b"{junk".to_vec(); 100];
+            replies.push(ok_reply(r, n, &json!({"real": true})));
+            replies
+        }, false),
+    ];
+    for (name, send, conflict) in cases {
+        let identity = format!("{name}.example.net");
+        let node_name = identity.clone();
+        let node = start_node(
+            &server.url(),
+            &identity,
+            Box::new(move |request, _| send(request, &node_name)),
+        );
+        let before = conflicts();
+        let watch = rpc.watch(&id(&identity));
+        let outcome = rpc.call(
+            &id(&identity),
+            &Action::INVENTORY,
+            json!({}),
+            &Gate::new(false),
+        );
+        assert!(matches!(outcome, RpcOutcome::Ok(_)), "{name}: {outcome:?}");
+        // The second reply was published right after the first: once the node's connection
+        // has flushed, it has reached our dispatcher or is on its way.
+        let deadline = Instant::now() + WAIT;
+        while conflict && watch.conflict().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if conflict {
+            let caught = watch.conflict().expect("the conflict is caught");
+            assert_eq!(caught.action, label, "{name}");
+            assert_eq!(conflicts(), before + 1, "{name}");
+        } else {
+            // A round trip from the node after its replies: they have all been dispatched.
+            let probe = format!("{name}-probe");
+            let waiter = conn.expect_replies(&probe, 1);
+            conn.publish(&conn.reply_subject(&probe), b"probe")
+                .expect("probe");
+            assert!(waiter.next_until(Instant::now() + WAIT).is_some(), "{name}");
+            assert_eq!(watch.conflict(), None, "{name}");
+            assert_eq!(conflicts(), before, "{name}");
+        }
+        drop(watch);
+        node.stop();
+    }
+    assert_eq!(metrics.get(&format!("malformed:{}", malformed::REPLY)), 100);
     conn.close();
 }
