@@ -2,7 +2,8 @@
 //! `choria-provisioner [--debug] run --config FILE [--choria-config FILE] [--pid FILE]`,
 //! `run` being the default command, plus `--version` and `--help`. Flags take `--flag VALUE`
 //! or `--flag=VALUE`, as Go's kingpin does. Ours alone: `helper-test`, which rehearses the
-//! helper for one node (its flags follow the command word, as kingpin's command flags do).
+//! helper for one node, and `check-config`, which checks the configuration the way `run`
+//! would load it (their flags follow the command word, as kingpin's command flags do).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -12,8 +13,20 @@ use std::path::{Path, PathBuf};
 pub enum Command {
     Run(RunArgs),
     HelperTest(HelperTestArgs),
+    CheckConfig(CheckConfigArgs),
     Version,
     Help,
+}
+
+/// `check-config`: what to check, and how to print it. The files need not exist: a missing
+/// one is part of the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckConfigArgs {
+    pub config: PathBuf,
+    pub choria_config: PathBuf,
+    /// Also connect to the brokers and check the election bucket.
+    pub connect: bool,
+    pub format: Format,
 }
 
 /// `helper-test`: what to rehearse, and how to print it.
@@ -32,7 +45,7 @@ pub struct HelperTestArgs {
     pub format: Format,
 }
 
-/// How `helper-test` prints its report.
+/// How `helper-test` and `check-config` print their report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     Text,
@@ -75,7 +88,7 @@ impl fmt::Display for CliError {
             CliError::UnknownCommand(cmd) => {
                 write!(
                     f,
-                    "unknown command {cmd:?}, the commands are run and helper-test; try --help"
+                    "unknown command {cmd:?}, the commands are run, check-config and helper-test; try --help"
                 )
             }
             CliError::MissingValue(flag) => write!(f, "flag {flag} needs a value"),
@@ -97,7 +110,26 @@ impl fmt::Display for CliError {
 
 impl std::error::Error for CliError {}
 
+/// A command line that cannot be used (`EX_USAGE`-like; Go's kingpin exits 1).
+pub const EXIT_USAGE: i32 = 2;
+
+impl CliError {
+    /// [`EXIT_USAGE`], except a configuration file the command line names that does not
+    /// exist: that is a configuration error (78, `EX_CONFIG`), which systemd does not retry.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::NoSuchFile {
+                flag: "--config" | "--choria-config",
+                ..
+            } => crate::daemon::EXIT_CONFIG,
+            _ => EXIT_USAGE,
+        }
+    }
+}
+
 pub const USAGE: &str = "usage: choria-provisioner [--debug] [--version] [run] --config FILE [--choria-config FILE] [--pid FILE]
+       choria-provisioner check-config --config FILE [--choria-config FILE] [--connect] [--format text|json]
+       choria-provisioner helper-test --config FILE --identity NAME [...]
 
 Choria Server provisioner
 
@@ -113,6 +145,18 @@ Commands:
                           ~/.choriarc, ~/.mcollective, /etc/choria/client.conf,
                           /usr/local/etc/choria/client.conf, else /etc/puppetlabs/mcollective/client.cfg
     --pid FILE            Write the process id to FILE, removed on exit
+                        Exit 0 after SIGINT/SIGTERM; 78: configuration error (not retried by
+                        systemd); 1: any other failure; 2: usage error
+
+  check-config          Check the configuration as run would load it, offline, and print the
+                        files, every effective setting (defaults marked), warnings, the
+                        helper, keys and certificates, and the brokers; secrets show as set.
+                        Exit 0: fine; 78: configuration error; 1: --connect failed;
+                        2: usage error
+    --config FILE         The provisioner configuration (YAML)
+    --choria-config FILE  The Choria client configuration; default as for run
+    --connect             Also connect to the brokers and check the election bucket
+    --format text|json    How to print the report (default text)
 
   helper-test           Run the helper for one node as the daemon would, touching no node or
                         broker, and explain the decision. Exit 0: provisioned; 3: deferred or
@@ -184,6 +228,13 @@ pub fn parse(
                 let rest: Vec<String> = iter.cloned().collect();
                 return parse_helper_test(&rest, config, choria_config, home, exists);
             }
+            "check-config" if !seen_command => {
+                if pid.is_some() {
+                    return Err(CliError::UnknownFlag("--pid".into()));
+                }
+                let rest: Vec<String> = iter.cloned().collect();
+                return parse_check_config(&rest, config, choria_config, home, exists);
+            }
             other if other.starts_with('-') => {
                 return Err(CliError::UnknownFlag(other.to_string()))
             }
@@ -213,6 +264,65 @@ pub fn parse(
         pid,
         debug,
     }))
+}
+
+/// The flags after `check-config`; `config` and `choria_config` may have come before it.
+fn parse_check_config(
+    args: &[String],
+    mut config: Option<PathBuf>,
+    mut choria_config: Option<PathBuf>,
+    home: Option<&Path>,
+    exists: &dyn Fn(&Path) -> bool,
+) -> Result<Command, CliError> {
+    let mut connect = false;
+    let mut format = Format::Text;
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = |name: &str| -> Result<String, CliError> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => iter
+                    .next()
+                    .cloned()
+                    .ok_or_else(|| CliError::MissingValue(name.to_string())),
+            }
+        };
+        match flag {
+            "--help" | "-h" => return Ok(Command::Help),
+            "--config" => config = Some(PathBuf::from(value("--config")?)),
+            "--choria-config" => choria_config = Some(PathBuf::from(value("--choria-config")?)),
+            "--connect" if inline.is_none() => connect = true,
+            "--format" => format = parse_format(&value("--format")?)?,
+            other if other.starts_with('-') => {
+                return Err(CliError::UnknownFlag(other.to_string()))
+            }
+            other => return Err(CliError::UnknownCommand(other.to_string())),
+        }
+    }
+    let config = config.ok_or(CliError::MissingConfig)?;
+    let choria_config = choria_config.unwrap_or_else(|| default_choria_config(home, exists));
+    Ok(Command::CheckConfig(CheckConfigArgs {
+        config,
+        choria_config,
+        connect,
+        format,
+    }))
+}
+
+fn parse_format(text: &str) -> Result<Format, CliError> {
+    match text {
+        "text" => Ok(Format::Text),
+        "json" => Ok(Format::Json),
+        other => Err(CliError::BadValue {
+            flag: "--format",
+            value: other.to_string(),
+            allowed: "text, json",
+        }),
+    }
 }
 
 /// The flags after `helper-test`; `config` and `choria_config` may have come before it.
@@ -463,6 +573,59 @@ mod tests {
             ),
             rehearsal(None, None, Format::Text)
         );
+    }
+
+    #[test]
+    fn check_config_takes_its_flags_after_the_command_and_checks_no_file() {
+        let none = |_: &Path| false;
+        let home = Path::new("/h");
+        let check = |choria: &str, connect: bool, format: Format| {
+            Ok(Command::CheckConfig(CheckConfigArgs {
+                config: "p.yaml".into(),
+                choria_config: choria.into(),
+                connect,
+                format,
+            }))
+        };
+        let cases: Vec<(&str, Result<Command, CliError>)> = vec![
+            (
+                "check-config --config p.yaml --choria-config c.cfg",
+                check("c.cfg", false, Format::Text),
+            ),
+            (
+                "--config=p.yaml check-config --connect --format=json",
+                check("/etc/puppetlabs/mcollective/client.cfg", true, Format::Json),
+            ),
+            ("check-config", Err(CliError::MissingConfig)),
+            (
+                "check-config --config p.yaml --connect=yes",
+                Err(CliError::UnknownFlag("--connect".into())),
+            ),
+            (
+                "check-config --config p.yaml --pid x",
+                Err(CliError::UnknownFlag("--pid".into())),
+            ),
+            (
+                "run check-config --config p.yaml",
+                Err(CliError::UnknownCommand("check-config".into())),
+            ),
+        ];
+        for (line, want) in cases {
+            assert_eq!(parse(&args(line), Some(home), &none), want, "{line}");
+        }
+    }
+
+    #[test]
+    fn a_missing_configuration_file_exits_78_other_usage_errors_2() {
+        let missing = |flag| CliError::NoSuchFile {
+            flag,
+            path: "x".into(),
+        };
+        assert_eq!(missing("--config").exit_code(), 78);
+        assert_eq!(missing("--choria-config").exit_code(), 78);
+        assert_eq!(missing("--csr").exit_code(), 2);
+        assert_eq!(CliError::MissingConfig.exit_code(), 2);
+        assert_eq!(CliError::UnknownFlag("--x".into()).exit_code(), 2);
     }
 
     #[test]

@@ -93,7 +93,7 @@ pub(crate) fn host_fqdn() -> Result<String, String> {
 }
 
 fn hostname_f(limit: Duration) -> Result<String, String> {
-    let mut child = Command::new("hostname")
+    let mut child = crate::notify::scrub(&mut Command::new("hostname"))
         .arg("-f")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

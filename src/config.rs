@@ -236,6 +236,9 @@ pub struct Config {
     pub rpc_timeout: Option<Duration>,
     /// One JSON line per finished cycle is appended here; `None` (the default): no audit trail.
     pub audit_file: Option<PathBuf>,
+    /// The keys the file sets (not null), `features.<name>` for features: what `check-config`
+    /// does not mark as a default.
+    pub set_in_file: std::collections::BTreeSet<String>,
 }
 
 /// A configuration that cannot be used; the message names file, key and value.
@@ -409,6 +412,7 @@ impl Config {
             release_delay: work.release_delay,
             rpc_timeout: broker.rpc_timeout,
             audit_file: logging.audit_file,
+            set_in_file: keys.set_in_file(),
         };
         Ok((config, warnings))
     }
@@ -771,6 +775,27 @@ impl<'a> KeyReader<'a> {
 
     fn get(&self, key: &str) -> Option<&Value> {
         self.mapping.get(key).filter(|v| !v.is_null())
+    }
+
+    /// Every key set to something other than null, and `features.<name>` for each feature.
+    fn set_in_file(&self) -> std::collections::BTreeSet<String> {
+        let mut keys = std::collections::BTreeSet::new();
+        for (key, value) in &self.mapping {
+            let (Some(name), false) = (key.as_str(), value.is_null()) else {
+                continue;
+            };
+            if let Value::Mapping(features) = value {
+                if name == "features" {
+                    for (feature, flag) in features {
+                        if let (Some(feature), false) = (feature.as_str(), flag.is_null()) {
+                            keys.insert(format!("features.{feature}"));
+                        }
+                    }
+                }
+            }
+            keys.insert(name.to_string());
+        }
+        keys
     }
 
     fn wrong_type(&self, key: &str, expected: &'static str, value: &Value) -> ConfigError {

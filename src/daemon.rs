@@ -22,7 +22,9 @@ use crate::cli::RunArgs;
 use crate::client_config::{self, connect_settings, LoadError};
 use crate::config::{Config, ConfigError};
 use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source};
+use crate::health::{Health, Probe, SystemdNotifier};
 use crate::metrics::{Metrics, MetricsServer};
+use crate::notify;
 use crate::pidfile::{PidFile, PidFileError};
 use crate::provision::{Cycle, CycleError, CycleSettings};
 use choria_broker::clock::SystemClock;
@@ -83,6 +85,38 @@ impl fmt::Display for DaemonError {
     }
 }
 
+/// `EX_CONFIG` from sysexits.h: the configuration is wrong, so starting again will not help
+/// (the unit's `RestartPreventExitStatus=`). Go exits 1 for every failure.
+pub const EXIT_CONFIG: i32 = 78;
+
+/// Any other failure to run: systemd may restart us (`Restart=on-failure`).
+pub const EXIT_FAILURE: i32 = 1;
+
+impl DaemonError {
+    /// [`EXIT_CONFIG`] when a file or setting the operator wrote is wrong or unusable (fixing
+    /// it is the only cure), else [`EXIT_FAILURE`] (the pid file of a running instance, a
+    /// port in use, a failed connection: a restart may succeed).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            DaemonError::Config(_)
+            | DaemonError::LogFile { .. }
+            | DaemonError::ClientConfig(_)
+            | DaemonError::ConnectSettings(_)
+            | DaemonError::Cycle(_)
+            | DaemonError::AuditFile { .. }
+            | DaemonError::Connect(ConnectionError::BadUrl { .. })
+            | DaemonError::Connect(ConnectionError::TlsFile { .. }) => EXIT_CONFIG,
+            DaemonError::Logging(_)
+            | DaemonError::PidFile(_)
+            | DaemonError::MetricsListener { .. }
+            | DaemonError::Signals(_)
+            | DaemonError::Connect(_)
+            | DaemonError::Threads(_)
+            | DaemonError::Listener(_) => EXIT_FAILURE,
+        }
+    }
+}
+
 impl std::error::Error for DaemonError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
@@ -125,7 +159,8 @@ pub fn run(args: RunArgs) -> i32 {
         // No log yet: stderr only.
         Err(err) => {
             eprintln!("choria-provisioner: error: {err}");
-            return 1;
+            notify::status(&format!("failed: {err}"));
+            return err.exit_code();
         }
     };
     match run_configured(Arc::new(config), &args) {
@@ -133,7 +168,8 @@ pub fn run(args: RunArgs) -> i32 {
         Err(err) => {
             log::error!("{err}");
             eprintln!("choria-provisioner: error: {err}");
-            1
+            notify::status(&format!("failed: {err}"));
+            err.exit_code()
         }
     }
 }
@@ -168,13 +204,6 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     let cycle_settings = CycleSettings::new(&config).map_err(DaemonError::Cycle)?;
 
     let metrics = Arc::new(Metrics::new(&config.site));
-    let metrics_server = if config.monitor_port > 0 {
-        let server = start_metrics(&config, metrics.clone())?;
-        log::info!("serving metrics on http://{}/metrics", server.local_addr);
-        Some(server)
-    } else {
-        None
-    };
 
     // SIGINT and SIGTERM (ctrlc's `termination` feature) arrive here; systemd stops with TERM.
     let (signal_tx, signal_rx) = bounded::<()>(1);
@@ -197,19 +226,75 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
         Arc::new(SystemClock),
     );
 
+    // /livez, /readyz, STATUS= and the watchdog; the monitor runs from here to the end.
+    let health = Health::new(
+        metrics.clone(),
+        fleet.clone(),
+        config.workers,
+        config.leader_election,
+        &settings.urls,
+        {
+            let stall = crate::health::STALL_LIMIT + settings.discovery_timeout;
+            (stall, stall + crate::health::CONNECT_ATTEMPT_LIMIT)
+        },
+    );
+    let watchdog = notify::watchdog_period();
+    let monitor = health
+        .start_monitor(crate::health::tick_for(watchdog), Arc::new(SystemdNotifier))
+        .map_err(DaemonError::Threads)?;
+    if let Some(period) = watchdog {
+        log::info!(
+            "systemd watchdog on: a ping while every loop makes progress, period {period:?}"
+        );
+    }
+    let metrics_server = if config.monitor_port > 0 {
+        let server = start_metrics(&config, metrics.clone(), health.clone())?;
+        log::info!(
+            "serving /metrics, /livez and /readyz on http://{}",
+            server.local_addr
+        );
+        Some(server)
+    } else {
+        None
+    };
+
     let signalled = || !signal_rx.is_empty();
-    let conn = match Connection::connect_patiently(&settings, &settings.identity, &signal_rx) {
+    // READY=1 once running; while the broker is unreachable that is after the first failed
+    // attempt: the daemon is up and retrying (STATUS= says so), not still starting.
+    let mut ready_sent = false;
+    let mut on_retry = |err: &ConnectionError| {
+        health.connect_failed(&err.to_string());
+        let status = health.status_line();
+        if ready_sent {
+            notify::status(&status);
+        } else {
+            notify::ready(&status);
+            ready_sent = true;
+        }
+    };
+    let connected =
+        Connection::connect_patiently(&settings, &settings.identity, &signal_rx, &mut on_retry);
+    let conn = match connected {
         Ok(conn) => conn,
         // Asked to stop while the broker was unreachable: a clean stop, not a failure.
         Err(err) if signalled() => {
             log::warn!("stopped before connecting to the broker; last attempt: {err}");
+            health.stopping();
+            notify::stopping("stopping: never connected to the broker");
             if let Some(server) = metrics_server {
                 server.stop();
             }
+            monitor.stop();
             return Ok(());
         }
-        Err(err) => return Err(DaemonError::Connect(err)),
+        Err(err) => {
+            if let Some(server) = metrics_server {
+                server.stop();
+            }
+            return Err(DaemonError::Connect(err));
+        }
     };
+    health.connected(&conn);
     log::info!(
         "connected to {} as {} (caller {}, protocol {})",
         settings.urls.join(","),
@@ -238,11 +323,12 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     }
     let discovery = Discovery::new(conn.clone(), metrics.clone());
 
-    let threads = FleetThreads::start(
+    let threads = FleetThreads::start_watched(
         fleet.clone(),
         Arc::new(cycle),
         Arc::new(discovery),
         config.workers,
+        &|name| health.probe(name),
     )
     .map_err(DaemonError::Threads)?;
 
@@ -257,6 +343,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
         metrics.clone(),
     )
     .map_err(DaemonError::Listener)?;
+    health.set_subscribed(true);
 
     let (election, election_events) = if config.leader_election {
         // Events wait in the election thread until main takes them; none is ever dropped.
@@ -275,15 +362,30 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
         env!("CARGO_PKG_VERSION"),
         config.workers
     );
+    let status = health.status_line();
+    if ready_sent {
+        notify::status(&status);
+    } else {
+        notify::ready(&status);
+    }
     let trigger = threads.trigger();
+    let probe = health.probe("main");
     loop {
-        match next_event(&signal_rx, &election_events) {
+        match next_event(&signal_rx, &election_events, &probe) {
             Event::Stop => break,
-            Event::Election(event) => apply_election_event(&fleet, &trigger, event),
+            Event::Probe => probe.answer(),
+            Event::Election(event) => {
+                apply_election_event(&fleet, &trigger, event);
+                health.set_leader(event == ElectionEvent::Won);
+                notify::status(&health.status_line());
+            }
         }
     }
+    probe.retire();
 
     log::info!("shutting down: no new work; in-flight nodes get up to {SHUTDOWN_GRACE:?}");
+    health.stopping();
+    notify::stopping(&health.status_line());
     gate.stop();
     listener.stop();
     if let Some(election) = election {
@@ -300,6 +402,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     if let Some(server) = metrics_server {
         server.stop();
     }
+    monitor.stop();
     log::info!("stopped");
     Ok(())
 }
@@ -310,13 +413,17 @@ enum Event {
     /// SIGINT or SIGTERM.
     Stop,
     Election(ElectionEvent),
+    /// The health monitor asks whether main is alive.
+    Probe,
 }
 
-/// Main's one wait: the next signal or election event. No timeout: the process lives until a
-/// signal, and the channels' senders live as long as main (a signal handler, the election).
-fn next_event(signals: &Receiver<()>, election: &Receiver<ElectionEvent>) -> Event {
+/// Main's one wait: the next signal, election event or health question. No timeout: the
+/// process lives until a signal, and the channels' senders live as long as main (a signal
+/// handler, the election, the probe itself).
+fn next_event(signals: &Receiver<()>, election: &Receiver<ElectionEvent>, probe: &Probe) -> Event {
     select! {
         recv(signals) -> _ => Event::Stop,
+        recv(probe.questions()) -> _ => Event::Probe,
         recv(election) -> event => match event {
             Ok(event) => Event::Election(event),
             // The election thread is gone (it never ends before `stop`): nothing but a
@@ -332,7 +439,11 @@ fn next_event(signals: &Receiver<()>, election: &Receiver<ElectionEvent>) -> Eve
 
 /// `/metrics` on `monitor_address` (default: every interface, IPv6 and IPv4, as Go's `:port`;
 /// IPv4 only where the host has no IPv6) and `monitor_port`.
-fn start_metrics(config: &Config, metrics: Arc<Metrics>) -> Result<MetricsServer, DaemonError> {
+fn start_metrics(
+    config: &Config,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> Result<MetricsServer, DaemonError> {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
     let port = config.monitor_port;
     let candidates = match config.monitor_address {
@@ -344,7 +455,7 @@ fn start_metrics(config: &Config, metrics: Arc<Metrics>) -> Result<MetricsServer
     };
     let mut last = None;
     for addr in candidates {
-        match MetricsServer::start(addr, metrics.clone()) {
+        match MetricsServer::start_with_health(addr, metrics.clone(), Some(health.clone())) {
             Ok(server) => return Ok(server),
             Err(source) => last = Some(DaemonError::MetricsListener { addr, source }),
         }

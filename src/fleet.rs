@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, never, select, Receiver, Sender, TrySendError};
 use parking_lot::Mutex;
 
+use crate::health::Probe;
 use crate::metrics::Metrics;
 use crate::provision::ProvisionError;
 use choria_broker::clock::Clock;
@@ -373,6 +374,12 @@ impl Fleet {
         &self.settings
     }
 
+    /// Whether the admission lock can be taken within `limit` (the health monitor's check
+    /// that nothing holds it wedged).
+    pub fn lock_is_free_within(&self, limit: Duration) -> bool {
+        self.admissions.try_lock_for(limit).is_some()
+    }
+
     fn update_gauges(&self, admissions: &Admissions) {
         self.metrics
             .waiting_nodes
@@ -475,6 +482,18 @@ impl FleetThreads {
         discover: Arc<dyn Discover>,
         workers: usize,
     ) -> std::io::Result<FleetThreads> {
+        FleetThreads::start_watched(fleet, cycle, discover, workers, &|_| Probe::idle())
+    }
+
+    /// As [`FleetThreads::start`], with the ticker, the releaser and the finisher answering
+    /// the health monitor's questions on the probe `probe(thread name)` gives each.
+    pub(crate) fn start_watched(
+        fleet: Arc<Fleet>,
+        cycle: Arc<dyn ProvisionCycle>,
+        discover: Arc<dyn Discover>,
+        workers: usize,
+        probe: &dyn Fn(&str) -> Probe,
+    ) -> std::io::Result<FleetThreads> {
         let workers = workers.max(1);
         let (trigger, trigger_rx) = bounded::<()>(1);
         let (stop_ticker, stop_ticker_rx) = bounded::<()>(1);
@@ -485,22 +504,19 @@ impl FleetThreads {
 
         let finisher = {
             let fleet = fleet.clone();
+            let probe = probe("finisher");
             std::thread::Builder::new()
                 .name("finisher".into())
-                .spawn(move || {
-                    // Ends when every sender (workers and releaser) has gone.
-                    for ticket in done_rx.iter() {
-                        fleet.finish(&ticket);
-                    }
-                })?
+                .spawn(move || run_finisher(&fleet, done_rx, probe))?
         };
 
         let releaser = {
             let fleet = fleet.clone();
             let done = done_tx.clone();
+            let probe = probe("releaser");
             std::thread::Builder::new()
                 .name("releaser".into())
-                .spawn(move || run_releaser(&fleet, release_rx, stop_releaser_rx, done))?
+                .spawn(move || run_releaser(&fleet, release_rx, stop_releaser_rx, done, probe))?
         };
 
         let mut worker_handles = Vec::with_capacity(workers);
@@ -526,9 +542,19 @@ impl FleetThreads {
 
         let ticker = {
             let fleet = fleet.clone();
+            let probe = probe("discovery-ticker");
             std::thread::Builder::new()
                 .name("discovery-ticker".into())
-                .spawn(move || run_ticker(&fleet, discover.as_ref(), trigger_rx, stop_ticker_rx))?
+                .spawn(move || {
+                    run_ticker(
+                        &fleet,
+                        discover.as_ref(),
+                        trigger_rx,
+                        stop_ticker_rx,
+                        &probe,
+                    );
+                    probe.retire();
+                })?
         };
 
         Ok(FleetThreads {
@@ -589,12 +615,38 @@ impl FleetThreads {
     }
 }
 
-fn run_ticker(fleet: &Fleet, discover: &dyn Discover, trigger: Receiver<()>, stop: Receiver<()>) {
+/// Forgets finished tickets; ends when every sender (workers and releaser) has gone.
+fn run_finisher(fleet: &Fleet, done: Receiver<Ticket>, probe: Probe) {
+    loop {
+        select! {
+            recv(done) -> ticket => match ticket {
+                Ok(ticket) => {
+                    fleet.finish(&ticket);
+                }
+                Err(_) => break,
+            },
+            recv(probe.questions()) -> _ => probe.answer(),
+        }
+    }
+    probe.retire();
+}
+
+fn run_ticker(
+    fleet: &Fleet,
+    discover: &dyn Discover,
+    trigger: Receiver<()>,
+    stop: Receiver<()>,
+    probe: &Probe,
+) {
     let mut next = Instant::now();
     loop {
         let wait = next.saturating_duration_since(Instant::now());
         select! {
             recv(stop) -> _ => return,
+            recv(probe.questions()) -> _ => {
+                probe.answer();
+                continue;
+            },
             recv(trigger) -> msg => {
                 if msg.is_err() { return; }
                 run_discovery(fleet, discover);
@@ -673,6 +725,18 @@ fn run_releaser(
     incoming: Receiver<Ticket>,
     stop: Receiver<()>,
     done: Sender<Ticket>,
+    probe: Probe,
+) {
+    release_until_stopped(fleet, incoming, stop, done, &probe);
+    probe.retire();
+}
+
+fn release_until_stopped(
+    fleet: &Fleet,
+    incoming: Receiver<Ticket>,
+    stop: Receiver<()>,
+    done: Sender<Ticket>,
+    probe: &Probe,
 ) {
     let mut incoming = incoming;
     let mut heap: BinaryHeap<Deadline> = BinaryHeap::new();
@@ -703,6 +767,7 @@ fn run_releaser(
                 }
             },
             recv(next_deadline) -> _ => {},
+            recv(probe.questions()) -> _ => probe.answer(),
         }
     }
 }

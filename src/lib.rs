@@ -9,6 +9,7 @@
 //! contains the simulator or test kits. Its modules are private except what the benches use.
 
 mod audit;
+mod check_config;
 mod cli;
 mod client_config;
 mod config;
@@ -18,10 +19,12 @@ pub mod fleet;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod health;
 mod helper_test;
 mod http;
 mod logging;
 mod metrics;
+mod notify;
 mod pidfile;
 mod provision;
 #[cfg(test)]
@@ -29,7 +32,10 @@ mod secrets_tests;
 #[cfg(test)]
 mod test_log;
 
-pub use cli::{parse as parse_command_line, Command, HelperTestArgs, RunArgs, USAGE};
+pub use check_config::run as run_check_config;
+pub use cli::{
+    parse as parse_command_line, CheckConfigArgs, Command, HelperTestArgs, RunArgs, USAGE,
+};
 pub use daemon::run;
 pub use helper_test::run as run_helper_test;
 pub use metrics::Metrics;

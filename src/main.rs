@@ -2,7 +2,9 @@
 
 use std::path::Path;
 
-use choria_provisioner::{parse_command_line, run, run_helper_test, Command, USAGE};
+use choria_provisioner::{
+    parse_command_line, run, run_check_config, run_helper_test, Command, USAGE,
+};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -13,9 +15,10 @@ fn main() {
         Ok(Command::Version) => println!("{}", env!("CARGO_PKG_VERSION")),
         Ok(Command::Run(args)) => std::process::exit(run(args)),
         Ok(Command::HelperTest(args)) => std::process::exit(run_helper_test(&args)),
+        Ok(Command::CheckConfig(args)) => std::process::exit(run_check_config(&args)),
         Err(err) => {
             eprintln!("choria-provisioner: error: {err}");
-            std::process::exit(2);
+            std::process::exit(err.exit_code());
         }
     }
 }

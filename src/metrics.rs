@@ -402,21 +402,38 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Binds `addr` and starts serving.
+    /// Binds `addr` and starts serving `/metrics` alone.
+    #[cfg_attr(not(test), allow(dead_code))] // the daemon serves its health too
     pub fn start(
         addr: std::net::SocketAddr,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<MetricsServer> {
+        MetricsServer::start_with_health(addr, metrics, None)
+    }
+
+    /// Binds `addr` and starts serving `/metrics`, and with `health` also `/livez` and
+    /// `/readyz` (`crate::health`).
+    pub fn start_with_health(
+        addr: std::net::SocketAddr,
+        metrics: Arc<Metrics>,
+        health: Option<Arc<crate::health::Health>>,
+    ) -> std::io::Result<MetricsServer> {
         let routes: crate::http::Routes =
-            Arc::new(move |method: &str, path: &str| match (method, path) {
-                ("GET", "/metrics") => crate::http::Response {
-                    status: 200,
-                    content_type: "text/plain; version=0.0.4; charset=utf-8",
-                    body: metrics.render().into_bytes(),
+            Arc::new(
+                move |method: &str, path: &str| match (method, path, &health) {
+                    ("GET", "/metrics", _) => crate::http::Response {
+                        status: 200,
+                        content_type: "text/plain; version=0.0.4; charset=utf-8",
+                        body: metrics.render().into_bytes(),
+                    },
+                    ("GET", "/livez", Some(health)) => health.livez(),
+                    ("GET", "/readyz", Some(health)) => health.readyz(),
+                    (_, "/metrics", _) | (_, "/livez" | "/readyz", Some(_)) => {
+                        crate::http::Response::text(405, "method not allowed\n")
+                    }
+                    _ => crate::http::Response::text(404, "404 page not found\n"),
                 },
-                (_, "/metrics") => crate::http::Response::text(405, "method not allowed\n"),
-                _ => crate::http::Response::text(404, "404 page not found\n"),
-            });
+            );
         let server = crate::http::HttpServer::start(addr, "metrics-http", routes)?;
         let local_addr = server.local_addr;
         Ok(MetricsServer { server, local_addr })

@@ -1,4 +1,6 @@
-//! The real `choria-provisioner` binary's command line: exit codes and one-line errors.
+//! The real `choria-provisioner` binary's command line: exit codes and one-line errors. Usage
+//! errors exit 2; configuration errors exit 78 (`EX_CONFIG`, which the unit does not restart;
+//! Go exits 1 for both).
 
 use std::process::Command;
 
@@ -28,6 +30,25 @@ fn usage_errors_are_one_line_and_exit_2() {
         ),
         (&["walk"], "unknown command"),
         (&["run"], "--config"),
+        (&["run", "--config", config, "--pid"], "--pid"),
+    ];
+    for (args, needle) in cases {
+        let (code, stdout, stderr) = provisioner(args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn a_missing_configuration_file_is_a_configuration_error_exit_78() {
+    let dir = choria_testkit::temp_dir("cli-missing").unwrap();
+    let config = dir.join("p.yaml");
+    std::fs::write(&config, "helper: /bin/true\n").unwrap();
+    let config = config.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
         (
             &["run", "--config", "/nonexistent/p.yaml"],
             "/nonexistent/p.yaml",
@@ -50,7 +71,7 @@ fn usage_errors_are_one_line_and_exit_2() {
     ];
     for (args, needle) in cases {
         let (code, stdout, stderr) = provisioner(args);
-        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert_eq!(code, 78, "{args:?}: {stderr}");
         assert!(stdout.is_empty(), "{args:?}: {stdout}");
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
@@ -69,7 +90,7 @@ fn version_and_help() {
 }
 
 #[test]
-fn a_bad_configuration_names_file_key_and_value_and_exits_1() {
+fn a_bad_configuration_names_file_key_and_value_and_exits_78() {
     let dir = choria_testkit::temp_dir("cli-bad").unwrap();
     let config = dir.join("p.yaml");
     std::fs::write(&config, "helper: /bin/true\ninterval: 10s\n").unwrap();
@@ -86,9 +107,28 @@ fn a_bad_configuration_names_file_key_and_value_and_exits_1() {
         "--choria-config",
         choria.to_str().unwrap(),
     ]);
-    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(code, 78, "{stderr}");
     assert!(
         stderr.contains("p.yaml") && stderr.contains("interval") && stderr.contains("10s"),
+        "{stderr}"
+    );
+    // choria.cfg's security settings are configuration too: the file provider without files.
+    std::fs::write(&config, "helper: /bin/true\n").unwrap();
+    std::fs::write(
+        &choria,
+        "plugin.choria.middleware_hosts = nats://127.0.0.1:1\nplugin.security.provider = file\n",
+    )
+    .unwrap();
+    let (code, _, stderr) = provisioner(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--choria-config",
+        choria.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 78, "{stderr}");
+    assert!(
+        stderr.contains("plugin.security.file.certificate"),
         "{stderr}"
     );
     std::fs::remove_dir_all(dir).ok();

@@ -476,12 +476,14 @@ pub fn run_helper_exchange(
             return Exchange::failed(String::new(), started, error);
         }
     };
-    let spawned = Command::new(command.program())
+    let spawned = crate::notify::scrub(&mut Command::new(command.program()))
         .args(command.args())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        // Its own process group, so a timeout kill reaches what it spawned too.
+        // Its own process group, so a timeout kill reaches what it spawned too. systemd's
+        // NOTIFY_SOCKET and WATCHDOG_* stay the daemon's (scrubbed above): a helper can never
+        // report READY=1 or feed the watchdog for us.
         .process_group(0)
         .spawn();
     let mut child = match spawned {

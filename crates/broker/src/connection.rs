@@ -462,17 +462,21 @@ impl Connection {
     /// As [`Connection::connect`], but retries the first connection with the FiveSec backoff
     /// until it succeeds or `stop` is ready (a message or a disconnect), for a daemon that
     /// starts before its broker. `stop` is only looked at, never read from, so its owner
-    /// still sees the message that ended the wait. The error is the last attempt's.
+    /// still sees the message that ended the wait. `on_retry` hears of each failed attempt
+    /// (the daemon's health: waiting for a broker is progress). The error is the last
+    /// attempt's.
     pub fn connect_patiently<T>(
         settings: &ConnectSettings,
         name: &str,
         stop: &Receiver<T>,
+        on_retry: &mut dyn FnMut(&ConnectionError),
     ) -> Result<Connection, ConnectionError> {
         let mut attempt = 1u32;
         loop {
             match Connection::connect(settings, name) {
                 Ok(conn) => return Ok(conn),
                 Err(err @ ConnectionError::Connect { .. }) => {
+                    on_retry(&err);
                     let pause = crate::backoff::after_try(attempt, &mut rand::thread_rng());
                     attempt += 1;
                     let mut watch = crossbeam_channel::Select::new();
@@ -1659,13 +1663,18 @@ mod tests {
                 3
             })
             .unwrap();
-        let result = Connection::connect_patiently(&settings(&url), "t", &stop_seen);
+        let mut retries = 0;
+        let result = Connection::connect_patiently(&settings(&url), "t", &stop_seen, &mut |err| {
+            assert!(matches!(err, ConnectionError::Connect { .. }), "{err}");
+            retries += 1;
+        });
         assert!(matches!(result, Err(ConnectionError::Connect { .. })));
         assert_eq!(
             counter.join().unwrap(),
             3,
             "three attempts before giving up"
         );
+        assert_eq!(retries, 3, "each failed attempt is reported");
         assert_eq!(
             stop_seen.try_recv(),
             Ok(()),

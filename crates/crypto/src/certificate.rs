@@ -166,6 +166,50 @@ fn ip_text(bytes: &[u8]) -> String {
     }
 }
 
+/// Every `CERTIFICATE` block of `pem_text` (a CA bundle), in order.
+pub fn parse_certificates(pem_text: &str) -> Result<Vec<CertificateFacts>, CertificateError> {
+    let blocks = pem::parse_many(pem_text).map_err(|e| CertificateError::NoCertificateBlock {
+        reason: e.to_string(),
+    })?;
+    let mut facts = Vec::new();
+    for block in blocks.iter().filter(|b| b.tag() == "CERTIFICATE") {
+        facts.push(parse_certificate(&pem::encode(block))?);
+    }
+    if facts.is_empty() {
+        return Err(CertificateError::NoCertificateBlock {
+            reason: "none found".to_string(),
+        });
+    }
+    Ok(facts)
+}
+
+/// What kind of key a SubjectPublicKeyInfo holds, as an operator reads it: `RSA 2048`,
+/// `ECDSA 256`, `ed25519`; `unknown (OID)` for anything else.
+pub fn public_key_kind(spki_der: &[u8]) -> String {
+    use x509_parser::public_key::PublicKey;
+    use x509_parser::x509::SubjectPublicKeyInfo;
+    let Ok((_, spki)) = SubjectPublicKeyInfo::from_der(spki_der) else {
+        return "unreadable".to_string();
+    };
+    let oid = spki.algorithm.algorithm.to_id_string();
+    match spki.parsed() {
+        Ok(PublicKey::RSA(key)) => format!("RSA {}", key.key_size()),
+        Ok(PublicKey::EC(point)) => format!("ECDSA {}", point.key_size()),
+        _ if oid == "1.3.101.112" => "ed25519".to_string(),
+        _ => format!("unknown ({oid})"),
+    }
+}
+
+/// What kind of private key a PEM block holds (`RSA 2048`), when it is one we read (RSA,
+/// PKCS#1 or PKCS#8); `None` otherwise.
+pub fn private_key_kind(key_pem: &str) -> Option<String> {
+    use rsa::traits::PublicKeyParts;
+    let key = RsaPrivateKey::from_pkcs1_pem(key_pem.trim())
+        .or_else(|_| RsaPrivateKey::from_pkcs8_pem(key_pem.trim()))
+        .ok()?;
+    Some(format!("RSA {}", key.size() * 8))
+}
+
 /// The certificate is for `identity` (its last CN), and neither the CN nor a DNS SAN matches
 /// the deny list: the rules `gencsr` replies meet (provisioner host/host.go, validateCSR),
 /// applied to what the helper signed.

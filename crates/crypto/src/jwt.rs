@@ -195,6 +195,15 @@ impl VerifyKey {
             VerifyKey::Ed25519(_) => "ed25519",
         }
     }
+
+    /// The key as an operator reads it: `RSA 2048` or `ed25519 <public key hex>`.
+    pub fn describe(&self) -> String {
+        use rsa::traits::PublicKeyParts;
+        match self {
+            VerifyKey::Rsa(key) => format!("RSA {}", key.size() * 8),
+            VerifyKey::Ed25519(key) => format!("ed25519 {}", hex::encode(key.as_bytes())),
+        }
+    }
 }
 
 fn ed25519_from_hex(text: &[u8], source: &str) -> Result<VerifyKey, JwtError> {
