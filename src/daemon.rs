@@ -250,7 +250,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     let metrics_server = if config.monitor_port > 0 {
         let server = start_metrics(&config, metrics.clone(), health.clone())?;
         log::info!(
-            "serving /metrics, /livez and /readyz on http://{}",
+            "serving metrics on http://{}/metrics (health on /livez and /readyz)",
             server.local_addr
         );
         Some(server)
