@@ -292,7 +292,10 @@ fn livez_and_readyz_are_served_beside_an_unchanged_metrics() {
             .collect()
     };
     assert_eq!(families(&body), families(&metrics.render()));
-    assert!(body.contains("choria_provisioner_provisioned{site=\"t\"} 0"), "{body}");
+    assert!(
+        body.contains("choria_provisioner_provisioned{site=\"t\"} 0"),
+        "{body}"
+    );
     server.stop();
 
     let plain = MetricsServer::start("127.0.0.1:0".parse().unwrap(), metrics).unwrap();
