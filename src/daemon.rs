@@ -26,7 +26,7 @@ use crate::health::{Health, Probe, SystemdNotifier};
 use crate::metrics::{Metrics, MetricsServer};
 use crate::notify;
 use crate::pidfile::{PidFile, PidFileError};
-use crate::provision::{Cycle, CycleError, CycleSettings};
+use crate::provision::{Cycle, CycleError, CycleSettings, GraceEnd};
 use choria_broker::clock::SystemClock;
 use choria_wire::choria_cfg::ClientConfigError;
 
@@ -311,8 +311,10 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     if let Some(timeout) = config.rpc_timeout {
         rpc = rpc.with_ddl_timeout(timeout);
     }
+    let grace_end = Arc::new(GraceEnd::new().map_err(DaemonError::Threads)?);
     let mut cycle = Cycle::new(cycle_settings, Arc::new(rpc), metrics.clone())
-        .speaking(settings.protocol.name());
+        .speaking(settings.protocol.name())
+        .with_grace_end(grace_end.clone());
     if let Some(path) = &config.audit_file {
         let log = AuditLog::open(path).map_err(|source| DaemonError::AuditFile {
             path: path.clone(),
@@ -391,7 +393,12 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     if let Some(election) = election {
         election.stop();
     }
-    let stuck = threads.shutdown(&fleet, SHUTDOWN_GRACE);
+    let stuck = threads.shutdown(&fleet, SHUTDOWN_GRACE, &|| {
+        log::warn!(
+            "the shutdown grace ({SHUTDOWN_GRACE:?}) is over: killing the helpers still running, ending restarts"
+        );
+        grace_end.fire();
+    });
     if !stuck.is_empty() {
         log::error!(
             "workers still busy after the grace period: {}",

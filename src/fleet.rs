@@ -462,6 +462,10 @@ fn work_one(
     }
 }
 
+/// How long workers get to return after the grace-end hook: it kills helpers and ends the
+/// last `restart`, so they return at once; this only bounds a wait that should not be needed.
+pub const AFTER_GRACE_END: Duration = Duration::from_secs(2);
+
 /// The scheduler's threads: discovery ticker, workers, releaser and finisher.
 pub struct FleetThreads {
     trigger: Sender<()>,
@@ -574,22 +578,32 @@ impl FleetThreads {
         self.trigger.clone()
     }
 
-    /// Stops every thread. The gate must already be stopping so no new work starts; in-flight
-    /// cycles get `grace` to end. Returns the names of workers that did not end in time.
-    pub fn shutdown(mut self, fleet: &Fleet, grace: Duration) -> Vec<String> {
-        fleet.gate.stop();
-        let _ = self.stop_ticker.try_send(());
-        if let Some(t) = self.ticker.take() {
-            let _ = t.join();
-        }
-        let deadline = Instant::now() + grace;
-        let mut exited = 0;
+    /// Counts worker exits from `exited` until all have exited or `deadline` passes.
+    fn await_workers(&self, mut exited: usize, deadline: Instant) -> usize {
         while exited < self.workers.len() {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.worker_exits.recv_timeout(left) {
                 Ok(()) => exited += 1,
                 Err(_) => break,
             }
+        }
+        exited
+    }
+
+    /// Stops every thread. The gate must already be stopping so no new work starts; in-flight
+    /// cycles get `grace` to end. If some are still running then, `grace_end` is called (it
+    /// ends what the stopped gate does not: helpers, a `restart`) and they get
+    /// [`AFTER_GRACE_END`] more. Returns the names of workers that did not end in time.
+    pub fn shutdown(mut self, fleet: &Fleet, grace: Duration, grace_end: &dyn Fn()) -> Vec<String> {
+        fleet.gate.stop();
+        let _ = self.stop_ticker.try_send(());
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+        let mut exited = self.await_workers(0, Instant::now() + grace);
+        if exited < self.workers.len() {
+            grace_end();
+            exited = self.await_workers(exited, Instant::now() + AFTER_GRACE_END);
         }
         let all_exited = exited == self.workers.len();
         let mut stuck = Vec::new();
@@ -1191,7 +1205,9 @@ mod tests {
         assert_eq!(discovery.rounds.load(Ordering::SeqCst), 2);
         assert_eq!(metrics.busy_workers.get(), 0.0);
 
-        let stuck = threads.shutdown(&fleet, Duration::from_secs(5));
+        let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {
+            panic!("the grace ended with every worker idle")
+        });
         assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
     }
 }

@@ -202,7 +202,7 @@ fn rehearse(args: &HelperTestArgs) -> Result<Report, Usage> {
             return Ok(report);
         }
     };
-    let exchange = ask_helper(&rules.helper, &node);
+    let exchange = ask_helper(&rules.helper, &node, None);
     report.helper_run = Some(helper_run(&exchange));
     let (decision, exit_code) = match exchange.answer {
         Err(err) => (fail_on_helper(err), EXIT_FAILED),

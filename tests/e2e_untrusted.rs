@@ -800,3 +800,95 @@ fn a_forged_reply_racing_the_real_one_stops_the_cycle_before_configure() {
     );
     provisioner.stop();
 }
+
+/// Whether `pid` still runs (gone, or a zombie waiting for init to reap it, does not).
+fn running(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    !stat.is_empty() && !stat.contains(") Z ")
+}
+
+/// Kills a helper's process group if a failed test left it running (cleanup only).
+struct GroupGuard(i32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if running(self.0) {
+            // SAFETY: kill(2) on the process group of the helper this test's daemon started.
+            unsafe { libc::kill(-self.0, libc::SIGKILL) };
+        }
+    }
+}
+
+/// A helper that outlives the shutdown grace (it and what it started would run for ten
+/// minutes): SIGTERM still ends the daemon within the grace, and the helper's whole process
+/// group is killed with it, never orphaned.
+#[test]
+fn sigterm_kills_a_helper_still_running_at_the_end_of_the_grace() {
+    // The daemon's grace and the bounded wait after it (daemon::SHUTDOWN_GRACE,
+    // fleet::AFTER_GRACE_END), and room for a busy machine.
+    const BOUND: Duration = Duration::from_secs(10 + 2 + 10);
+    let world = World::new();
+    let pids = world.path("helper.pids");
+    let helper = world.write_executable(
+        "slow-helper",
+        &format!(
+            "#!/bin/sh\ncat > /dev/null\nsleep 600 &\necho $$ $! > {}\nwait\n",
+            pids.display()
+        ),
+    );
+    let mut provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!("{}helper_timeout: 600s\n", yaml_helper(&helper)),
+            ..Default::default()
+        },
+    );
+    let sim = Sim::start_booted(&world, 1, &[]);
+    let group: Vec<i32> = wait_for(
+        "the helper and its child to start",
+        PATIENCE,
+        || {
+            let text = std::fs::read_to_string(&pids).ok()?;
+            let pids: Vec<i32> = text
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            (text.ends_with('\n') && pids.len() == 2).then_some(pids)
+        },
+        || provisioner.logs(),
+    );
+    // The helper runs in a process group of its own, led by itself.
+    let _cleanup = GroupGuard(group[0]);
+
+    let started = Instant::now();
+    let status = provisioner.terminate();
+    let took = started.elapsed();
+    assert!(status.success(), "exit {status}\n{}", provisioner.logs());
+    assert!(
+        took < BOUND,
+        "SIGTERM took {took:?} with a helper running\n{}",
+        provisioner.logs()
+    );
+    wait_for(
+        "the helper's process group to be gone",
+        Duration::from_secs(10),
+        || group.iter().all(|pid| !running(*pid)).then_some(()),
+        || {
+            format!(
+                "still running: {:?}\n{}",
+                group
+                    .iter()
+                    .filter(|pid| running(**pid))
+                    .collect::<Vec<_>>(),
+                provisioner.logs()
+            )
+        },
+    );
+    let log = provisioner.log();
+    assert!(
+        log.contains("was still running at the end of the shutdown grace"),
+        "{log}"
+    );
+    assert!(!provisioner.pid_path.exists(), "pid file left behind");
+    drop(sim);
+}

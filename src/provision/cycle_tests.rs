@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -25,7 +26,7 @@ use choria_wire::identity::Identity;
 use crate::config::Config;
 use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
 use crate::metrics::Metrics;
-use crate::provision::{Cycle, CycleSettings};
+use crate::provision::{Cycle, CycleSettings, GraceEnd};
 
 const IDENTITY: &str = "rip.mcollective";
 
@@ -68,6 +69,10 @@ enum Reply {
     OkThenPause(Value),
     /// Succeeds, and a second, different reply to the same request is caught (a forgery).
     OkThenForged(Value),
+    /// Succeeds, then the daemon stops (SIGTERM).
+    OkThenStop(Value),
+    /// No reply until the gate the call was given closes (at most 30 s, then no reply).
+    UntilGateCloses,
 }
 
 struct ScriptedNode {
@@ -130,6 +135,19 @@ impl NodeRpc for ScriptedNode {
                 gate.set_paused(true);
                 RpcOutcome::Ok(value)
             }
+            Some(Reply::OkThenStop(value)) => {
+                gate.stop();
+                RpcOutcome::Ok(value)
+            }
+            Some(Reply::UntilGateCloses) => match gate.watch() {
+                Err(halt) => RpcOutcome::Halted(halt),
+                Ok(watch) => match watch.closed().recv_timeout(Duration::from_secs(30)) {
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                        RpcOutcome::Halted(watch.halt())
+                    }
+                    _ => RpcOutcome::Timeout,
+                },
+            },
             Some(Reply::OkThenForged(value)) => {
                 if let Some(watch) = self.watch.lock().as_ref() {
                     watch.record(ReplyConflict {
@@ -676,6 +694,107 @@ fn a_closed_gate_stops_the_cycle_before_anything_starts() {
         h.metrics.helper_time.get(&[]).1,
         0,
         "the helper must not run while paused"
+    );
+}
+
+/// Runs `cycle` on a named thread until `started` says it got where the test wants it, then
+/// fires `grace`; the outcome, which must come within 10 s of that.
+fn provision_until_the_grace_ends(
+    cycle: Arc<Cycle>,
+    grace: &GraceEnd,
+    started: impl Fn() -> bool,
+) -> ProvisionOutcome {
+    let (done, outcome) = crossbeam_channel::bounded(1);
+    let worker = std::thread::Builder::new()
+        .name("cycle".into())
+        .spawn(move || {
+            let gate = Gate::new(false);
+            let _ = done.send(cycle.provision(&node_identity(), Source::Event, &gate));
+        })
+        .expect("thread");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !started() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cycle never got there"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    grace.fire();
+    let outcome = outcome
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the cycle ends at once when the grace ends");
+    worker.join().expect("cycle thread");
+    outcome
+}
+
+#[test]
+fn the_end_of_the_shutdown_grace_ends_the_restart_after_configure() {
+    let h = harness(
+        Mode::Plain,
+        "",
+        &configuration_answer(),
+        &[
+            (CF, Reply::OkThenStop(json!({"message": "Wrote 3 lines"}))),
+            (R, Reply::UntilGateCloses),
+        ],
+    );
+    let grace = Arc::new(GraceEnd::new().expect("pipe"));
+    let cycle = Arc::new(h.cycle.with_grace_end(grace.clone()));
+    let node = h.node.clone();
+    // The stop after configure does not end the restart (see the table); the grace's end does.
+    let outcome =
+        provision_until_the_grace_ends(cycle, &grace, || node.calls().contains(&R.to_string()));
+    assert!(matches!(outcome, ProvisionOutcome::Halted), "{outcome:?}");
+    assert_eq!(h.node.calls(), [I, CF, R]);
+}
+
+#[test]
+fn a_helper_running_when_the_shutdown_grace_ends_is_killed_and_is_no_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("helper.pid");
+    let helper = dir.path().join("slow");
+    std::fs::write(
+        &helper,
+        format!("#!/bin/sh\necho $$ > {}\nsleep 300\n", marker.display()),
+    )
+    .expect("helper");
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let yaml = base_yaml(Mode::Plain, &helper.display().to_string());
+    let (config, _) = Config::parse(&dir.path().join("p.yaml"), &yaml).expect("config");
+    let node = Arc::new(ScriptedNode {
+        replies: Mutex::new(default_replies(Mode::Plain)),
+        calls: Mutex::new(Vec::new()),
+        watch: Mutex::new(None),
+    });
+    let metrics = Arc::new(Metrics::new("test"));
+    let grace = Arc::new(GraceEnd::new().expect("pipe"));
+    let cycle = Cycle::new(
+        CycleSettings::new(&config).expect("settings"),
+        node.clone(),
+        metrics.clone(),
+    )
+    .with_grace_end(grace.clone());
+    let pid = || {
+        std::fs::read_to_string(&marker)
+            .ok()
+            .filter(|t| t.ends_with('\n'))
+            .and_then(|t| t.trim().parse::<i32>().ok())
+    };
+    let outcome = provision_until_the_grace_ends(Arc::new(cycle), &grace, || pid().is_some());
+    assert!(matches!(outcome, ProvisionOutcome::Halted), "{outcome:?}");
+    assert_eq!(node.calls(), [I], "nothing after the helper");
+    assert_eq!(
+        metrics.helper_errors.get(),
+        0,
+        "a stop is not the helper's error"
+    );
+    let pid = pid().expect("pid");
+    // Killed and reaped by the cycle: gone, or at most a zombie for a moment.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty() || stat.contains(") Z "),
+        "helper {pid} still runs: {stat}"
     );
 }
 

@@ -13,7 +13,9 @@
 //! One idea to read the code: a single loop `poll(2)`s the child's three pipes, so feeding
 //! stdin, draining stdout and logging stderr never deadlock against each other, there is no
 //! thread to join, and every wait is bounded by `helper_timeout`. The helper runs in its own
-//! process group, so on a timeout SIGKILL reaches whatever it started too.
+//! process group, so on a timeout SIGKILL reaches whatever it started too. The same loop polls
+//! a [`HelperAbort`] beside the pipes: fired at the end of the shutdown grace, it kills every
+//! helper still running the same way, so none outlives the daemon.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -275,6 +277,8 @@ pub enum HelperErrorKind {
     TooLarge,
     /// The output is not an answer Go's decoder would take.
     Decode(String),
+    /// Still running at the end of the shutdown grace: killed with its process group.
+    Aborted,
 }
 
 impl HelperError {
@@ -314,6 +318,9 @@ impl HelperError {
             HelperErrorKind::Decode(reason) => {
                 format!("cannot decode the output of helper {helper}{node}: {reason}")
             }
+            HelperErrorKind::Aborted => format!(
+                "helper {helper}{node} was still running at the end of the shutdown grace and was killed with its process group"
+            ),
         }
     }
 }
@@ -370,13 +377,59 @@ impl Helper {
         }
     }
 
-    /// Asks the helper about one node: the whole exchange, answer or error included.
-    pub fn ask(&self, input: &HelperInput, identity: &str) -> Exchange {
+    /// Asks the helper about one node: the whole exchange, answer or error included. A run
+    /// still going when `abort` fires is killed with its process group.
+    pub fn ask(
+        &self,
+        input: &HelperInput,
+        identity: &str,
+        abort: Option<&HelperAbort>,
+    ) -> Exchange {
         match self {
             Helper::PerNode { command, timeout } => {
-                run_helper_exchange(command, input, *timeout, identity)
+                run_helper_exchange(command, input, *timeout, identity, abort)
             }
         }
+    }
+}
+
+/// The end of every running helper, fired once: the shutdown grace is over. A pipe whose
+/// write end we close: every helper's poll loop watches the read end beside its own pipes and
+/// wakes at once (POLLHUP), however many helpers run. Both ends are close-on-exec, so no
+/// helper holds them.
+pub struct HelperAbort {
+    read: std::io::PipeReader,
+    write: parking_lot::Mutex<Option<std::io::PipeWriter>>,
+}
+
+impl HelperAbort {
+    pub fn new() -> std::io::Result<HelperAbort> {
+        let (read, write) = std::io::pipe()?;
+        Ok(HelperAbort {
+            read,
+            write: parking_lot::Mutex::new(Some(write)),
+        })
+    }
+
+    /// Kills every helper running now or started later (each at its next poll, at once).
+    pub fn fire(&self) {
+        self.write.lock().take();
+    }
+
+    pub fn is_fired(&self) -> bool {
+        self.write.lock().is_none()
+    }
+
+    fn fd(&self) -> RawFd {
+        self.read.as_raw_fd()
+    }
+}
+
+impl fmt::Debug for HelperAbort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HelperAbort")
+            .field("fired", &self.is_fired())
+            .finish()
     }
 }
 
@@ -433,6 +486,9 @@ impl Exchange {
             (None, Err(err)) if matches!(err.kind, HelperErrorKind::TooLarge) => {
                 "killed for writing too much on stdout".to_string()
             }
+            (None, Err(err)) if matches!(err.kind, HelperErrorKind::Aborted) => {
+                "killed at the end of the shutdown grace".to_string()
+            }
             (None, _) => "did not run to its end".to_string(),
         }
     }
@@ -457,15 +513,16 @@ pub fn run_helper(
     timeout: Duration,
     identity: &str,
 ) -> Result<HelperOutput, HelperError> {
-    run_helper_exchange(command, input, timeout, identity).answer
+    run_helper_exchange(command, input, timeout, identity, None).answer
 }
 
-/// As [`run_helper`], returning the whole [`Exchange`].
+/// As [`run_helper`], returning the whole [`Exchange`]; `abort` kills the run when it fires.
 pub fn run_helper_exchange(
     command: &HelperCommand,
     input: &HelperInput,
     timeout: Duration,
     identity: &str,
+    abort: Option<&HelperAbort>,
 ) -> Exchange {
     let started = Instant::now();
     let helper = command.program().to_string();
@@ -476,6 +533,10 @@ pub fn run_helper_exchange(
             return Exchange::failed(String::new(), started, error);
         }
     };
+    if abort.is_some_and(HelperAbort::is_fired) {
+        let error = HelperError::new(&helper, identity, HelperErrorKind::Aborted);
+        return Exchange::failed(stdin_text, started, error);
+    }
     let spawned = crate::notify::scrub(&mut Command::new(command.program()))
         .args(command.args())
         .stdin(Stdio::piped())
@@ -497,6 +558,7 @@ pub fn run_helper_exchange(
         helper: &helper,
         identity,
         deadline: Instant::now() + timeout,
+        abort,
     };
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
@@ -511,6 +573,7 @@ pub fn run_helper_exchange(
             let kind = match end {
                 RunEnd::Timeout => HelperErrorKind::Timeout(timeout),
                 RunEnd::TooLarge => HelperErrorKind::TooLarge,
+                RunEnd::Aborted => HelperErrorKind::Aborted,
                 RunEnd::Io(source) => HelperErrorKind::Io(source),
             };
             (None, Err(HelperError::new(&helper, identity, kind)))
@@ -571,6 +634,8 @@ fn kill_group(child: &mut Child) {
 enum RunEnd {
     Timeout,
     TooLarge,
+    /// The [`HelperAbort`] fired.
+    Aborted,
     Io(std::io::Error),
 }
 
@@ -578,6 +643,7 @@ struct Run<'a> {
     helper: &'a str,
     identity: &'a str,
     deadline: Instant,
+    abort: Option<&'a HelperAbort>,
 }
 
 fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
@@ -645,7 +711,11 @@ impl Run<'_> {
                 remaining.min(Duration::from_millis(100))
             };
 
-            let mut fds: Vec<libc::pollfd> = Vec::with_capacity(3);
+            let mut fds: Vec<libc::pollfd> = Vec::with_capacity(4);
+            // First, so an abort wins over whatever the pipes have to say.
+            if let Some(abort) = self.abort {
+                fds.push(pollfd(abort.fd(), libc::POLLIN));
+            }
             if let Some(s) = &stdin {
                 fds.push(pollfd(s.as_raw_fd(), libc::POLLOUT));
             }
@@ -670,6 +740,12 @@ impl Run<'_> {
                 continue;
             }
             let mut index = 0;
+            if self.abort.is_some() {
+                if fds[index].revents != 0 {
+                    return Err(RunEnd::Aborted);
+                }
+                index += 1;
+            }
             if let Some(pipe) = stdin.as_mut() {
                 let revents = fds[index].revents;
                 index += 1;

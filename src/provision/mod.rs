@@ -48,7 +48,9 @@ use choria_wire::identity::Identity;
 use choria_wire::text::escape;
 
 use decision::{decide, load_issuer, AnswerError, Decision, NodeFacts, Plan, Upgrade};
-use helper::{CsrReply, Ed25519Reply, Exchange, Helper, HelperOutput};
+use helper::{
+    CsrReply, Ed25519Reply, Exchange, Helper, HelperAbort, HelperErrorKind, HelperOutput,
+};
 
 pub use error::{Failure, JwtFailure, NodeCsrError, ProvisionError, ReplyProblem, RpcFailure};
 
@@ -154,6 +156,33 @@ pub struct Cycle {
     /// Nodes already given the silent-node hint (bounded: see [`SILENT_HINTS_KEPT`]).
     silent_hinted: parking_lot::Mutex<std::collections::HashSet<String>>,
     audit: Option<CycleAudit>,
+    /// What the end of the shutdown grace ends; `None`: nothing (tests, benches).
+    grace: Option<Arc<GraceEnd>>,
+}
+
+/// What the end of the shutdown grace ends, fired once by the daemon: every helper still
+/// running (killed with its process group, never orphaned) and the `restart` that finishes a
+/// configured node (which a pause or the stop itself does not end). After it, every worker
+/// returns at once: all its other waits already ended when the gate stopped.
+#[derive(Debug)]
+pub struct GraceEnd {
+    helpers: HelperAbort,
+    /// Never paused; stopped when the grace ends.
+    finishing: Gate,
+}
+
+impl GraceEnd {
+    pub fn new() -> std::io::Result<GraceEnd> {
+        Ok(GraceEnd {
+            helpers: HelperAbort::new()?,
+            finishing: Gate::new(false),
+        })
+    }
+
+    pub fn fire(&self) {
+        self.helpers.fire();
+        self.finishing.stop();
+    }
 }
 
 /// How many nodes' silent-node hints are remembered; past that, no more hints are given
@@ -290,7 +319,14 @@ impl Cycle {
             protocol: "v1",
             silent_hinted: parking_lot::Mutex::new(std::collections::HashSet::new()),
             audit: None,
+            grace: None,
         }
+    }
+
+    /// Helpers and `restart`s still running when `grace` fires end then.
+    pub fn with_grace_end(mut self, grace: Arc<GraceEnd>) -> Cycle {
+        self.grace = Some(grace);
+        self
     }
 
     /// The protocol the RPC client speaks (`"v1"` or `"v2"`), named in the silent-node hint.
@@ -492,14 +528,30 @@ impl Cycle {
         // A configured node is finished with `restart` even if leadership was lost or a stop
         // began meanwhile: left configured but unrestarted, it would stay in provisioning and
         // the next leader would configure it a second time. The node's lock is still ours.
-        let finishing = Gate::new(false);
-        let restarted = self.call(
-            trail,
-            &finishing,
-            identity,
-            &Action::RESTART,
-            json!({"token": self.settings.token, "splay": 1}),
-        )?;
+        // Only the end of the shutdown grace ends it.
+        let unbounded;
+        let finishing = match &self.grace {
+            Some(grace) => &grace.finishing,
+            None => {
+                unbounded = Gate::new(false);
+                &unbounded
+            }
+        };
+        let restarted = self
+            .call(
+                trail,
+                finishing,
+                identity,
+                &Action::RESTART,
+                json!({"token": self.settings.token, "splay": 1}),
+            )
+            .inspect_err(|stop| {
+                if matches!(stop, CycleStop::Halted) {
+                    log::warn!(
+                        "{identity}: configured, but the shutdown grace ended before it was restarted"
+                    );
+                }
+            })?;
         log::info!(
             "{identity}: restart response: {}",
             reply_message(&restarted)
@@ -601,7 +653,8 @@ impl Cycle {
         if gate.check().is_err() {
             return Err(CycleStop::Halted);
         }
-        let exchange = ask_helper(&self.settings.helper, node);
+        let abort = self.grace.as_ref().map(|grace| &grace.helpers);
+        let exchange = ask_helper(&self.settings.helper, node, abort);
         self.metrics
             .helper_time
             .observe(&[], exchange.duration.as_secs_f64());
@@ -613,6 +666,11 @@ impl Cycle {
             duration_ms: u64::try_from(exchange.duration.as_millis()).unwrap_or(u64::MAX),
         });
         exchange.answer.map_err(|err| {
+            if matches!(err.kind, HelperErrorKind::Aborted) {
+                // The daemon is stopping: not the helper's fault, not an error.
+                log::warn!("{err}");
+                return CycleStop::Halted;
+            }
             self.metrics.helper_errors.inc();
             Failure::Helper(err).into()
         })
@@ -755,8 +813,9 @@ pub fn failure_reason(identity: &Identity, what: impl fmt::Display) -> String {
 
 /// Runs the helper for a node, as the cycle does (the one place both the cycle and
 /// `helper-test` ask it).
-pub fn ask_helper(helper: &Helper, node: &NodeFacts) -> Exchange {
-    helper.ask(&node.helper_input(), node.identity.as_str())
+/// `abort`: the daemon's end of the shutdown grace (`helper-test` has none).
+pub fn ask_helper(helper: &Helper, node: &NodeFacts, abort: Option<&HelperAbort>) -> Exchange {
+    helper.ask(&node.helper_input(), node.identity.as_str(), abort)
 }
 
 /// Every field Go's `configure` request carries; unset ones are empty strings or `{}`.

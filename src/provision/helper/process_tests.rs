@@ -258,6 +258,111 @@ fn a_slow_helper_and_what_it_started_are_killed_at_the_timeout() {
     );
 }
 
+/// Whether `pid` still runs: gone, or a zombie waiting for its (re)parent, is not running.
+fn running(pid: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    !status.is_empty() && !status.contains(") Z ")
+}
+
+/// Waits (bounded) for `pid` to stop running; whether it did.
+fn ends(pid: i32) -> bool {
+    // SIGKILL is sent; the kernel may take a moment to reap it via init.
+    for _ in 0..250 {
+        if !running(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn an_abort_kills_a_running_helper_and_what_it_started_and_no_helper_starts_after_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("pids");
+    // A helper well inside its timeout, with a grandchild in its group holding stdout open.
+    let path = script(
+        dir.path(),
+        "busy",
+        &format!(
+            "#!/bin/sh\nsleep 300 &\necho $$ $! > {}\nsleep 300\necho '{{}}'\n",
+            marker.display()
+        ),
+    );
+    let command = HelperCommand::parse(&path.display().to_string()).expect("split");
+    let abort = std::sync::Arc::new(super::HelperAbort::new().expect("pipe"));
+    let firing = {
+        let (abort, marker) = (abort.clone(), marker.clone());
+        std::thread::Builder::new()
+            .name("abort".into())
+            .spawn(move || {
+                // Fires once the helper has started what it starts (bounded).
+                for _ in 0..1500 {
+                    if std::fs::read_to_string(&marker).is_ok_and(|t| t.ends_with('\n')) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                abort.fire();
+            })
+            .expect("thread")
+    };
+    let exchange = super::run_helper_exchange(
+        &command,
+        &input(),
+        Duration::from_secs(600),
+        "n1.example.net",
+        Some(&abort),
+    );
+    firing.join().expect("abort thread");
+    let err = exchange.answer.as_ref().expect_err("aborted");
+    assert!(matches!(err.kind, HelperErrorKind::Aborted), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("busy") && text.contains("n1.example.net") && text.contains("grace"),
+        "{text}"
+    );
+    assert_eq!(
+        exchange.exit_text(),
+        "killed at the end of the shutdown grace"
+    );
+    let pids: Vec<i32> = std::fs::read_to_string(&marker)
+        .expect("pids written")
+        .split_whitespace()
+        .map(|p| p.parse().expect("pid"))
+        .collect();
+    for pid in pids {
+        assert!(ends(pid), "{pid} of the helper's group survived the abort");
+    }
+
+    // Fired already: the next helper is not even started.
+    let started = dir.path().join("started");
+    let path = script(
+        dir.path(),
+        "late",
+        &format!("#!/bin/sh\ntouch {}\necho '{{}}'\n", started.display()),
+    );
+    let command = HelperCommand::parse(&path.display().to_string()).expect("split");
+    let exchange = super::run_helper_exchange(
+        &command,
+        &input(),
+        Duration::from_secs(30),
+        "n1.example.net",
+        Some(&abort),
+    );
+    assert!(
+        matches!(
+            exchange.answer,
+            Err(HelperError {
+                kind: HelperErrorKind::Aborted,
+                ..
+            })
+        ),
+        "{exchange:?}"
+    );
+    assert!(!started.exists(), "a helper started after the abort");
+}
+
 #[test]
 fn stderr_chatter_does_not_disturb_the_answer() {
     let dir = tempfile::tempdir().expect("tempdir");
