@@ -66,6 +66,51 @@ impl serde::Serialize for Secret {
 /// line, whose arguments may hold one.
 const SECRET_KEYS: [&str; 3] = ["token", "broker_provisioning_password", "helper"];
 
+/// The range each number in the file must fall in. Go takes any value; a huge one here would
+/// start a thread per unit of it, allocate the work queue beyond memory or push a deadline
+/// past what the clock holds, so it is refused at start with the range named. Each range is
+/// wide enough for any real fleet.
+pub mod limits {
+    use std::time::Duration;
+
+    const DAY: u64 = 24 * 3600;
+
+    /// `workers` (0 is one per CPU).
+    pub const WORKERS: (u64, u64) = (0, 1024);
+    /// `work_queue_size`: the queue's slots are allocated at start.
+    pub const WORK_QUEUE_SIZE: (u64, u64) = (1, 1_000_000);
+    /// `interval` (Go's minimum is a minute).
+    pub const INTERVAL: (Duration, Duration) =
+        (Duration::from_secs(60), Duration::from_secs(30 * DAY));
+    /// `helper_timeout` (more than 0).
+    pub const HELPER_TIMEOUT: (Duration, Duration) =
+        (Duration::from_millis(1), Duration::from_secs(3600));
+    /// `release_delay`.
+    pub const RELEASE_DELAY: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(DAY));
+    /// `rpc_timeout` (0 or unset: the DDL's).
+    pub const RPC_TIMEOUT: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(3600));
+    /// `server_jwt_validity` (0 or unset: a year, as Go).
+    pub const SERVER_JWT_VALIDITY: (Duration, Duration) =
+        (Duration::ZERO, Duration::from_secs(100 * 365 * DAY));
+
+    /// A duration as a person would write it in the file: `30d`, `1h`, `90s`, `250ms`.
+    pub fn show(duration: Duration) -> String {
+        let secs = duration.as_secs();
+        if duration.is_zero() {
+            return "0".into();
+        }
+        if duration.subsec_nanos() != 0 {
+            return format!("{}ms", duration.as_millis());
+        }
+        for (unit, size) in [("y", 365 * DAY), ("d", DAY), ("h", 3600), ("m", 60)] {
+            if secs.is_multiple_of(size) {
+                return format!("{}{unit}", secs / size);
+            }
+        }
+        format!("{secs}s")
+    }
+}
+
 /// `features:` in the YAML, as switched on (`ed25519` turns `jwt` on, as in Go).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Features {
@@ -429,16 +474,24 @@ struct Work {
 }
 
 fn read_work(keys: &KeyReader) -> Result<Work, ConfigError> {
-    let workers = match keys.uint("workers", 0)? as usize {
-        0 => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
-        workers => workers,
-    };
+    let workers =
+        match keys.uint_within("workers", 0, limits::WORKERS, " (0: one per CPU)")? as usize {
+            0 => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            workers => workers,
+        };
     let interval = keys.duration("interval", "1m")?;
     if interval < Duration::from_secs(60) {
-        return Err(keys.invalid("interval", "must be at least 1 minute"));
+        return Err(keys.invalid(
+            "interval",
+            &format!(
+                "must be at least 1 minute (and at most {})",
+                limits::show(limits::INTERVAL.1)
+            ),
+        ));
     }
+    keys.within("interval", interval, limits::INTERVAL)?;
     let helper = match keys.optional_string("helper")? {
         Some(line) if !line.trim().is_empty() => {
             HelperCommand::parse(&line).map_err(|reason| ConfigError::Invalid {
@@ -460,20 +513,26 @@ fn read_work(keys: &KeyReader) -> Result<Work, ConfigError> {
         }
     };
     let helper_timeout = keys.duration("helper_timeout", "10s")?;
-    if helper_timeout.is_zero() {
-        return Err(keys.invalid("helper_timeout", "must be more than 0"));
+    if helper_timeout.is_zero() || helper_timeout > limits::HELPER_TIMEOUT.1 {
+        return Err(keys.invalid(
+            "helper_timeout",
+            &format!(
+                "must be more than 0 and at most {}",
+                limits::show(limits::HELPER_TIMEOUT.1)
+            ),
+        ));
     }
-    let work_queue_size = keys.uint("work_queue_size", 50_000)? as usize;
-    if work_queue_size == 0 {
-        return Err(keys.invalid("work_queue_size", "must be at least 1"));
-    }
+    let work_queue_size =
+        keys.uint_within("work_queue_size", 50_000, limits::WORK_QUEUE_SIZE, "")? as usize;
+    let release_delay = keys.duration("release_delay", "60s")?;
+    keys.within("release_delay", release_delay, limits::RELEASE_DELAY)?;
     Ok(Work {
         workers,
         interval,
         helper,
         helper_timeout,
         work_queue_size,
-        release_delay: keys.duration("release_delay", "60s")?,
+        release_delay,
     })
 }
 
@@ -554,7 +613,11 @@ fn read_broker(keys: &KeyReader) -> Result<Broker, ConfigError> {
     keys.string("rego_policy", "")?;
     let rpc_timeout = match keys.get("rpc_timeout") {
         None => None,
-        Some(_) => Some(keys.duration("rpc_timeout", "0s")?).filter(|d| !d.is_zero()),
+        Some(_) => {
+            let timeout = keys.duration("rpc_timeout", "0s")?;
+            keys.within("rpc_timeout", timeout, limits::RPC_TIMEOUT)?;
+            Some(timeout).filter(|d| !d.is_zero())
+        }
     };
     Ok(Broker {
         lifecycle_component,
@@ -612,7 +675,9 @@ fn read_security(keys: &KeyReader, warnings: &mut Vec<String>) -> Result<Securit
     } else {
         None
     };
-    let validity = match keys.duration("server_jwt_validity", "1y")? {
+    let validity = keys.duration("server_jwt_validity", "1y")?;
+    keys.within("server_jwt_validity", validity, limits::SERVER_JWT_VALIDITY)?;
+    let validity = match validity {
         zero if zero.is_zero() => {
             duration::parse("1y").unwrap_or(Duration::from_secs(365 * 24 * 3600))
         }
@@ -869,6 +934,38 @@ impl<'a> KeyReader<'a> {
                 .ok_or_else(|| self.invalid(key, "must be a whole number, 0 or more")),
             Some(other) => Err(self.wrong_type(key, "a whole number", other)),
         }
+    }
+
+    /// As [`KeyReader::uint`], refused outside `range` (inclusive), which the error names;
+    /// `note` follows the range in it.
+    fn uint_within(
+        &self,
+        key: &str,
+        default: u64,
+        (min, max): (u64, u64),
+        note: &str,
+    ) -> Result<u64, ConfigError> {
+        let value = self.uint(key, default)?;
+        if value < min || value > max {
+            return Err(self.invalid(key, &format!("must be {min} to {max}{note}")));
+        }
+        Ok(value)
+    }
+
+    /// `Err` naming `range` (inclusive) when `value`, read from `key`, is outside it.
+    fn within(
+        &self,
+        key: &str,
+        value: Duration,
+        (min, max): (Duration, Duration),
+    ) -> Result<(), ConfigError> {
+        if value < min || value > max {
+            return Err(self.invalid(
+                key,
+                &format!("must be {} to {}", limits::show(min), limits::show(max)),
+            ));
+        }
+        Ok(())
     }
 
     /// A go-choria duration; unset or blank is `default`.
@@ -1205,7 +1302,7 @@ features:
             ),
             (
                 "helper: h\nwork_queue_size: 0",
-                &["work_queue_size", "at least 1"],
+                &["work_queue_size", "1 to 1000000"],
             ),
             (
                 "helper: h\nfeatures: {pki: maybe}",
@@ -1223,6 +1320,55 @@ features:
                     err.contains(needle),
                     "error for {text:?} is {err:?}, lacks {needle:?}"
                 );
+            }
+        }
+    }
+
+    /// Go takes any number; a huge one here would start a thread per unit, allocate the queue
+    /// beyond memory or overflow a deadline. The edge of each range is accepted, one past it
+    /// refused with the range in the message.
+    #[test]
+    fn absurd_numbers_are_refused_naming_the_range() {
+        let cases: &[(&str, &str, &str)] = &[
+            // (key, the largest value accepted, one past it), then the range's words.
+            ("workers", "1024", "1025"),
+            ("workers", "1024", "18446744073709551615"),
+            ("work_queue_size", "1000000", "1000001"),
+            ("interval", "30d", "721h"),
+            ("interval", "30d", "100y"),
+            ("helper_timeout", "1h", "61m"),
+            ("release_delay", "1d", "25h"),
+            ("rpc_timeout", "1h", "3601s"),
+            ("server_jwt_validity", "100y", "101y"),
+        ];
+        let ranges = [
+            ("workers", "must be 0 to 1024 (0: one per CPU)"),
+            ("work_queue_size", "must be 1 to 1000000"),
+            ("interval", "must be 1m to 30d"),
+            ("helper_timeout", "must be more than 0 and at most 1h"),
+            ("release_delay", "must be 0 to 1d"),
+            ("rpc_timeout", "must be 0 to 1h"),
+            ("server_jwt_validity", "must be 0 to 100y"),
+        ];
+        for (key, largest, past) in cases {
+            let quote = |v: &str| {
+                if v.chars().all(|c| c.is_ascii_digit()) {
+                    v.to_string()
+                } else {
+                    format!("{v:?}")
+                }
+            };
+            let ok = format!("helper: h\n{key}: {}\n", quote(largest));
+            parse(&ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+            let text = format!("helper: h\n{key}: {}\n", quote(past));
+            let err = parse(&text).expect_err(&text).to_string();
+            let range = ranges
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, r)| *r)
+                .unwrap_or("");
+            for needle in ["/etc/test.yaml", key, past, range] {
+                assert!(err.contains(needle), "{text:?}: {err:?} lacks {needle:?}");
             }
         }
     }

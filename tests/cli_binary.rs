@@ -133,3 +133,57 @@ fn a_bad_configuration_names_file_key_and_value_and_exits_78() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Absurd numbers are refused at start with the range named (exit 78), in the YAML and in
+/// choria.cfg, never a panic, a thread per unit or a queue beyond memory.
+#[test]
+fn absurd_numbers_are_configuration_errors_naming_the_range() {
+    let dir = choria_testkit::temp_dir("cli-absurd").unwrap();
+    let config = dir.join("p.yaml");
+    let choria = dir.join("c.cfg");
+    let hosts = "plugin.choria.middleware_hosts = nats://127.0.0.1:1\n";
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "workers: 100000000\n",
+            "",
+            &["workers", "100000000", "0 to 1024"],
+        ),
+        (
+            "work_queue_size: 18446744073709551615\n",
+            "",
+            &["work_queue_size", "1 to 1000000"],
+        ),
+        (
+            "helper_timeout: 200y\n",
+            "",
+            &["helper_timeout", "at most 1h"],
+        ),
+        ("interval: 250y\n", "", &["interval", "1m to 30d"]),
+        (
+            "",
+            "discovery_timeout = 18446744073709551615\n",
+            &["discovery_timeout", "at most 3600"],
+        ),
+        ("", "ttl = 9999999999\n", &["ttl", "at most 86400"]),
+    ];
+    for (yaml, cfg, needles) in cases {
+        std::fs::write(&config, format!("helper: /bin/true\n{yaml}")).unwrap();
+        std::fs::write(&choria, format!("{hosts}{cfg}")).unwrap();
+        let (code, _, stderr) = provisioner(&[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--choria-config",
+            choria.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 78, "{yaml}{cfg}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        for needle in *needles {
+            assert!(
+                stderr.contains(needle),
+                "{yaml}{cfg}: {stderr} lacks {needle:?}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -34,6 +34,12 @@ pub const DEFAULT_TTL: u64 = 60;
 /// The request schema's minimum `ttl` (go-choria protocol/v1 `request.json`, which servers
 /// enforce): anything lower is refused by every server.
 pub const MIN_TTL: u64 = 30;
+/// Ours: the most `ttl` taken (a day). Go takes any number; a request that stays valid for
+/// longer is not a setting anyone means, and a huge one must not reach a deadline.
+pub const MAX_TTL: u64 = 24 * 3600;
+/// Ours: the most `discovery_timeout` taken, in seconds (an hour). Every RPC try waits this
+/// long plus the action's own timeout, so a huge one would overflow its deadline.
+pub const MAX_DISCOVERY_TIMEOUT: u64 = 3600;
 /// The NATS user the Go provisioner connects as with `broker_provisioning_password`
 /// (provisioner cmd/provisioner.go).
 pub const PROVISIONER_USER: &str = "provisioner";
@@ -311,23 +317,25 @@ impl ClientConfig {
         };
         let discovery_timeout =
             seconds(KEY_DISCOVERY_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT.as_secs())?;
-        if discovery_timeout == 0 {
+        if !(1..=MAX_DISCOVERY_TIMEOUT).contains(&discovery_timeout) {
             let (value, line) = get(KEY_DISCOVERY_TIMEOUT).unwrap_or(("0", 0));
             return Err(invalid(
                 KEY_DISCOVERY_TIMEOUT,
                 value,
                 line,
-                "must be at least 1 second".into(),
+                format!("must be at least 1 second and at most {MAX_DISCOVERY_TIMEOUT}"),
             ));
         }
         let ttl = seconds(KEY_TTL, DEFAULT_TTL)?;
-        if ttl < MIN_TTL {
+        if !(MIN_TTL..=MAX_TTL).contains(&ttl) {
             let (value, line) = get(KEY_TTL).unwrap_or(("", 0));
             return Err(invalid(
                 KEY_TTL,
                 value,
                 line,
-                format!("must be at least {MIN_TTL}: servers refuse requests with a lower ttl"),
+                format!(
+                    "must be at least {MIN_TTL} (servers refuse requests with a lower ttl) and at most {MAX_TTL}"
+                ),
             ));
         }
 
@@ -511,6 +519,21 @@ plugin.security.choria.seed_file = /etc/choria-provisioner/provisioner.seed
                 "ttl 29",
                 format!("{hosts}ttl = 29\n"),
                 &[":2:", "ttl", "at least 30"],
+            ),
+            (
+                "ttl past a day",
+                format!("{hosts}ttl = 86401\n"),
+                &[":2:", "ttl = \"86401\"", "at most 86400"],
+            ),
+            (
+                "ttl beyond u64",
+                format!("{hosts}ttl = 99999999999999999999999\n"),
+                &[":2:", "ttl", "whole number"],
+            ),
+            (
+                "timeout past an hour",
+                format!("{hosts}discovery_timeout = 3601\n"),
+                &[":2:", "discovery_timeout", "at most 3600"],
             ),
             (
                 "negative timeout",
