@@ -259,6 +259,55 @@ impl SenderScreen {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::Counts;
+
+    /// A screen whose "transport" is the sender's name itself.
+    fn screen(counts: &Arc<Counts>) -> SenderScreen {
+        SenderScreen {
+            observer: counts.clone(),
+            sender_of: |bytes| Ok(String::from_utf8_lossy(bytes).into_owned()),
+            seen: Mutex::new((HashSet::new(), 0)),
+        }
+    }
+
+    /// A round is bounded in count and in bytes of names: beyond either, a new sender is
+    /// dropped and counted, never queued; a repeat or an invalid name is never counted
+    /// against the bound.
+    #[test]
+    fn a_round_holds_at_most_max_senders_and_max_sender_bytes_of_names() {
+        let counts = Arc::new(Counts::default());
+        let round = screen(&counts);
+        for n in 0..MAX_SENDERS {
+            assert!(round.screen(format!("n{n}").as_bytes()).is_some(), "n{n}");
+        }
+        assert!(
+            round.screen(b"n0").is_none(),
+            "a repeat is not queued twice"
+        );
+        assert!(round.screen(b"a b").is_none());
+        assert_eq!(counts.get("malformed:discovery_sender"), 1);
+        assert_eq!(counts.get("dropped:discovery_reply"), 0);
+        assert!(round.screen(b"one.too.many").is_none());
+        assert_eq!(counts.get("dropped:discovery_reply"), 1);
+
+        // Names of 255 bytes reach the byte budget long before the count.
+        let counts = Arc::new(Counts::default());
+        let round = screen(&counts);
+        let name = |n: usize| format!("{n:0>255}");
+        let fit = MAX_SENDER_BYTES / 255;
+        for n in 0..fit {
+            assert!(round.screen(name(n).as_bytes()).is_some(), "{n}");
+        }
+        assert!(fit < MAX_SENDERS);
+        for n in fit..fit + 10 {
+            assert!(
+                round.screen(name(n).as_bytes()).is_none(),
+                "{n} is past the budget"
+            );
+        }
+        assert_eq!(counts.get("dropped:discovery_reply"), 10);
+        assert!(round.seen.lock().1 <= MAX_SENDER_BYTES);
+    }
 
     #[test]
     fn the_window_slides_300_ms_and_never_passes_go_s_2_s_cap() {

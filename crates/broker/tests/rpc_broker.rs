@@ -622,6 +622,15 @@ fn broken_and_foreign_replies_are_counted_and_a_good_reply_after_them_is_accepte
                     &body,
                     unix_now(),
                 ),
+                // Hostile senderids: refused as identities before anything compares them.
+                server::encode_reply(&request.request_id, ">", &request.agent, &body, unix_now()),
+                server::encode_reply(
+                    &request.request_id,
+                    "liar.example.net\r\nPUB evil 1",
+                    &request.agent,
+                    &body,
+                    unix_now(),
+                ),
                 ok_reply(request, identity, &json!({"good": true})),
             ]
         }),
@@ -636,6 +645,7 @@ fn broken_and_foreign_replies_are_counted_and_a_good_reply_after_them_is_accepte
     let expected_counts = [
         (malformed::REPLY, 2),          // bad JSON, bad base64
         (malformed::REPLY_MISMATCH, 2), // wrong request id, wrong sender
+        (malformed::REPLY_SENDER, 2),   // `>`, a CRLF
         (malformed::RPC_REPLY, 0),
     ];
     for (kind, count) in expected_counts {
