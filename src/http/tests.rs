@@ -138,3 +138,40 @@ fn stop_never_waits_on_a_stuck_client() {
     let _ = endless.join();
     drop(idle);
 }
+
+/// A client that sends a byte now and then, never finishing its request (each read gets
+/// something, so only an overall deadline ends it): answered 408 and cut at the connection's
+/// deadline, not kept for as long as it drips.
+#[test]
+fn a_client_dripping_bytes_is_cut_at_the_connection_deadline() {
+    let server = server();
+    let stream = TcpStream::connect(server.local_addr).expect("connects");
+    let mut reader = stream.try_clone().expect("clone");
+    let dripper = std::thread::Builder::new()
+        .name("test-drip".into())
+        .spawn(move || {
+            let mut stream = stream;
+            let end = Instant::now() + CONNECTION_DEADLINE * 6;
+            // "GET /metrics" then header bytes without end, one every 200 ms.
+            for byte in b"GET /metrics HTTP/1.1\r\nX-Drip: "
+                .iter()
+                .chain(std::iter::repeat(&b'x'))
+            {
+                if Instant::now() >= end || stream.write_all(&[*byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+        .expect("thread");
+    // Bounded well past the deadline: a deadline reset by every byte would never answer.
+    reader
+        .set_read_timeout(Some(CONNECTION_DEADLINE * 3))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = reader.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    let _ = reader.shutdown(std::net::Shutdown::Both);
+    dripper.join().expect("dripper");
+    server.stop();
+}
