@@ -7,9 +7,10 @@
 //! it hands out is checked and typed: an unset path or secret is `None`, never `""`, and the
 //! settings a feature needs exist exactly when the feature is on.
 //!
-//! Go turns the YAML into JSON and decodes that with the struct's JSON tags, so key names are
-//! exact and values must have the JSON type of the field. Unknown keys are a warning here (Go
-//! ignores them silently). Every error names the file, the key and the value.
+//! Go turns the YAML into JSON (yaml.v2, YAML 1.1) and decodes that with the struct's JSON
+//! tags, so values must have the JSON type of the field; `yaml` reads the file the same way
+//! (YAML 1.1 booleans, keys in any case). Unknown keys are a warning here (Go ignores them
+//! silently). Every error names the file, the key and the value.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,8 @@ use serde_norway::{Mapping, Value};
 use choria_crypto::csr::DenyList;
 
 use crate::duration;
+
+mod yaml;
 
 /// A setting that must never reach a log line or a `Debug` print: the provisioning token and
 /// the broker password. It reads as a `&str` where it is used (sent to nodes or the broker)
@@ -430,6 +433,7 @@ impl Config {
         let logging = read_logging(&keys, &mut warnings)?;
         let broker = read_broker(&keys)?;
         let security = read_security(&keys, &mut warnings)?;
+        warnings.extend(keys.notes.take());
         let config = Config {
             path: path.to_path_buf(),
             workers: work.workers,
@@ -791,11 +795,16 @@ fn type_name(value: &Value) -> &'static str {
 struct KeyReader<'a> {
     path: &'a Path,
     mapping: Mapping,
+    /// The unquoted YAML 1.1 boolean words the file holds (`yes`, `off`, ...).
+    bool_words: Vec<yaml::BoolWord>,
+    /// Warnings made while reading keys (a boolean written the YAML 1.1 way, a key set twice
+    /// in different cases), for `Config::parse` to hand out.
+    notes: std::cell::RefCell<Vec<String>>,
 }
 
 impl<'a> KeyReader<'a> {
     fn from_yaml(path: &'a Path, text: &str) -> Result<KeyReader<'a>, ConfigError> {
-        let value: Value = serde_norway::from_str(text).map_err(|err| ConfigError::Yaml {
+        let (value, bool_words) = yaml::parse(text).map_err(|err| ConfigError::Yaml {
             path: path.to_path_buf(),
             reason: err.to_string(),
         })?;
@@ -809,7 +818,40 @@ impl<'a> KeyReader<'a> {
                 })
             }
         };
-        Ok(KeyReader { path, mapping })
+        // Keys in any case, as encoding/json matches them, here and inside `features`.
+        let (mut mapping, mut shadowed) = yaml::fold_keys(mapping, KNOWN_KEYS);
+        if let Some(Value::Mapping(features)) = mapping.get_mut("features") {
+            let (folded, inner) = yaml::fold_keys(std::mem::take(features), FEATURE_KEYS);
+            *features = folded;
+            shadowed.extend(
+                inner
+                    .into_iter()
+                    .map(|(lost, won)| (format!("features.{lost}"), format!("features.{won}"))),
+            );
+        }
+        let notes = shadowed
+            .into_iter()
+            .map(|(lost, won)| {
+                format!(
+                    "{}: keys {lost} and {won} are the same key; {won} is used, as Go does",
+                    path.display()
+                )
+            })
+            .collect();
+        Ok(KeyReader {
+            path,
+            mapping,
+            bool_words,
+            notes: std::cell::RefCell::new(notes),
+        })
+    }
+
+    /// The YAML 1.1 word a boolean at `key` was written as, if it was.
+    fn bool_word(&self, key: &str) -> Option<&str> {
+        self.bool_words
+            .iter()
+            .find(|w| w.path == key)
+            .map(|w| w.word.as_str())
     }
 
     /// Warnings for keys we do not know and keys that have no effect.
@@ -864,11 +906,22 @@ impl<'a> KeyReader<'a> {
     }
 
     fn wrong_type(&self, key: &str, expected: &'static str, value: &Value) -> ConfigError {
-        let shown = if SECRET_KEYS.contains(&key) {
+        let mut shown = if SECRET_KEYS.contains(&key) {
             format!("{} (value not shown)", type_name(value))
         } else {
             format!("{} {}", type_name(value), render(value))
         };
+        // A boolean where text is expected: `site: no` is the boolean false in YAML 1.1, as
+        // Go reads it too (and refuses it); quoting makes it text.
+        if let (Value::Bool(b), true) = (value, expected.contains("string")) {
+            match self.bool_word(key) {
+                Some(word) if !SECRET_KEYS.contains(&key) => shown.push_str(&format!(
+                    " (YAML 1.1, as Go reads it, makes an unquoted {word} the boolean {b}); \
+                     quote it to mean the text: {key}: \"{word}\""
+                )),
+                _ => shown.push_str("; quote the value to mean the text"),
+            }
+        }
         ConfigError::WrongType {
             path: self.path.to_path_buf(),
             key: key.to_string(),
@@ -921,7 +974,19 @@ impl<'a> KeyReader<'a> {
     ) -> Result<bool, ConfigError> {
         match value {
             None => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
+            Some(Value::Bool(b)) => {
+                if let Some(word) = self.bool_word(key) {
+                    let note = format!(
+                        "{}: key {key}: {word} is read as {b}, as Go's YAML 1.1 reads it; write {b}",
+                        self.path.display()
+                    );
+                    let mut notes = self.notes.borrow_mut();
+                    if !notes.contains(&note) {
+                        notes.push(note);
+                    }
+                }
+                Ok(*b)
+            }
             Some(other) => Err(self.wrong_type(key, "true or false", other)),
         }
     }
@@ -929,8 +994,14 @@ impl<'a> KeyReader<'a> {
     fn uint(&self, key: &str, default: u64) -> Result<u64, ConfigError> {
         match self.get(key) {
             None => Ok(default),
+            // A whole float passes as Go's JSON writes it (4.0 is 4).
             Some(Value::Number(n)) => n
                 .as_u64()
+                .or_else(|| {
+                    n.as_f64()
+                        .filter(|f| f.fract() == 0.0 && (0.0..9.2e18).contains(f))
+                        .map(|f| f as u64)
+                })
                 .ok_or_else(|| self.invalid(key, "must be a whole number, 0 or more")),
             Some(other) => Err(self.wrong_type(key, "a whole number", other)),
         }
@@ -1175,6 +1246,101 @@ features:
                     }
                 }
                 (got, want) => panic!("{yaml}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    /// YAML as Go's provisioner reads it (ghodss/yaml on yaml.v2, then encoding/json): what
+    /// Go accepts, with the value it gets, and what it refuses.
+    #[test]
+    fn the_yaml11_table() {
+        // (snippet, Ok(what to check, the warning expected or "") or Err(fragments))
+        type Check = fn(&Config) -> bool;
+        type Want = Result<(Check, &'static str), &'static [&'static str]>;
+        #[rustfmt::skip]
+        let cases: &[(&str, Want)] = &[
+            // yaml.v2's boolean words, for boolean keys, with a warning naming the key.
+            ("choria_insecure: yes",    Ok((|c| c.choria_insecure, "choria_insecure: yes is read as true"))),
+            ("choria_insecure: Yes",    Ok((|c| c.choria_insecure, "write true"))),
+            ("choria_insecure: YES",    Ok((|c| c.choria_insecure, "choria_insecure"))),
+            ("choria_insecure: y",      Ok((|c| c.choria_insecure, "choria_insecure: y is"))),
+            ("choria_insecure: Y",      Ok((|c| c.choria_insecure, "choria_insecure: Y is"))),
+            ("choria_insecure: on",     Ok((|c| c.choria_insecure, "choria_insecure: on is"))),
+            ("choria_insecure: On",     Ok((|c| c.choria_insecure, "choria_insecure"))),
+            ("choria_insecure: ON",     Ok((|c| c.choria_insecure, "choria_insecure"))),
+            ("leader_election: no",     Ok((|c| !c.leader_election, "leader_election: no is read as false"))),
+            ("leader_election: No",     Ok((|c| !c.leader_election, "write false"))),
+            ("leader_election: NO",     Ok((|c| !c.leader_election, "leader_election"))),
+            ("leader_election: n",      Ok((|c| !c.leader_election, "leader_election: n is"))),
+            ("leader_election: N",      Ok((|c| !c.leader_election, "leader_election"))),
+            ("leader_election: off",    Ok((|c| !c.leader_election, "leader_election: off is"))),
+            ("leader_election: Off",    Ok((|c| !c.leader_election, "leader_election"))),
+            ("leader_election: OFF",    Ok((|c| !c.leader_election, "leader_election"))),
+            ("upgrades_optional: on\nfeatures: {upgrades: yes}",
+                Ok((|c| c.upgrades.as_ref().is_some_and(|u| u.optional), "features.upgrades: yes is read as true"))),
+            ("choria_insecure: True",   Ok((|c| c.choria_insecure, ""))),
+            ("choria_insecure: FALSE",  Ok((|c| !c.choria_insecure, ""))),
+            // Quoted, a word is text, which Go refuses for a boolean; so do other spellings.
+            ("choria_insecure: \"yes\"", Err(&["choria_insecure", "true or false", "\"yes\""])),
+            ("choria_insecure: 'on'",   Err(&["choria_insecure", "true or false"])),
+            ("choria_insecure: yEs",    Err(&["choria_insecure", "true or false"])),
+            ("choria_insecure: 1",      Err(&["choria_insecure", "true or false"])),
+            // Such a word given to a string key is a boolean Go refuses: quote it.
+            ("site: no",                Err(&["key site: expected a string", "boolean false", "unquoted no", "site: \"no\""])),
+            ("site: on # the site",     Err(&["site", "unquoted on", "quote it"])),
+            ("site: true",              Err(&["site", "boolean true", "quote the value"])),
+            ("cert_deny_list: [a, off]", Err(&["cert_deny_list", "unquoted off", "quote it"])),
+            ("token: yes",              Err(&["key token", "value not shown", "quote the value"])),
+            ("site: 5",                 Err(&["site", "a string", "number 5"])),
+            ("site: \"no\"",            Ok((|c| c.site == "no", ""))),
+            ("site: 'off'",             Ok((|c| c.site == "off", ""))),
+            ("site: |-\n  no",          Ok((|c| c.site == "no", ""))),
+            ("site: noway",             Ok((|c| c.site == "noway", ""))),
+            // Numbers as yaml.v2 reads them: a leading 0 is octal, underscores are dropped,
+            // a whole float is a whole number; a number is no string.
+            ("workers: 010",            Ok((|c| c.workers == 8, ""))),
+            ("workers: 0o10",           Ok((|c| c.workers == 8, ""))),
+            ("workers: 0x10",           Ok((|c| c.workers == 16, ""))),
+            ("workers: 0b11",           Ok((|c| c.workers == 3, ""))),
+            ("workers: 1_0",            Ok((|c| c.workers == 10, ""))),
+            ("workers: 4.0",            Ok((|c| c.workers == 4, ""))),
+            ("monitor_port: 08080",     Ok((|c| c.monitor_port == 8080, ""))),
+            ("workers: 4.5",            Err(&["workers", "whole number"])),
+            ("workers: '4'",            Err(&["workers", "whole number", "string \"4\""])),
+            ("site: 010",               Err(&["site", "a string", "number 8"])),
+            ("site: 1_000",             Err(&["site", "a string", "number 1000"])),
+            // Keys in any case, as encoding/json matches them; of two spellings the one
+            // sorting last wins, as Go's sorted JSON object makes it.
+            ("Workers: 3",              Ok((|c| c.workers == 3 && c.set_in_file.contains("workers"), ""))),
+            ("WORKERS: 3\nworkers: 5",  Ok((|c| c.workers == 5, "keys WORKERS and workers are the same key"))),
+            ("site: b\nSite: a",        Ok((|c| c.site == "b", "keys Site and site"))),
+            ("Features: {PKI: true}",   Ok((|c| c.features.pki && c.set_in_file.contains("features.pki"), ""))),
+            ("features: {Upgrades: Yes}", Ok((|c| c.upgrades.is_some(), "features.upgrades: Yes"))),
+            ("Choria_Insecure: on",     Ok((|c| c.choria_insecure, "choria_insecure: on"))),
+        ];
+        for (snippet, want) in cases {
+            let text = format!("helper: h\n{snippet}\n");
+            match (parse(&text), want) {
+                (Ok((c, warnings)), Ok((check, warning))) => {
+                    assert!(check(&c), "{snippet}: {c:?}");
+                    let all = warnings.join("\n");
+                    if warning.is_empty() {
+                        assert!(warnings.is_empty(), "{snippet}: {all}");
+                    } else {
+                        assert!(
+                            all.contains(warning),
+                            "{snippet}: {all:?} lacks {warning:?}"
+                        );
+                        assert!(all.contains("/etc/test.yaml"), "{snippet}: {all}");
+                    }
+                }
+                (Err(err), Err(needles)) => {
+                    let err = err.to_string();
+                    for needle in *needles {
+                        assert!(err.contains(needle), "{snippet}: {err:?} lacks {needle:?}");
+                    }
+                }
+                (got, want) => panic!("{snippet}: got {got:?}, want {want:?}"),
             }
         }
     }
