@@ -155,6 +155,9 @@ pub fn check(args: &CheckConfigArgs) -> Report {
     let client = match client_config::load(&args.choria_config) {
         Ok(client) => {
             report.file("choria config", &args.choria_config, "loaded".into());
+            report
+                .warnings
+                .extend(client_config::unread_key_warnings(&client));
             Some(client)
         }
         Err(err) => {
@@ -361,13 +364,19 @@ impl Report {
         match &settings.tls {
             None => {}
             Some(Tls::Verified(files)) => {
-                self.certificate("plugin.security.file.certificate", &files.certificate, now);
-                self.private_key(
-                    "plugin.security.file.key",
-                    &files.key,
-                    Some(&files.certificate),
-                );
-                self.ca("plugin.security.file.ca", &files.ca, now);
+                // The puppet provider (go-choria's default) finds its files under the SSL
+                // directory; the file provider names each.
+                let [certificate, key, ca] = match client.security_provider.as_str() {
+                    "" | "puppet" => ["puppet certificate", "puppet private key", "puppet CA"],
+                    _ => [
+                        "plugin.security.file.certificate",
+                        "plugin.security.file.key",
+                        "plugin.security.file.ca",
+                    ],
+                };
+                self.certificate(certificate, &files.certificate, now);
+                self.private_key(key, &files.key, Some(&files.certificate));
+                self.ca(ca, &files.ca, now);
             }
             Some(Tls::Choria { client: tls, ca }) => {
                 if let Some((certificate, key)) = tls {
@@ -927,7 +936,7 @@ fn client_settings(client: &ClientConfig) -> Vec<Setting> {
             default: !set("plugin.security.provider"),
         },
     ];
-    let files: [(&str, &Option<PathBuf>); 8] = [
+    let files: [(&str, &Option<PathBuf>); 9] = [
         ("plugin.security.file.certificate", &client.certificate),
         ("plugin.security.file.key", &client.key),
         ("plugin.security.file.ca", &client.ca),
@@ -942,6 +951,7 @@ fn client_settings(client: &ClientConfig) -> Vec<Setting> {
         ),
         ("plugin.security.choria.key", &client.choria.key),
         ("plugin.security.choria.ca", &client.choria.ca),
+        ("plugin.choria.ssldir", &client.ssldir),
     ];
     for (key, value) in files {
         if value.is_some() {
@@ -951,6 +961,20 @@ fn client_settings(client: &ClientConfig) -> Vec<Setting> {
                 default: false,
             });
         }
+    }
+    if let Some(user) = &client.nats_user {
+        out.push(Setting {
+            key: "plugin.nats.user".into(),
+            value: user.clone(),
+            default: false,
+        });
+    }
+    if client.nats_pass.is_some() {
+        out.push(Setting {
+            key: "plugin.nats.pass".into(),
+            value: "(set)".into(),
+            default: false,
+        });
     }
     out
 }

@@ -18,7 +18,7 @@ use choria_crypto::ed25519::public_key_hex_from_seed;
 use choria_wire::choria_cfg::{
     ClientConfig, ClientConfigError, KEY_CA, KEY_CERTIFICATE, KEY_CHORIA_CA,
     KEY_CHORIA_CERTIFICATE, KEY_CHORIA_KEY, KEY_CHORIA_SEED_FILE, KEY_CHORIA_TOKEN_FILE, KEY_KEY,
-    KEY_PROVIDER, PROVISIONER_USER,
+    KEY_PROVIDER, KEY_SSLDIR, PROVISIONER_USER,
 };
 use choria_wire::signing::{ChoriaSigner, Protocol, SecurityError, Signer};
 
@@ -63,6 +63,21 @@ pub(crate) fn load(path: &Path) -> Result<ClientConfig, LoadError> {
     ClientConfig::parse(path, &text, host_fqdn).map_err(LoadError::Invalid)
 }
 
+/// One warning for each client setting of `choria.cfg` we do not read (go-choria's client
+/// would act on it), naming the file, line and key; said once at start.
+pub(crate) fn unread_key_warnings(client: &ClientConfig) -> Vec<String> {
+    client
+        .unread_keys()
+        .into_iter()
+        .map(|(key, line)| {
+            format!(
+                "{}:{line}: {key} is not read by this provisioner and has no effect",
+                client.path.display()
+            )
+        })
+        .collect()
+}
+
 /// The `file` provider's signer from its certificate and key files. The key may be PKCS#1 or
 /// PKCS#8 PEM; it must be RSA and must match the certificate.
 pub(crate) fn signer_from_files(cert: &Path, key: &Path) -> Result<Signer, SecurityError> {
@@ -93,12 +108,35 @@ pub(crate) fn host_fqdn() -> Result<String, String> {
 }
 
 fn hostname_f(limit: Duration) -> Result<String, String> {
-    let mut child = crate::notify::scrub(&mut Command::new("hostname"))
-        .arg("-f")
+    let out = run_bounded(Command::new("hostname").arg("-f"), limit)?;
+    let name = out.trim();
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err(format!("printed {out:?}"));
+    }
+    Ok(name.to_string())
+}
+
+/// Runs `command` to its end within `limit` (killed after it) and returns what it printed on
+/// stdout; a failure exit is an error naming the status and the output.
+fn run_bounded(command: &mut Command, limit: Duration) -> Result<String, String> {
+    let mut child = crate::notify::scrub(command)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
+        .map_err(|e| e.to_string())?;
+    // The output is read on its own thread so a chatty command cannot block on a full pipe.
+    let stdout = child.stdout.take();
+    let reader = std::thread::Builder::new()
+        .name("command-output".into())
+        .spawn(move || {
+            let mut out = String::new();
+            if let Some(mut stdout) = stdout {
+                // Bounded: nothing we run prints more than a line or two.
+                let _ = stdout.by_ref().take(64 * 1024).read_to_string(&mut out);
+            }
+            out
+        })
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
     let status = loop {
@@ -106,23 +144,82 @@ fn hostname_f(limit: Duration) -> Result<String, String> {
             Ok(Some(status)) => break status,
             Ok(None) if started.elapsed() < limit => std::thread::sleep(Duration::from_millis(10)),
             Ok(None) => {
-                // Our own child, by its handle.
+                // Our own child, by its handle; its end closes the pipe and ends the reader.
                 let _ = child.kill();
                 let _ = child.wait();
+                let _ = reader.join();
                 return Err(format!("did not finish within {limit:?}"));
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = reader.join();
+                return Err(e.to_string());
+            }
         }
     };
-    let mut out = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        stdout.read_to_string(&mut out).map_err(|e| e.to_string())?;
-    }
-    let name = out.trim();
-    if !status.success() || name.is_empty() || name.contains(char::is_whitespace) {
+    let out = reader
+        .join()
+        .map_err(|_| "the output reader failed".to_string())?;
+    if !status.success() {
         return Err(format!("exited {status} with output {out:?}"));
     }
-    Ok(name.to_string())
+    Ok(out)
+}
+
+/// What the `puppet` provider takes from the process (go-choria
+/// providers/security/puppetsec option.go and util.go); `from_process` reads it, tests make
+/// their own.
+pub(crate) struct PuppetEnv<'a> {
+    /// `MCOLLECTIVE_CERTNAME`: the certname when set.
+    pub certname: Option<String>,
+    /// `USER`: else the certname is `$USER.mcollective`.
+    pub user: Option<String>,
+    /// `HOME`: a user other than root keeps Puppet's files in `~/.puppetlabs/etc/puppet/ssl`.
+    pub home: Option<PathBuf>,
+    /// Effective uid 0: Puppet is asked for its `ssldir`.
+    pub root: bool,
+    /// Asks Puppet for its `ssldir`.
+    pub ask_puppet: &'a dyn Fn() -> Result<PathBuf, String>,
+}
+
+impl PuppetEnv<'static> {
+    pub(crate) fn from_process() -> PuppetEnv<'static> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        PuppetEnv {
+            certname: var("MCOLLECTIVE_CERTNAME"),
+            user: var("USER"),
+            home: var("HOME").map(PathBuf::from),
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            root: unsafe { libc::geteuid() } == 0,
+            ask_puppet: &puppet_ssldir,
+        }
+    }
+}
+
+/// Puppet's `ssldir`, as go-choria asks for it (puppet/puppetwrapper.go, `Setting`): the AIO
+/// `puppet` when installed, else the one on the PATH.
+fn puppet_ssldir() -> Result<PathBuf, String> {
+    let aio = Path::new("/opt/puppetlabs/bin/puppet");
+    let program = if aio.is_file() {
+        aio.as_os_str().to_owned()
+    } else {
+        "puppet".into()
+    };
+    let args = [
+        "apply",
+        "--environment",
+        "production",
+        "--configprint",
+        "ssldir",
+    ];
+    let out = run_bounded(Command::new(&program).args(args), Duration::from_secs(60))
+        .map_err(|e| format!("could not run 'puppet {}': {e}", args.join(" ")))?;
+    let dir = out.trim();
+    if dir.is_empty() {
+        return Err(format!("'puppet {}' printed nothing", args.join(" ")));
+    }
+    Ok(PathBuf::from(dir))
 }
 
 /// What a security provider brings to the connection.
@@ -154,26 +251,103 @@ fn file_provider(client: &ClientConfig) -> Result<Security, ClientConfigError> {
                 purpose: "for TLS and request signing",
             })
     };
-    let certificate = need(&client.certificate, KEY_CERTIFICATE)?;
-    let key = need(&client.key, KEY_KEY)?;
-    let ca = need(&client.ca, KEY_CA)?;
-    if let Err(error) = std::fs::metadata(&ca) {
+    let files = TlsFiles {
+        certificate: need(&client.certificate, KEY_CERTIFICATE)?,
+        key: need(&client.key, KEY_KEY)?,
+        ca: need(&client.ca, KEY_CA)?,
+    };
+    x509_security(
+        client,
+        files,
+        [KEY_CERTIFICATE, KEY_KEY, KEY_CA],
+        client.caller_id(),
+    )
+}
+
+/// The `puppet` provider, go-choria's default (providers/security/puppetsec): the `file`
+/// provider's x509 with the files where Puppet keeps them, named by the certname:
+/// `MCOLLECTIVE_CERTNAME`, else `$USER.mcollective`; in `plugin.choria.ssldir`, else Puppet's
+/// `ssldir` (asked of Puppet as root, `~/.puppetlabs/etc/puppet/ssl` otherwise). The caller
+/// id is `choria=<certname>`.
+fn puppet_provider(client: &ClientConfig, env: &PuppetEnv) -> Result<Security, ClientConfigError> {
+    let path = &client.path;
+    let refuse = |reason: String| ClientConfigError::Puppet {
+        path: path.clone(),
+        line: client.line_of(KEY_PROVIDER),
+        reason,
+    };
+    let certname =
+        match (&env.certname, &env.user) {
+            (Some(certname), _) => certname.clone(),
+            (None, Some(user)) => format!("{user}.mcollective"),
+            (None, None) => return Err(refuse(
+                "could not determine the client's certname: set MCOLLECTIVE_CERTNAME (or USER, \
+                 for $USER.mcollective) in the provisioner's environment"
+                    .into(),
+            )),
+        };
+    if certname.contains(['/', '\0']) || certname.starts_with('.') {
+        return Err(refuse(format!(
+            "the certname {certname:?} cannot name a file under the SSL directory"
+        )));
+    }
+    let ssldir = match (&client.ssldir, env.root, &env.home) {
+        (Some(dir), _, _) => dir.clone(),
+        (None, true, _) => (env.ask_puppet)().map_err(|e| {
+            refuse(format!(
+                "{KEY_SSLDIR} is not set and Puppet's ssldir could not be found: {e}; set \
+                 {KEY_SSLDIR}"
+            ))
+        })?,
+        (None, false, Some(home)) => home.join(".puppetlabs/etc/puppet/ssl"),
+        (None, false, None) => {
+            return Err(refuse(format!(
+                "{KEY_SSLDIR} is not set and HOME is not set, so Puppet's SSL directory is \
+                 unknown; set {KEY_SSLDIR}"
+            )))
+        }
+    };
+    let files = TlsFiles {
+        certificate: ssldir.join("certs").join(format!("{certname}.pem")),
+        key: ssldir.join("private_keys").join(format!("{certname}.pem")),
+        ca: ssldir.join("certs").join("ca.pem"),
+    };
+    // Every file comes from the SSL directory: errors point at it.
+    x509_security(
+        client,
+        files,
+        [KEY_SSLDIR, KEY_SSLDIR, KEY_SSLDIR],
+        format!("choria={certname}"),
+    )
+}
+
+/// x509 TLS and protocol v1 signing from a certificate, its key and a CA; `keys` are the
+/// settings the three files come from, named in errors.
+fn x509_security(
+    client: &ClientConfig,
+    files: TlsFiles,
+    keys: [&'static str; 3],
+    caller_id: String,
+) -> Result<Security, ClientConfigError> {
+    let path = &client.path;
+    let [certificate_key, key_key, ca_key] = keys;
+    if let Err(error) = std::fs::metadata(&files.ca) {
         return Err(ClientConfigError::Security {
             path: path.clone(),
-            line: client.line_of(KEY_CA),
-            key: KEY_CA,
+            line: client.line_of(ca_key),
+            key: ca_key,
             error: SecurityError::Read {
-                path: ca.clone(),
+                path: files.ca.clone(),
                 error,
             },
         });
     }
-    let signer = signer_from_files(&certificate, &key).map_err(|error| {
+    let signer = signer_from_files(&files.certificate, &files.key).map_err(|error| {
         // Name the setting the failing file came from.
         let setting = match &error {
-            SecurityError::Read { path: p, .. } if p == &certificate => KEY_CERTIFICATE,
-            SecurityError::BadCertificate { .. } => KEY_CERTIFICATE,
-            _ => KEY_KEY,
+            SecurityError::Read { path: p, .. } if p == &files.certificate => certificate_key,
+            SecurityError::BadCertificate { .. } => certificate_key,
+            _ => key_key,
         };
         ClientConfigError::Security {
             path: path.clone(),
@@ -183,14 +357,10 @@ fn file_provider(client: &ClientConfig) -> Result<Security, ClientConfigError> {
         }
     })?;
     Ok(Security {
-        tls: Some(Tls::Verified(TlsFiles {
-            certificate,
-            key,
-            ca,
-        })),
+        tls: Some(Tls::Verified(files)),
         protocol: Protocol::V1(signer),
         token: None,
-        caller_id: client.caller_id(),
+        caller_id,
         token_expires: None,
     })
 }
@@ -300,6 +470,23 @@ pub(crate) fn connect_settings(
     provisioning_password: Option<&str>,
     plain_tcp: bool,
 ) -> Result<ConnectSettings, ClientConfigError> {
+    connect_settings_in(
+        client,
+        insecure,
+        provisioning_password,
+        plain_tcp,
+        &PuppetEnv::from_process(),
+    )
+}
+
+/// [`connect_settings`] with the `puppet` provider's view of the process given.
+pub(crate) fn connect_settings_in(
+    client: &ClientConfig,
+    insecure: bool,
+    provisioning_password: Option<&str>,
+    plain_tcp: bool,
+    env: &PuppetEnv,
+) -> Result<ConnectSettings, ClientConfigError> {
     let path = &client.path;
     let unsupported = |reason: &'static str| ClientConfigError::UnsupportedProvider {
         path: path.clone(),
@@ -328,30 +515,31 @@ pub(crate) fn connect_settings(
         },
         "file" => file_provider(client)?,
         "choria" => choria_provider(client, plain_tcp)?,
-        "puppet" | "pkcs11" | "certmanager" => {
+        // Unset is go-choria's default, puppet.
+        "puppet" | "" => puppet_provider(client, env)?,
+        "pkcs11" | "certmanager" => {
             return Err(unsupported(
-                "this security provider is not supported yet; use file (x509), choria \
+                "this security provider is not supported yet; use puppet, file (x509), choria \
                  (Organization Issuer networks) or choria_insecure",
-            ))
-        }
-        "" => {
-            return Err(unsupported(
-                "not set, and go-choria's default (puppet) is not supported yet; set it to \
-                 file (x509) or choria (Organization Issuer networks), or use choria_insecure",
             ))
         }
         _ => {
             return Err(unsupported(
-                "unknown security provider; use file (x509), choria or choria_insecure",
+                "unknown security provider; use puppet, file (x509), choria or choria_insecure",
             ))
         }
     };
-    let (user, password) = match provisioning_password {
-        None => (None, None),
-        Some(password) => (
+    // go-choria sends a user and password only when both are set (choria/connection.go);
+    // the provisioner's broker_provisioning_password replaces them (provisioner cmd/run).
+    let (user, password) = match (provisioning_password, &client.nats_user, &client.nats_pass) {
+        (Some(password), _, _) => (
             Some(PROVISIONER_USER.to_string()),
             Some(password.to_string()),
         ),
+        (None, Some(user), Some(password)) => {
+            (Some(user.clone()), Some(password.as_str().to_string()))
+        }
+        (None, _, _) => (None, None),
     };
     Ok(ConnectSettings {
         urls: client.middleware_hosts.clone(),
@@ -482,16 +670,6 @@ mod tests {
                 ]),
             ),
             (
-                "puppet",
-                "plugin.security.provider = puppet\n".into(),
-                false,
-                Err(&[
-                    ":3:",
-                    "plugin.security.provider = \"puppet\"",
-                    "not supported yet",
-                ]),
-            ),
-            (
                 "pkcs11",
                 "plugin.security.provider = pkcs11\n".into(),
                 false,
@@ -504,12 +682,6 @@ mod tests {
                 Err(&["\"certmanager\"", "not supported yet"]),
             ),
             (
-                "unset",
-                String::new(),
-                false,
-                Err(&["plugin.security.provider", "puppet"]),
-            ),
-            (
                 "unknown",
                 "plugin.security.provider = magic\n".into(),
                 false,
@@ -518,7 +690,7 @@ mod tests {
         ];
         for (name, extra, insecure, expected) in cases {
             let cfg = parse(&file_provider_config(&extra)).unwrap();
-            let got = connect_settings(&cfg, insecure, None, false);
+            let got = connect_settings_in(&cfg, insecure, None, false, &no_puppet());
             match (got, expected) {
                 (Ok(s), Ok((tls, signed))) => {
                     assert_eq!(s.tls.is_some(), tls, "{name}");
@@ -541,6 +713,206 @@ mod tests {
                 (Ok(s), Err(_)) => panic!("{name}: accepted as {s:?}"),
                 (Err(e), Ok(_)) => panic!("{name}: refused: {e}"),
             }
+        }
+    }
+
+    fn puppet_absent() -> Result<PathBuf, String> {
+        Err("could not run 'puppet apply': not found".into())
+    }
+
+    /// A process where nothing names a certname or an SSL directory, and Puppet is absent.
+    fn no_puppet() -> PuppetEnv<'static> {
+        PuppetEnv {
+            certname: None,
+            user: None,
+            home: None,
+            root: false,
+            ask_puppet: &puppet_absent,
+        }
+    }
+
+    /// The `puppet` provider, go-choria's default: the certname from `MCOLLECTIVE_CERTNAME`
+    /// or `$USER.mcollective`, the SSL directory from `plugin.choria.ssldir`, Puppet (as
+    /// root) or `~/.puppetlabs/etc/puppet/ssl`, and the files at Puppet's paths under it.
+    #[test]
+    fn puppet_provider_table() {
+        // go-choria's test data is a Puppet SSL directory for rip.mcollective.
+        let ssldir = vector_path("go-choria/providers/security/testdata/good");
+        let home = tempfile::tempdir().unwrap();
+        let home_ssl = home.path().join(".puppetlabs/etc/puppet/ssl");
+        for sub in ["certs", "private_keys"] {
+            std::fs::create_dir_all(home_ssl.join(sub)).unwrap();
+        }
+        for file in [
+            "certs/ca.pem",
+            "certs/rip.mcollective.pem",
+            "private_keys/rip.mcollective.pem",
+        ] {
+            std::fs::copy(ssldir.join(file), home_ssl.join(file)).unwrap();
+        }
+        let with_dir = format!("plugin.choria.ssldir = {}\n", ssldir.display());
+        let asked = ssldir.clone();
+        let puppet_answers = move || Ok(asked.clone());
+        let env = |certname: Option<&str>, user: Option<&str>, root: bool| PuppetEnv {
+            certname: certname.map(String::from),
+            user: user.map(String::from),
+            home: Some(home.path().to_path_buf()),
+            root,
+            ask_puppet: &puppet_absent,
+        };
+        // (name, choria.cfg lines, env, Ok(the directory the files come from) or Err(fragments))
+        type Outcome<'a> = Result<&'a Path, &'static [&'static str]>;
+        let cases: Vec<(&str, String, PuppetEnv, Outcome)> = vec![
+            (
+                "unset provider, MCOLLECTIVE_CERTNAME",
+                with_dir.clone(),
+                env(Some("rip.mcollective"), Some("root"), false),
+                Ok(&ssldir),
+            ),
+            (
+                "named puppet, $USER.mcollective",
+                format!("plugin.security.provider = puppet\n{with_dir}"),
+                env(None, Some("rip"), false),
+                Ok(&ssldir),
+            ),
+            (
+                "no ssldir, not root: ~/.puppetlabs",
+                String::new(),
+                env(None, Some("rip"), false),
+                Ok(&home_ssl),
+            ),
+            (
+                "no ssldir, root: Puppet is asked",
+                String::new(),
+                PuppetEnv {
+                    root: true,
+                    ask_puppet: &puppet_answers,
+                    ..env(None, Some("rip"), true)
+                },
+                Ok(&ssldir),
+            ),
+            (
+                "no ssldir, root, no Puppet",
+                String::new(),
+                env(None, Some("rip"), true),
+                Err(&[
+                    "puppet security provider",
+                    "plugin.choria.ssldir is not set",
+                    "could not run 'puppet apply'",
+                ]),
+            ),
+            (
+                "no ssldir, no HOME",
+                String::new(),
+                PuppetEnv {
+                    home: None,
+                    ..env(None, Some("rip"), false)
+                },
+                Err(&["HOME is not set"]),
+            ),
+            (
+                "no certname, no USER",
+                with_dir.clone(),
+                env(None, None, false),
+                Err(&["puppet security provider", "MCOLLECTIVE_CERTNAME", "USER"]),
+            ),
+            (
+                "certname without files",
+                with_dir.clone(),
+                env(Some("other.mcollective"), None, false),
+                Err(&["plugin.choria.ssldir", "other.mcollective.pem"]),
+            ),
+            (
+                "certname with a slash",
+                with_dir.clone(),
+                env(Some("../x"), None, false),
+                Err(&["cannot name a file"]),
+            ),
+            (
+                "ssldir without a CA",
+                "plugin.choria.ssldir = /nonexistent/ssl\n".into(),
+                env(Some("rip.mcollective"), None, false),
+                Err(&[
+                    ":3:",
+                    "plugin.choria.ssldir",
+                    "/nonexistent/ssl/certs/ca.pem",
+                ]),
+            ),
+        ];
+        for (name, extra, env, expected) in cases {
+            let cfg = parse(&file_provider_config(&extra)).unwrap();
+            match (
+                connect_settings_in(&cfg, false, None, false, &env),
+                expected,
+            ) {
+                (Ok(s), Ok(dir)) => {
+                    let certname = env
+                        .certname
+                        .clone()
+                        .unwrap_or_else(|| format!("{}.mcollective", env.user.clone().unwrap()));
+                    assert_eq!(
+                        s.tls,
+                        Some(Tls::Verified(TlsFiles {
+                            certificate: dir.join(format!("certs/{certname}.pem")),
+                            key: dir.join(format!("private_keys/{certname}.pem")),
+                            ca: dir.join("certs/ca.pem"),
+                        })),
+                        "{name}"
+                    );
+                    assert_eq!(s.protocol.name(), "v1", "{name}");
+                    assert!(s.protocol.is_signed(), "{name}");
+                    assert_eq!(s.caller_id, format!("choria={certname}"), "{name}");
+                    assert_eq!(
+                        s.identity, "rip.mcollective",
+                        "{name}: the identity is choria.cfg's"
+                    );
+                }
+                (Err(e), Err(fragments)) => {
+                    let message = e.to_string();
+                    assert!(message.contains(CFG), "{name}: {message}");
+                    for fragment in fragments {
+                        assert!(
+                            message.contains(fragment),
+                            "{name}: {message:?} lacks {fragment:?}"
+                        );
+                    }
+                }
+                (Ok(s), Err(_)) => panic!("{name}: accepted as {s:?}"),
+                (Err(e), Ok(_)) => panic!("{name}: refused: {e}"),
+            }
+        }
+    }
+
+    /// `plugin.nats.user` and `plugin.nats.pass` are sent when both are set; the
+    /// provisioning password replaces them, as in Go.
+    #[test]
+    fn nats_user_and_password_as_go_choria() {
+        let with = |lines: &str| parse(&file_provider_config(lines)).unwrap();
+        // (choria.cfg lines, broker_provisioning_password, the user and password sent)
+        type Credentials<'a> = (Option<&'a str>, Option<&'a str>);
+        let cases: [(&str, Option<&str>, Credentials); 5] = [
+            (
+                "plugin.nats.user = choria\nplugin.nats.pass = s3cret\n",
+                None,
+                (Some("choria"), Some("s3cret")),
+            ),
+            (
+                "plugin.nats.user = choria\nplugin.nats.pass = s3cret\n",
+                Some("pw"),
+                (Some("provisioner"), Some("pw")),
+            ),
+            ("plugin.nats.user = choria\n", None, (None, None)),
+            ("plugin.nats.pass = s3cret\n", None, (None, None)),
+            ("", None, (None, None)),
+        ];
+        for (lines, provisioning, want) in cases {
+            let s =
+                connect_settings_in(&with(lines), true, provisioning, false, &no_puppet()).unwrap();
+            assert_eq!(
+                (s.user.as_deref(), s.password.as_deref()),
+                want,
+                "{lines:?} {provisioning:?}"
+            );
         }
     }
 

@@ -193,6 +193,9 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
         .transpose()
         .map_err(DaemonError::PidFile)?;
     let client = client_config::load(&args.choria_config).map_err(DaemonError::ClientConfig)?;
+    for warning in client_config::unread_key_warnings(&client) {
+        log::warn!("{warning}");
+    }
     let settings = connect_settings(
         &client,
         config.choria_insecure,

@@ -49,7 +49,7 @@ echo '{"configuration":{"plugin.choria.server.provision":"false"}}'
 /// Polls `probe` every 50 ms until it gives `Some`, failing after `PATIENCE` with `what` and
 /// the state `describe` gives.
 /// What the daemon adds to a TLS connect failure so an operator knows where to look.
-const TLS_HINT: &str = " (check plugin.security.file.certificate, .key and .ca in the Choria client configuration, and the broker's CA)";
+const TLS_HINT: &str = " (check plugin.security.file.certificate, .key and .ca in the Choria client configuration, or with the puppet provider the files under plugin.choria.ssldir, and the broker's CA)";
 
 fn wait_for<T>(
     what: &str,
@@ -291,6 +291,19 @@ impl ProvisionerRun {
     /// Starts the real daemon with `choria_insecure: false` and the `file` provider using
     /// `cert`/`key`/`ca`.
     fn start(broker: &NatsServer, cert: &Path, key: &Path, ca: &Path) -> ProvisionerRun {
+        let security = format!(
+            "plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
+             plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
+            cert.display(),
+            key.display(),
+            ca.display()
+        );
+        ProvisionerRun::start_with(broker, &security, &[])
+    }
+
+    /// Starts the real daemon with `choria_insecure: false`, `security` in its `choria.cfg`
+    /// and `env` added to its environment.
+    fn start_with(broker: &NatsServer, security: &str, env: &[(&str, &str)]) -> ProvisionerRun {
         let dir = tempfile::Builder::new()
             .prefix("choria-e2e-tls-run-")
             .tempdir()
@@ -301,12 +314,8 @@ impl ProvisionerRun {
             path("choria.cfg"),
             format!(
                 "plugin.choria.middleware_hosts = {}\nidentity = {IDENTITY}\ndiscovery_timeout = 1\n\
-                 plugin.security.provider = file\nplugin.security.file.certificate = {}\n\
-                 plugin.security.file.key = {}\nplugin.security.file.ca = {}\n",
+                 {security}",
                 broker.url(),
-                cert.display(),
-                key.display(),
-                ca.display()
             ),
         )
         .expect("writing choria.cfg");
@@ -329,6 +338,7 @@ impl ProvisionerRun {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(path("provisioner.stderr")).expect("stderr file"))
+            .envs(env.iter().copied())
             .spawn()
             .expect("choria-provisioner starts");
         ProvisionerRun {
@@ -726,6 +736,46 @@ fn an_untrusted_certificate_is_refused_cleanly_and_retried() {
         );
         assert!(!provisioner.log().contains("panicked"), "{case}");
     }
+}
+
+/// A `choria.cfg` that names no security provider gets go-choria's default, `puppet`: the
+/// certname from `MCOLLECTIVE_CERTNAME`, and the certificate, key and CA where Puppet keeps
+/// them under `plugin.choria.ssldir`. The broker verifies the client certificate.
+#[test]
+fn a_choria_cfg_without_a_provider_connects_with_puppets_files() {
+    let pki = Pki::make();
+    let monitor_port = free_port().expect("a free port");
+    let broker = tls_broker(&pki, monitor_port);
+    let ssl = pki.file("puppet-ssl");
+    for (from, to) in [
+        ("ca.pem", "certs/ca.pem".to_string()),
+        ("client.pem", format!("certs/{IDENTITY}.pem")),
+        ("client-key.pem", format!("private_keys/{IDENTITY}.pem")),
+    ] {
+        let to = ssl.join(to);
+        std::fs::create_dir_all(to.parent().expect("a parent")).expect("making the SSL directory");
+        std::fs::copy(pki.file(from), &to).expect("copying into the SSL directory");
+    }
+    let mut provisioner = ProvisionerRun::start_with(
+        &broker,
+        &format!("plugin.choria.ssldir = {}\n", ssl.display()),
+        &[("MCOLLECTIVE_CERTNAME", IDENTITY)],
+    );
+    provisioner.wait_log_lines(" running with ", 1);
+    let connz = monitor_get(monitor_port, "/connz").expect("the broker's /connz");
+    let conns = connz["connections"].as_array().cloned().unwrap_or_default();
+    let ours = conns
+        .iter()
+        .find(|c| c["name"] == IDENTITY)
+        .unwrap_or_else(|| panic!("no connection named {IDENTITY}: {connz}"));
+    assert!(
+        ours["tls_version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("1.")),
+        "the provisioner's connection is not TLS: {ours}"
+    );
+    let status = provisioner.terminate();
+    assert_eq!(status.code(), Some(0), "{}", provisioner.logs());
 }
 
 /// The broker's log lines about TLS handshakes that failed.

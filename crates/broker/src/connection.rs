@@ -250,7 +250,8 @@ fn refusal_hint(settings: &ConnectSettings, error: &str) -> &'static str {
     match &settings.tls {
         Some(Tls::Verified(_)) if tls_trouble => {
             " (check plugin.security.file.certificate, .key and .ca in the Choria client \
-             configuration, and the broker's CA)"
+             configuration, or with the puppet provider the files under plugin.choria.ssldir, \
+             and the broker's CA)"
         }
         Some(Tls::Choria { .. }) if tls_trouble => {
             " (check plugin.security.choria.certificate, .key and .ca in the Choria client \

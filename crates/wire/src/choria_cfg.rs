@@ -27,6 +27,80 @@ pub const KEY_CHORIA_SEED_FILE: &str = "plugin.security.choria.seed_file";
 pub const KEY_CHORIA_CERTIFICATE: &str = "plugin.security.choria.certificate";
 pub const KEY_CHORIA_KEY: &str = "plugin.security.choria.key";
 pub const KEY_CHORIA_CA: &str = "plugin.security.choria.ca";
+/// The `puppet` provider's SSL directory (go-choria config/choria.go, SSLDir); unset, Puppet's.
+pub const KEY_SSLDIR: &str = "plugin.choria.ssldir";
+/// The broker user and password (go-choria config/choria.go, NatsUser and NatsPass); used only
+/// when both are set, and replaced by `broker_provisioning_password` (provisioner cmd/run).
+pub const KEY_NATS_USER: &str = "plugin.nats.user";
+pub const KEY_NATS_PASS: &str = "plugin.nats.pass";
+
+/// Every key this crate reads; under the families of [`unread_keys`], the rest is warned about.
+const READ_KEYS: &[&str] = &[
+    KEY_MIDDLEWARE_HOSTS,
+    KEY_IDENTITY,
+    KEY_DISCOVERY_TIMEOUT,
+    KEY_TTL,
+    KEY_PROVIDER,
+    KEY_CERTIFICATE,
+    KEY_KEY,
+    KEY_CA,
+    KEY_CHORIA_TOKEN_FILE,
+    KEY_CHORIA_SEED_FILE,
+    KEY_CHORIA_CERTIFICATE,
+    KEY_CHORIA_KEY,
+    KEY_CHORIA_CA,
+    KEY_SSLDIR,
+    KEY_NATS_USER,
+    KEY_NATS_PASS,
+];
+
+/// The families of client settings: a key in one of them that we do not read changes what
+/// go-choria's client would do, so it is named at start.
+const CLIENT_FAMILIES: &[&str] = &["plugin.security.", "plugin.nats.", "plugin.choria."];
+
+/// Keys go-choria reads only in a server or a broker (config/choria.go: the Network Broker,
+/// federation brokers, adapters, registration, agents, autonomous agents, the status file,
+/// server tokens, checking callers' certificates and signing replies); a shared `choria.cfg`
+/// may hold them and our client would not use them either. A trailing `.` is a prefix.
+const SERVER_OR_BROKER_ONLY: &[&str] = &[
+    "plugin.choria.network.",
+    "plugin.choria.broker_network",
+    "plugin.choria.broker_federation",
+    "plugin.choria.federation.cluster",
+    "plugin.choria.federation_middleware_hosts",
+    "plugin.choria.adapters",
+    "plugin.choria.stats_address",
+    "plugin.choria.stats_port",
+    "plugin.choria.server.",
+    "plugin.choria.registration.",
+    "plugin.choria.agent_provider.",
+    "plugin.choria.machine.",
+    "plugin.choria.status_file_path",
+    "plugin.choria.status_update_interval",
+    "plugin.choria.prometheus_textfile_directory",
+    "plugin.choria.services.",
+    "plugin.choria.submission.",
+    "plugin.choria.executor.",
+    "plugin.choria.require_client_filter",
+    "plugin.choria.legacy_lifecycle_format",
+    "plugin.choria.security.server.",
+    "plugin.choria.security.privileged_users",
+    "plugin.choria.security.certname_whitelist",
+    "plugin.security.server_anon_tls",
+    "plugin.security.issuer.",
+    "plugin.security.support_legacy_certificates",
+    "plugin.security.choria.sign_replies",
+    "plugin.security.choria.trusted_signers",
+];
+
+fn server_or_broker_only(key: &str) -> bool {
+    SERVER_OR_BROKER_ONLY
+        .iter()
+        .any(|only| match only.strip_suffix('.') {
+            Some(_) => key.starts_with(only),
+            None => key == *only,
+        })
+}
 
 /// go-choria defaults.
 pub const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -60,8 +134,30 @@ pub struct ClientConfig {
     pub ca: Option<PathBuf>,
     /// The `choria` provider's settings, each as written.
     pub choria: ChoriaProviderFiles,
+    /// `plugin.choria.ssldir`, for the `puppet` provider.
+    pub ssldir: Option<PathBuf>,
+    /// `plugin.nats.user` and `plugin.nats.pass`, each when set.
+    pub nats_user: Option<String>,
+    pub nats_pass: Option<NatsPassword>,
     /// The line each key was (last) set on, for error messages.
     pub key_lines: BTreeMap<String, usize>,
+}
+
+impl ClientConfig {
+    /// The keys of go-choria's client families (`plugin.security.`, `plugin.nats.`,
+    /// `plugin.choria.`) this file sets and we do not read, with their lines, except those
+    /// only a server or a broker reads.
+    pub fn unread_keys(&self) -> Vec<(&str, usize)> {
+        self.key_lines
+            .iter()
+            .filter(|(key, _)| {
+                CLIENT_FAMILIES.iter().any(|family| key.starts_with(family))
+                    && !READ_KEYS.contains(&key.as_str())
+                    && !server_or_broker_only(key)
+            })
+            .map(|(key, line)| (key.as_str(), *line))
+            .collect()
+    }
 }
 
 /// `plugin.security.choria.*`: the provisioner's client JWT and ed25519 seed, and the
@@ -73,6 +169,22 @@ pub struct ChoriaProviderFiles {
     pub certificate: Option<PathBuf>,
     pub key: Option<PathBuf>,
     pub ca: Option<PathBuf>,
+}
+
+/// `plugin.nats.pass`: reads as a `&str` where it is sent, prints as `(secret, N bytes)`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NatsPassword(String);
+
+impl NatsPassword {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for NatsPassword {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "(secret, {} bytes)", self.0.len())
+    }
 }
 
 /// What was wrong with the client configuration, and where.
@@ -116,6 +228,12 @@ pub enum ClientConfigError {
         line: Option<usize>,
         key: &'static str,
         file: PathBuf,
+        reason: String,
+    },
+    /// The `puppet` provider (go-choria's default) cannot find its files.
+    Puppet {
+        path: PathBuf,
+        line: Option<usize>,
         reason: String,
     },
     /// A `file` provider file that cannot be used.
@@ -191,6 +309,11 @@ impl fmt::Display for ClientConfigError {
                 "{}: {key} = {}: {reason}",
                 at(path, *line),
                 file.display()
+            ),
+            ClientConfigError::Puppet { path, line, reason } => write!(
+                f,
+                "{}: the puppet security provider (go-choria's default): {reason}",
+                at(path, *line)
             ),
             ClientConfigError::Security {
                 path,
@@ -377,6 +500,9 @@ impl ClientConfig {
                 key: file(KEY_CHORIA_KEY),
                 ca: file(KEY_CHORIA_CA),
             },
+            ssldir: file(KEY_SSLDIR),
+            nats_user: get(KEY_NATS_USER).map(|(value, _)| value.to_string()),
+            nats_pass: get(KEY_NATS_PASS).map(|(value, _)| NatsPassword(value.to_string())),
             key_lines: settings
                 .iter()
                 .map(|(key, (_, line))| (key.clone(), *line))
@@ -423,6 +549,9 @@ plugin.security.file.ca = /etc/choria/ssl/ca.pem
 some.other.key = with = signs
 plugin.security.choria.token_file = /etc/choria-provisioner/provisioner.jwt
 plugin.security.choria.seed_file = /etc/choria-provisioner/provisioner.seed
+plugin.choria.ssldir = /etc/puppetlabs/puppet/ssl
+plugin.nats.user = choria
+plugin.nats.pass = hunter2-nats
 ";
         let cfg = parse(text).unwrap();
         assert_eq!(
@@ -452,6 +581,47 @@ plugin.security.choria.seed_file = /etc/choria-provisioner/provisioner.seed
                 seed_file: Some("/etc/choria-provisioner/provisioner.seed".into()),
                 ..ChoriaProviderFiles::default()
             }
+        );
+        assert_eq!(cfg.ssldir, Some("/etc/puppetlabs/puppet/ssl".into()));
+        assert_eq!(cfg.nats_user.as_deref(), Some("choria"));
+        assert_eq!(
+            cfg.nats_pass.as_ref().map(NatsPassword::as_str),
+            Some("hunter2-nats")
+        );
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("(secret, 12 bytes)"), "{shown}");
+    }
+
+    /// Client keys we do not read are named; server and broker keys and keys outside the
+    /// client families are not.
+    #[test]
+    fn unread_client_keys_are_named() {
+        let text = "\
+plugin.choria.middleware_hosts = b:4222
+plugin.security.provider = file
+plugin.nats.credentials = /etc/choria/ngs.creds
+plugin.choria.use_srv = false
+plugin.security.cipher_suites = TLS_AES_128_GCM_SHA256
+plugin.choria.network.client_port = 4222
+plugin.choria.server.provision = true
+plugin.choria.security.privileged_users = x
+plugin.security.issuer.names = choria
+plugin.choria.registration.file_content.data = /x
+plugin.nats.user = u
+loglevel = debug
+logfile = /var/log/choria.log
+plugin.yaml = /etc/choria/plugin.yaml
+rpcauthorization = 0
+";
+        let cfg = parse(text).unwrap();
+        assert_eq!(
+            cfg.unread_keys(),
+            [
+                ("plugin.choria.use_srv", 4),
+                ("plugin.nats.credentials", 3),
+                ("plugin.security.cipher_suites", 5),
+            ]
         );
     }
 
