@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -17,7 +18,9 @@ use serde_json::{json, Map, Value};
 use crate::cli::{Format, HelperTestArgs};
 use crate::config::Config;
 use crate::provision::decision::{decide, Decision, NodeFacts, Pairing, Plan, Upgrade};
-use crate::provision::helper::{CsrReply, Ed25519Reply, Exchange, Helper, HelperError};
+use crate::provision::helper::{
+    CsrReply, Ed25519Reply, Exchange, Helper, HelperAbort, HelperError,
+};
 use crate::provision::{
     ask_helper, check_node_csr, failure_reason, new_nonce, take_inventory, verify_node_jwt,
     CycleSettings,
@@ -202,7 +205,15 @@ fn rehearse(args: &HelperTestArgs) -> Result<Report, Usage> {
             return Ok(report);
         }
     };
-    let exchange = ask_helper(&rules.helper, &node, None);
+    // The helper runs in a process group of its own, which a terminal's Ctrl-C does not
+    // reach: on SIGINT or SIGTERM kill it with its group rather than leave it running.
+    let abort =
+        Arc::new(HelperAbort::new().map_err(|e| format!("cannot prepare the helper's run: {e}"))?);
+    let firing = abort.clone();
+    if let Err(err) = ctrlc::set_handler(move || firing.fire()) {
+        eprintln!("warning: could not watch for Ctrl-C ({err}); the helper runs unwatched");
+    }
+    let exchange = ask_helper(&rules.helper, &node, Some(&abort));
     report.helper_run = Some(helper_run(&exchange));
     let (decision, exit_code) = match exchange.answer {
         Err(err) => (fail_on_helper(err), EXIT_FAILED),

@@ -886,7 +886,8 @@ fn sigterm_kills_a_helper_still_running_at_the_end_of_the_grace() {
     );
     let log = provisioner.log();
     assert!(
-        log.contains("was still running at the end of the shutdown grace"),
+        log.contains("shutdown grace (10s) is over: killing the helpers still running")
+            && log.contains("was stopped before it finished and killed with its process group"),
         "{log}"
     );
     assert!(!provisioner.pid_path.exists(), "pid file left behind");

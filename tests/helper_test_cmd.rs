@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -554,4 +555,79 @@ fn usage_errors_exit_2_with_one_line() {
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.contains(want), "{args:?}: {stderr}");
     }
+}
+
+/// Ctrl-C (SIGINT) while the helper runs: the helper sits in a process group of its own,
+/// which a terminal's SIGINT does not reach, so `helper-test` kills it and what it started
+/// rather than leave them running.
+#[test]
+fn an_interrupted_rehearsal_kills_the_helper_and_what_it_started() {
+    let scratch = Scratch::new();
+    let pids = scratch.path("helper.pids");
+    let helper = scratch.write(
+        "slow.sh",
+        &format!(
+            "#!/bin/sh\ncat > /dev/null\nsleep 600 &\necho $$ $! > {}\nwait\n",
+            pids.display()
+        ),
+    );
+    let config = scratch.config(&format!("/bin/sh {}", shell_quote(&helper)), "");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_choria-provisioner"))
+        .args(["helper-test", "--config", &config, "--identity", IDENTITY])
+        .env("HOME", "/nonexistent-home")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the binary runs");
+    let group: Vec<i32> = wait(Duration::from_secs(60), || {
+        let text = std::fs::read_to_string(&pids).ok()?;
+        let group: Vec<i32> = text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        (text.ends_with('\n') && group.len() == 2).then_some(group)
+    })
+    .unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("the helper never started")
+    });
+    // SAFETY: kill(2) on the child this test started.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let exited = wait(Duration::from_secs(30), || child.try_wait().ok().flatten());
+    let gone = wait(Duration::from_secs(10), || {
+        group.iter().all(|pid| !running(*pid)).then_some(())
+    });
+    if gone.is_none() {
+        // SAFETY: kill(2) on the process group of the helper this test's child started.
+        unsafe { libc::kill(-group[0], libc::SIGKILL) };
+    }
+    if exited.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(exited.is_some(), "helper-test did not end on SIGINT");
+    assert!(
+        gone.is_some(),
+        "the helper's group {group:?} outlived helper-test"
+    );
+}
+
+/// Polls `probe` every 20 ms for at most `limit`.
+fn wait<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `pid` still runs (gone, or a zombie waiting for init to reap it, does not).
+fn running(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    !stat.is_empty() && !stat.contains(") Z ")
 }

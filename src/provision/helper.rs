@@ -277,7 +277,8 @@ pub enum HelperErrorKind {
     TooLarge,
     /// The output is not an answer Go's decoder would take.
     Decode(String),
-    /// Still running at the end of the shutdown grace: killed with its process group.
+    /// Stopped before it finished (the end of the daemon's shutdown grace, or `helper-test`
+    /// interrupted): killed with its process group.
     Aborted,
 }
 
@@ -319,7 +320,7 @@ impl HelperError {
                 format!("cannot decode the output of helper {helper}{node}: {reason}")
             }
             HelperErrorKind::Aborted => format!(
-                "helper {helper}{node} was still running at the end of the shutdown grace and was killed with its process group"
+                "helper {helper}{node} was stopped before it finished and killed with its process group"
             ),
         }
     }
@@ -393,7 +394,8 @@ impl Helper {
     }
 }
 
-/// The end of every running helper, fired once: the shutdown grace is over. A pipe whose
+/// The end of every running helper, fired once (the daemon's shutdown grace is over, or
+/// `helper-test` is interrupted). A pipe whose
 /// write end we close: every helper's poll loop watches the read end beside its own pipes and
 /// wakes at once (POLLHUP), however many helpers run. Both ends are close-on-exec, so no
 /// helper holds them.
@@ -487,7 +489,7 @@ impl Exchange {
                 "killed for writing too much on stdout".to_string()
             }
             (None, Err(err)) if matches!(err.kind, HelperErrorKind::Aborted) => {
-                "killed at the end of the shutdown grace".to_string()
+                "killed when stopped".to_string()
             }
             (None, _) => "did not run to its end".to_string(),
         }

@@ -319,13 +319,12 @@ fn an_abort_kills_a_running_helper_and_what_it_started_and_no_helper_starts_afte
     assert!(matches!(err.kind, HelperErrorKind::Aborted), "{err}");
     let text = err.to_string();
     assert!(
-        text.contains("busy") && text.contains("n1.example.net") && text.contains("grace"),
+        text.contains("busy")
+            && text.contains("n1.example.net")
+            && text.contains("killed with its process group"),
         "{text}"
     );
-    assert_eq!(
-        exchange.exit_text(),
-        "killed at the end of the shutdown grace"
-    );
+    assert_eq!(exchange.exit_text(), "killed when stopped");
     let pids: Vec<i32> = std::fs::read_to_string(&marker)
         .expect("pids written")
         .split_whitespace()
