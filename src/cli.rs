@@ -1,6 +1,6 @@
 //! The command line, compatible with the Go daemon:
 //! `choria-provisioner [--debug] run --config FILE [--choria-config FILE] [--pid FILE]`,
-//! `run` being the default command, plus `--version` and `--help`. Flags take `--flag VALUE`
+//! `run` being the default command, plus `--version`, `--help` and kingpin's `help [COMMAND]`. Flags take `--flag VALUE`
 //! or `--flag=VALUE`, as Go's kingpin does. Ours alone: `helper-test`, which rehearses the
 //! helper for one node, and `check-config`, which checks the configuration the way `run`
 //! would load it (their flags follow the command word, as kingpin's command flags do).
@@ -88,7 +88,7 @@ impl fmt::Display for CliError {
             CliError::UnknownCommand(cmd) => {
                 write!(
                     f,
-                    "unknown command {cmd:?}, the commands are run, check-config and helper-test; try --help"
+                    "unknown command {cmd:?}, the commands are run, check-config, helper-test and help; try --help"
                 )
             }
             CliError::MissingValue(flag) => write!(f, "flag {flag} needs a value"),
@@ -134,7 +134,7 @@ pub const USAGE: &str = "usage: choria-provisioner [--debug] [--version] [run] -
 Choria Server provisioner
 
 Flags:
-  --help                Show this help
+  --help, help          Show this help
   --version             Show the version
   --debug               Log at debug level whatever the configuration says
 
@@ -220,6 +220,8 @@ pub fn parse(
             "--config" => config = Some(PathBuf::from(value("--config")?)),
             "--choria-config" => choria_config = Some(PathBuf::from(value("--choria-config")?)),
             "--pid" => pid = Some(PathBuf::from(value("--pid")?)),
+            // kingpin's (fisk's) `help [COMMAND...]` command, which Go's daemon has.
+            "help" if !seen_command => return Ok(Command::Help),
             "run" if !seen_command => seen_command = true,
             "helper-test" if !seen_command => {
                 if pid.is_some() {
@@ -461,6 +463,9 @@ mod tests {
                 run("p.yaml", "/home/u/.choriarc", None, true),
             ),
             ("--version", Ok(Command::Version)),
+            ("help", Ok(Command::Help)),
+            ("help run", Ok(Command::Help)),
+            ("--debug help check-config", Ok(Command::Help)),
             ("run --help", Ok(Command::Help)),
             (
                 "run --config p.yaml --frobnicate",

@@ -84,9 +84,19 @@ fn version_and_help() {
     let (code, stdout, _) = provisioner(&["--version"]);
     assert_eq!(code, 0);
     assert_eq!(stdout.trim(), env!("CARGO_PKG_VERSION"));
-    let (code, stdout, _) = provisioner(&["--help"]);
-    assert_eq!(code, 0);
-    assert!(stdout.contains("--choria-config"));
+    // Go's kingpin (fisk) prints both on stderr; ours go to stdout, so `$(... --version)`
+    // captures the version and `--help | less` pages (tabled in ARCHITECTURE.md).
+    for args in [
+        &["--help"][..],
+        &["help"],
+        &["help", "run"],
+        &["run", "--help"],
+    ] {
+        let (code, stdout, stderr) = provisioner(args);
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        assert!(stdout.contains("--choria-config"), "{args:?}: {stdout}");
+        assert!(stdout.contains("help"), "{args:?}: {stdout}");
+    }
 }
 
 #[test]
