@@ -29,6 +29,7 @@ fn main() {
             interval: Duration::from_secs(60),
             release_delay: Duration::from_secs(60),
             work_queue_size: NODES,
+            work_order: choria_provisioner::fleet::WorkOrder::Fifo,
         },
         Arc::new(Gate::new(false)),
         Arc::new(Metrics::new("bench")),

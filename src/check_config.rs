@@ -789,6 +789,10 @@ fn settings(config: &Config) -> Vec<Setting> {
     });
     push("helper_timeout", go_duration(config.helper_timeout));
     push("work_queue_size", config.work_queue_size.to_string());
+    push(
+        "work_order",
+        format!("{:?}", config.work_order).to_lowercase(),
+    );
     push("release_delay", go_duration(config.release_delay));
     push("logfile", path_or(&config.logfile, "(stderr)"));
     push("loglevel", format!("{:?}", config.loglevel).to_lowercase());

@@ -21,6 +21,7 @@ use serde_norway::{Mapping, Value};
 use choria_crypto::csr::DenyList;
 
 use crate::duration;
+use crate::fleet::WorkOrder;
 
 mod yaml;
 
@@ -278,6 +279,8 @@ pub struct Config {
     pub leader_election: bool,
     pub leader_election_api_prefix: String,
     pub work_queue_size: usize,
+    /// Ours: the order workers take queued nodes in (`fifo`, Go's, or `random`).
+    pub work_order: WorkOrder,
     pub release_delay: Duration,
     /// Overrides the agent DDL timeout of every RPC try (20 s for choria_provision, 2 s for
     /// rpcutil); `discovery_timeout` from choria.cfg is added as in Go. `None`: the DDL's.
@@ -403,6 +406,7 @@ const KNOWN_KEYS: &[&str] = &[
     "upgrades_optional",
     "features",
     "work_queue_size",
+    "work_order",
     "release_delay",
     "rpc_timeout",
     "audit_file",
@@ -458,6 +462,7 @@ impl Config {
             leader_election: broker.leader_election,
             leader_election_api_prefix: broker.leader_election_api_prefix,
             work_queue_size: work.work_queue_size,
+            work_order: work.work_order,
             release_delay: work.release_delay,
             rpc_timeout: broker.rpc_timeout,
             audit_file: logging.audit_file,
@@ -474,6 +479,7 @@ struct Work {
     helper: HelperCommand,
     helper_timeout: Duration,
     work_queue_size: usize,
+    work_order: WorkOrder,
     release_delay: Duration,
 }
 
@@ -536,8 +542,19 @@ fn read_work(keys: &KeyReader) -> Result<Work, ConfigError> {
         helper,
         helper_timeout,
         work_queue_size,
+        work_order: read_work_order(keys)?,
         release_delay,
     })
+}
+
+/// `work_order`: `fifo` (the default, Go's) or `random`, in any case.
+fn read_work_order(keys: &KeyReader) -> Result<WorkOrder, ConfigError> {
+    match keys.optional_string("work_order")? {
+        None => Ok(WorkOrder::Fifo),
+        Some(order) if order.eq_ignore_ascii_case("fifo") => Ok(WorkOrder::Fifo),
+        Some(order) if order.eq_ignore_ascii_case("random") => Ok(WorkOrder::Random),
+        Some(_) => Err(keys.invalid("work_order", "must be fifo or random")),
+    }
 }
 
 /// The logging and monitoring section (the audit trail included).
@@ -1091,6 +1108,7 @@ mod tests {
             Some(Duration::from_secs(365 * 24 * 3600))
         );
         assert_eq!(c.work_queue_size, 50_000);
+        assert_eq!(c.work_order, WorkOrder::Fifo, "Go's order unless asked");
         assert_eq!(c.release_delay, Duration::from_secs(60));
         assert_eq!(c.rpc_timeout, None);
         assert_eq!(c.audit_file, None, "no audit trail unless asked");
@@ -1132,6 +1150,7 @@ leader_election_api_prefix: $JS.API
 upgrades_repository: https://repo.example.net/choria
 upgrades_optional: true
 work_queue_size: 10
+work_order: Random
 release_delay: 5s
 rpc_timeout: 3s
 audit_file: /var/log/choria-provisioner-audit.jsonl
@@ -1142,6 +1161,7 @@ features:
 "#;
         let (c, warnings) = parse(text).unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(c.work_order, WorkOrder::Random, "any case");
         assert_eq!(c.workers, 4);
         assert_eq!(c.interval, Duration::from_secs(300));
         assert_eq!(
@@ -1447,6 +1467,10 @@ features:
             (
                 "helper: h\nworkers: four",
                 &["workers", "whole number", "four"],
+            ),
+            (
+                "helper: h\nwork_order: lifo",
+                &["work_order", "lifo", "fifo or random"],
             ),
             ("helper: h\nworkers: -1", &["workers", "-1"]),
             ("helper: h\nmonitor_port: 70000", &["monitor_port", "70000"]),

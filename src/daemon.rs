@@ -14,14 +14,14 @@ use choria_broker::connection::{Connection, ConnectionError};
 use choria_broker::discovery::Discovery;
 use choria_broker::election::{Election, ElectionEvent, ElectionSettings};
 use choria_broker::gate::Gate;
-use choria_broker::listener::EventListener;
+use choria_broker::listener::{EventListener, NodeHandler};
 use choria_broker::rpc::RpcClient;
 
 use crate::audit::AuditLog;
 use crate::cli::RunArgs;
 use crate::client_config::{self, connect_settings, LoadError};
 use crate::config::{Config, ConfigError};
-use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source};
+use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source, WorkOrder};
 use crate::health::{Health, Probe, SystemdNotifier};
 use crate::metrics::{Metrics, MetricsServer};
 use crate::notify;
@@ -29,6 +29,7 @@ use crate::pidfile::{PidFile, PidFileError};
 use crate::provision::{Cycle, CycleError, CycleSettings, GraceEnd};
 use choria_broker::clock::SystemClock;
 use choria_wire::choria_cfg::ClientConfigError;
+use choria_wire::identity::Identity;
 
 /// Why the daemon could not start; each names what failed and where.
 #[derive(Debug)]
@@ -223,6 +224,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
             interval: config.interval,
             release_delay: config.release_delay,
             work_queue_size: config.work_queue_size,
+            work_order: config.work_order,
         },
         gate.clone(),
         metrics.clone(),
@@ -338,12 +340,22 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     .map_err(DaemonError::Threads)?;
 
     let admitting = fleet.clone();
+    // In random order a queued node may wait while another instance provisions it: its
+    // `provisioned` event lets this instance forget it instead of calling a node that has
+    // restarted into service (README, "Running several provisioners").
+    let forgetting = fleet.clone();
+    let provisioned = (config.work_order == WorkOrder::Random).then(|| {
+        Box::new(move |identity: &Identity| {
+            forgetting.provisioned_elsewhere(identity);
+        }) as NodeHandler
+    });
     let listener = EventListener::start(
         &conn,
         &config.lifecycle_component,
         Box::new(move |identity| {
             admitting.admit(identity, Source::Event);
         }),
+        provisioned,
         gate.clone(),
         metrics.clone(),
     )
@@ -513,6 +525,7 @@ mod tests {
                 interval: Duration::from_secs(60),
                 release_delay: Duration::from_secs(60),
                 work_queue_size: 10,
+                work_order: crate::fleet::WorkOrder::Fifo,
             },
             Arc::new(Gate::new(true)),
             metrics.clone(),

@@ -11,7 +11,7 @@
 //! Invariant: `fleet` never touches the network; discovery and the provisioning cycle reach
 //! it through the [`Discover`] and [`ProvisionCycle`] traits, and time through a `Clock`.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -109,10 +109,67 @@ struct Entry {
     stage: Stage,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Admissions {
     entries: HashMap<Identity, Entry>,
     last_number: u64,
+    /// The queued tickets, in admission order; the queue channel carries one doorbell per
+    /// ticket, so workers wait on a channel and take the ticket `work_order` picks.
+    pending: VecDeque<Ticket>,
+    /// The state of the picker's random sequence (splitmix64), for `WorkOrder::Random`.
+    picker: u64,
+}
+
+impl Admissions {
+    fn new() -> Admissions {
+        use std::hash::{BuildHasher, Hasher};
+        // Seeded differently in every process (std's per-process random hasher keys), so
+        // instances sharing a fleet pick different nodes; no random crate needed for this.
+        let mut seed = std::collections::hash_map::RandomState::new().build_hasher();
+        seed.write_u32(std::process::id());
+        Admissions {
+            entries: HashMap::new(),
+            last_number: 0,
+            pending: VecDeque::new(),
+            picker: seed.finish(),
+        }
+    }
+
+    /// The next queued ticket in `order`.
+    fn take(&mut self, order: WorkOrder) -> Option<Ticket> {
+        match order {
+            WorkOrder::Fifo => self.pending.pop_front(),
+            WorkOrder::Random => {
+                let len = self.pending.len();
+                if len == 0 {
+                    return None;
+                }
+                let pick = (self.next_random() % len as u64) as usize;
+                self.pending.swap_remove_back(pick)
+            }
+        }
+    }
+
+    /// splitmix64: statistically fine for spreading picks, and never blocks on entropy.
+    fn next_random(&mut self) -> u64 {
+        self.picker = self.picker.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.picker;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// The order workers take queued nodes in (`work_order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WorkOrder {
+    /// First admitted, first provisioned: Go's.
+    #[default]
+    Fifo,
+    /// Any queued node, picked at random (provisioner #167): instances sharing a fleet
+    /// without an election then work on different nodes instead of all racing for the same
+    /// one, and a node another instance reports provisioned is forgotten while queued.
+    Random,
 }
 
 /// What a worker may do with a popped ticket.
@@ -132,13 +189,15 @@ pub struct FleetSettings {
     pub interval: Duration,
     pub release_delay: Duration,
     pub work_queue_size: usize,
+    pub work_order: WorkOrder,
 }
 
 /// The admission map, the queue and the pause switch.
 pub struct Fleet {
     admissions: Mutex<Admissions>,
-    queue_tx: Sender<Ticket>,
-    queue_rx: Receiver<Ticket>,
+    /// One doorbell per ticket in `Admissions::pending` (bounded: `work_queue_size`).
+    queue_tx: Sender<()>,
+    queue_rx: Receiver<()>,
     gate: Arc<Gate>,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
@@ -155,7 +214,7 @@ impl Fleet {
         let (queue_tx, queue_rx) = bounded(settings.work_queue_size.max(1));
         metrics.paused.set(if gate.is_paused() { 1.0 } else { 0.0 });
         Arc::new(Fleet {
-            admissions: Mutex::new(Admissions::default()),
+            admissions: Mutex::new(Admissions::new()),
             queue_tx,
             queue_rx,
             gate,
@@ -207,7 +266,8 @@ impl Fleet {
                 stage: Stage::Queued,
             },
         );
-        let result = match self.queue_tx.try_send(ticket) {
+        admissions.pending.push_back(ticket);
+        let result = match self.queue_tx.try_send(()) {
             Ok(()) => {
                 log::debug!("admitted {identity} from {source:?} as ticket {number}");
                 if readmission {
@@ -220,6 +280,7 @@ impl Fleet {
                 // Forget the fresh ticket so a later sighting can admit the node again
                 // (provisioner #190: a known-but-unqueued node was never provisioned).
                 admissions.entries.remove(identity);
+                admissions.pending.pop_back();
                 self.metrics.work_queue_dropped.inc();
                 // A flood of made-up names would log one line each: rate-limited per kind.
                 if log_limit::global().allow("work_queue_full", "") {
@@ -256,26 +317,58 @@ impl Fleet {
 
     /// Pops the next ticket, waiting at most `timeout`.
     pub fn next_ticket(&self, timeout: Duration) -> Option<Ticket> {
-        let ticket = self.queue_rx.recv_timeout(timeout).ok()?;
-        self.popped();
-        Some(ticket)
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            self.queue_rx.recv_timeout(left).ok()?;
+            if let Some(ticket) = self.take() {
+                return Some(ticket);
+            }
+        }
     }
 
     /// Pops the next ticket, waiting until one comes or the gate stops (`None`).
     pub fn next_ticket_until_stopped(&self) -> Option<Ticket> {
         let stopped = self.gate.stopped();
-        let ticket = select! {
-            recv(self.queue_rx) -> ticket => ticket.ok()?,
-            recv(stopped) -> _ => return None,
-        };
-        self.popped();
-        Some(ticket)
+        loop {
+            select! {
+                recv(self.queue_rx) -> bell => bell.ok()?,
+                recv(stopped) -> _ => return None,
+            };
+            if let Some(ticket) = self.take() {
+                return Some(ticket);
+            }
+        }
     }
 
-    fn popped(&self) {
+    /// The ticket for a doorbell just taken; `None` when `remove_all` emptied the queue
+    /// between the doorbell and the lock (the caller waits for the next one).
+    fn take(&self) -> Option<Ticket> {
+        let mut admissions = self.admissions.lock();
+        let ticket = admissions.take(self.settings.work_order);
         self.metrics
             .work_queue_entries
-            .set(self.queue_rx.len() as f64);
+            .set(admissions.pending.len() as f64);
+        ticket
+    }
+
+    /// Another provisioner reports `identity` provisioned (its `provisioned` lifecycle
+    /// event, heard with `WorkOrder::Random`): a ticket of it still queued here is forgotten,
+    /// so no worker spends a call on it. In flight or held, it is left alone: the cycle meets
+    /// the node's lock, or the node is ours. Returns whether a queued ticket was forgotten.
+    pub fn provisioned_elsewhere(&self, identity: &Identity) -> bool {
+        let mut admissions = self.admissions.lock();
+        let queued = matches!(
+            admissions.entries.get(identity),
+            Some(entry) if entry.stage == Stage::Queued
+        );
+        if queued {
+            // Its ticket stays in `pending` and is skipped as stale when taken.
+            admissions.entries.remove(identity);
+            self.update_gauges(&admissions);
+            log::debug!("{identity} was provisioned by another provisioner: forgotten here");
+        }
+        queued
     }
 
     /// Decides whether a popped ticket is provisioned, and marks it in flight if so.
@@ -326,10 +419,9 @@ impl Fleet {
         let mut admissions = self.admissions.lock();
         let forgotten = admissions.entries.len();
         admissions.entries.clear();
-        let mut drained = 0usize;
-        while self.queue_rx.try_recv().is_ok() {
-            drained += 1;
-        }
+        let drained = admissions.pending.len();
+        admissions.pending.clear();
+        while self.queue_rx.try_recv().is_ok() {}
         self.update_gauges(&admissions);
         log::info!("forgot {forgotten} admitted nodes and drained {drained} queued tickets");
     }
@@ -358,7 +450,7 @@ impl Fleet {
     }
 
     pub fn queue_len(&self) -> usize {
-        self.queue_rx.len()
+        self.admissions.lock().pending.len()
     }
 
     /// The stage and ticket number of an identity, if known.
@@ -386,7 +478,7 @@ impl Fleet {
             .set(admissions.entries.len() as f64);
         self.metrics
             .work_queue_entries
-            .set(self.queue_rx.len() as f64);
+            .set(admissions.pending.len() as f64);
     }
 }
 
@@ -800,6 +892,13 @@ mod tests {
     const INTERVAL: Duration = Duration::from_secs(60);
 
     fn fleet_with(queue: usize) -> (Arc<Fleet>, Arc<ManualClock>, Arc<Metrics>) {
+        fleet_in(queue, WorkOrder::Fifo)
+    }
+
+    fn fleet_in(
+        queue: usize,
+        work_order: WorkOrder,
+    ) -> (Arc<Fleet>, Arc<ManualClock>, Arc<Metrics>) {
         let clock = Arc::new(ManualClock::default());
         let metrics = Arc::new(Metrics::new("test"));
         let fleet = Fleet::new(
@@ -807,6 +906,7 @@ mod tests {
                 interval: INTERVAL,
                 release_delay: Duration::from_secs(60),
                 work_queue_size: queue,
+                work_order,
             },
             Arc::new(Gate::new(false)),
             metrics.clone(),
@@ -985,6 +1085,81 @@ mod tests {
         assert_eq!(fleet.queue_len(), 0);
         assert_eq!(metrics.waiting_nodes.get(), 0.0);
         assert_eq!(metrics.work_queue_entries.get(), 0.0);
+    }
+
+    #[test]
+    fn fifo_takes_nodes_in_admission_order_and_random_takes_each_once_in_another() {
+        let names: Vec<String> = (0..200).map(|n| format!("n{n}")).collect();
+        let order_of = |work_order| {
+            let (fleet, _, metrics) = fleet_in(1000, work_order);
+            for name in &names {
+                fleet.admit(&id(name), Source::Event);
+            }
+            let mut taken = Vec::new();
+            while let Some(ticket) = fleet.next_ticket(Duration::from_millis(1)) {
+                assert_eq!(fleet.start(&ticket), Start::Provision);
+                taken.push(ticket.identity.to_string());
+            }
+            assert_eq!(metrics.work_queue_entries.get(), 0.0, "{work_order:?}");
+            taken
+        };
+        assert_eq!(order_of(WorkOrder::Fifo), names);
+        let random = order_of(WorkOrder::Random);
+        let mut sorted = random.clone();
+        sorted.sort();
+        let mut expected = names.clone();
+        expected.sort();
+        assert_eq!(sorted, expected, "each node exactly once");
+        // 200 nodes in admission order by chance: 1 in 200!.
+        assert_ne!(random, names, "picked out of order");
+        assert_ne!(
+            order_of(WorkOrder::Random),
+            random,
+            "two fleets (two instances) pick differently"
+        );
+    }
+
+    #[test]
+    fn a_queued_node_provisioned_elsewhere_is_forgotten_but_never_one_in_flight_or_held() {
+        let (fleet, _, metrics) = fleet_in(10, WorkOrder::Random);
+        fleet.admit(&id("queued"), Source::Event);
+        fleet.admit(&id("flying"), Source::Event);
+        fleet.admit(&id("held"), Source::Event);
+        let mut tickets = Vec::new();
+        while let Some(ticket) = fleet.next_ticket(Duration::from_millis(1)) {
+            tickets.push(ticket);
+        }
+        let ticket = |name: &str| {
+            tickets
+                .iter()
+                .find(|t| t.identity.as_str() == name)
+                .cloned()
+                .expect("taken")
+        };
+        assert_eq!(fleet.start(&ticket("flying")), Start::Provision);
+        assert_eq!(fleet.start(&ticket("held")), Start::Provision);
+        fleet.hold(&ticket("held"));
+
+        assert!(fleet.provisioned_elsewhere(&id("queued")));
+        assert!(
+            !fleet.provisioned_elsewhere(&id("flying")),
+            "its cycle meets the lock"
+        );
+        assert!(!fleet.provisioned_elsewhere(&id("held")), "ours");
+        assert!(!fleet.provisioned_elsewhere(&id("unknown")));
+        assert_eq!(
+            fleet.start(&ticket("queued")),
+            Start::Stale,
+            "skipped, no call"
+        );
+        assert_eq!(fleet.len(), 2);
+        assert_eq!(metrics.waiting_nodes.get(), 2.0);
+        assert_eq!(metrics.provision_errors.get(), 0);
+        // Seen again later (another life), it is admitted again.
+        assert!(matches!(
+            fleet.admit(&id("queued"), Source::Event),
+            Admission::Admitted(_)
+        ));
     }
 
     #[test]

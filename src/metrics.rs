@@ -143,6 +143,9 @@ pub struct Metrics {
     /// Requests that got two different well-formed replies from their node: one forged
     /// (ours; not in Go).
     pub reply_conflicts: IntCounterVec,
+    /// Calls refused with the node's provisioning lock held by another provisioner's caller;
+    /// each leaves that node to its owner (ours; not in Go).
+    pub lock_refusals: IntCounterVec,
     pub election_campaigns: IntCounterVec,
     pub election_leader: GaugeVec,
     pub election_interval_seconds: GaugeVec,
@@ -326,6 +329,11 @@ impl Metrics {
                 "Requests answered twice, differently, in the node's name: one reply was forged",
                 &["rpc"],
             ),
+            lock_refusals: counter_vec(
+                "choria_provisioner_lock_refusals",
+                "Calls refused because another provisioner holds the node's provisioning lock; the node is left to it",
+                &["rpc"],
+            ),
             dropped_messages: counter_vec(
                 "choria_provisioner_dropped_messages",
                 "Messages dropped because a bound was reached (a subscription's pending limit, a reply queue, discovery's budget)",
@@ -373,6 +381,7 @@ impl Metrics {
             metrics.rpc_time.touch(&[action.label]);
             metrics.rpc_errors.with_label_values(&[action.label]);
             metrics.reply_conflicts.with_label_values(&[action.label]);
+            metrics.lock_refusals.with_label_values(&[action.label]);
         }
         metrics.helper_time.touch(&[]);
         metrics

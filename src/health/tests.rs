@@ -43,6 +43,7 @@ fn health(election: bool, stall_limit: Duration) -> (Arc<Health>, Arc<Fleet>, Ar
             interval: Duration::from_secs(60),
             release_delay: Duration::from_secs(60),
             work_queue_size: 10,
+            work_order: crate::fleet::WorkOrder::Fifo,
         },
         Arc::new(Gate::new(election)),
         metrics.clone(),

@@ -631,6 +631,12 @@ fn a_refused_lock_at_any_step_leaves_the_node_to_its_owner_at_once() {
                 "{mode:?} lock at {action}: no call after the refusal"
             );
             assert_eq!(h.metrics.provisioned.get(), 0);
+            assert_eq!(
+                h.metrics.lock_refusals.with_label_values(&[action]).get(),
+                1,
+                "{mode:?} lock at {action}: the refusal is counted under its action"
+            );
+            assert_eq!(h.metrics.provision_errors.get(), 0, "not an error");
         }
     }
 }

@@ -406,6 +406,14 @@ impl Cycle {
     ) -> RpcOutcome {
         let started = Instant::now();
         let (outcome, tries) = self.rpc.call_counted(identity, action, data, gate);
+        if outcome == RpcOutcome::LockRefused {
+            // The cost of sharing a fleet without an election (README, "Running several
+            // provisioners"), counted so operators see how often instances collide.
+            self.metrics
+                .lock_refusals
+                .with_label_values(&[action.label])
+                .inc();
+        }
         trail.step(action.label, started.elapsed(), tries, rpc_result(&outcome));
         outcome
     }

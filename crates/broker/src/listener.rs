@@ -1,6 +1,9 @@
 //! The lifecycle listener (provisioner hosts/event.go): admits every node that announces its
 //! startup on `choria.lifecycle.event.startup.<component>`, so nodes are found between
-//! discovery cycles. (Our own startup event is `announce`'s.)
+//! discovery cycles. (Our own startup event is `announce`'s.) When asked (instances sharing a
+//! fleet without an election), it also hears `provisioned` events on
+//! `choria.lifecycle.event.provisioned.<component>`, which a node publishes from `configure`,
+//! so a node another provisioner finished is not worked on again here.
 //!
 //! The subscription has NO queue group (Go's `QueueSubscribe` gets an empty group name, a
 //! plain subscription): with one, a paused standby would receive, and drop, events meant for
@@ -36,6 +39,9 @@ const SUBSCRIBE_CONFIRM_LIMIT: Duration = Duration::from_secs(5);
 /// dropped and counted (`dropped{kind="lifecycle_event"}`) instead of growing memory.
 pub const EVENT_PENDING_LIMIT: usize = 10_000;
 
+/// What the listener does with the node an event names.
+pub type NodeHandler = Box<dyn Fn(&Identity) + Send>;
+
 /// The running listener thread.
 pub struct EventListener {
     /// Dropped by `stop`, which wakes the thread at once.
@@ -46,11 +52,14 @@ pub struct EventListener {
 impl EventListener {
     /// Subscribes to `choria.lifecycle.event.startup.<component>` and starts the listener
     /// thread, which calls `admit(identity)` for every startup event while the gate is open (a
-    /// sighting: whether the node is new, and so counted, is the fleet's to say).
+    /// sighting: whether the node is new, and so counted, is the fleet's to say). With
+    /// `provisioned`, it also subscribes to `choria.lifecycle.event.provisioned.<component>`
+    /// and calls it for every such event while the gate is open.
     pub fn start(
         conn: &Connection,
         component: &str,
-        admit: Box<dyn Fn(&Identity) + Send>,
+        admit: NodeHandler,
+        provisioned: Option<NodeHandler>,
         gate: Arc<Gate>,
         observer: Arc<dyn Observer>,
     ) -> Result<EventListener, ConnectionError> {
@@ -65,6 +74,16 @@ impl EventListener {
         let subject = lifecycle::event_subject("startup", component);
         let subscription = conn.subscribe(&subject)?;
         subscription.limit_pending(EVENT_PENDING_LIMIT);
+        let provisioned = match provisioned {
+            Some(handler) => {
+                let subject = lifecycle::event_subject("provisioned", component);
+                let subscription = conn.subscribe(&subject)?;
+                subscription.limit_pending(EVENT_PENDING_LIMIT);
+                log::info!("listening for provisioned events on {subject}");
+                Some((subscription, handler))
+            }
+            None => None,
+        };
         // Once the broker confirms, no startup event published after `start` is missed. A
         // failure is not fatal: the crate re-subscribes after the reconnect.
         if let Err(err) = conn.flush(SUBSCRIBE_CONFIRM_LIMIT) {
@@ -74,10 +93,20 @@ impl EventListener {
         let thread = std::thread::Builder::new()
             .name("lifecycle-listener".into())
             .spawn(move || {
+                let startup = Hearing {
+                    subscription: &subscription,
+                    kind: "startup",
+                    handler: admit.as_ref(),
+                };
+                let provisioned = provisioned.as_ref().map(|(subscription, handler)| Hearing {
+                    subscription,
+                    kind: "provisioned",
+                    handler: handler.as_ref(),
+                });
                 listen(
-                    &subscription,
+                    &startup,
+                    provisioned.as_ref(),
                     &stopped,
-                    admit.as_ref(),
                     &gate,
                     observer.as_ref(),
                 )
@@ -104,10 +133,18 @@ impl EventListener {
     }
 }
 
+/// One subscription the listener hears, the event kind it takes there, and what it does with
+/// each such event's node.
+struct Hearing<'a> {
+    subscription: &'a Subscription,
+    kind: &'static str,
+    handler: &'a dyn Fn(&Identity),
+}
+
 fn listen(
-    subscription: &Subscription,
+    startup: &Hearing,
+    provisioned: Option<&Hearing>,
     stopped: &Receiver<Never>,
-    admit: &dyn Fn(&Identity),
     gate: &Gate,
     observer: &dyn Observer,
 ) {
@@ -115,21 +152,32 @@ fn listen(
     // what the crate dropped beyond the pending limit is counted once a second.
     let flush = crossbeam_channel::tick(log_limit::WINDOW);
     let tally = crossbeam_channel::tick(Duration::from_secs(1));
-    let mut dropped_before = 0u64;
+    let hearings: Vec<&Hearing> = std::iter::once(startup).chain(provisioned).collect();
+    let mut dropped_before = vec![0u64; hearings.len()];
     let mut count_dropped = || {
-        let dropped = subscription.dropped();
-        if dropped > dropped_before {
-            observer.dropped(MALFORMED_EVENT, dropped - dropped_before);
-            dropped_before = dropped;
+        for (hearing, before) in hearings.iter().zip(dropped_before.iter_mut()) {
+            let dropped = hearing.subscription.dropped();
+            if dropped > *before {
+                observer.dropped(MALFORMED_EVENT, dropped - *before);
+                *before = dropped;
+            }
         }
     };
+    let never = crossbeam_channel::never();
+    let provisioned_messages = provisioned.map_or(&never, |h| h.subscription.messages());
     loop {
         select! {
-            recv(subscription.messages()) -> msg => match msg {
+            recv(startup.subscription.messages()) -> msg => match msg {
                 Ok(msg) => {
-                    handle_event(&msg.data, subscription.subject(), admit, gate, observer);
+                    handle_event(&msg.data, startup, gate, observer);
                 }
                 Err(_) => break,
+            },
+            recv(provisioned_messages) -> msg => match (msg, provisioned) {
+                (Ok(msg), Some(hearing)) => {
+                    handle_event(&msg.data, hearing, gate, observer);
+                }
+                _ => break,
             },
             recv(stopped) -> _ => break,
             recv(flush) -> _ => log_limit::global().flush(),
@@ -139,10 +187,11 @@ fn listen(
     count_dropped();
 }
 
-/// What became of one message on the startup subject.
+/// What became of one message on a subject the listener hears.
 #[derive(Debug, PartialEq)]
 enum EventHandling {
-    Admitted(Identity),
+    /// The event was of the subject's kind: its node went to the handler.
+    Taken(Identity),
     IgnoredClosedGate,
     IgnoredKind(String),
     Malformed,
@@ -150,8 +199,27 @@ enum EventHandling {
 
 fn handle_event(
     bytes: &[u8],
+    hearing: &Hearing,
+    gate: &Gate,
+    observer: &dyn Observer,
+) -> EventHandling {
+    let subject = hearing.subscription.subject();
+    take_event(
+        bytes,
+        subject,
+        hearing.kind,
+        hearing.handler,
+        gate,
+        observer,
+    )
+}
+
+/// One message on `subject`: an event of `kind` hands its node to `handler`.
+fn take_event(
+    bytes: &[u8],
     subject: &str,
-    admit: &dyn Fn(&Identity),
+    kind: &'static str,
+    handler: &dyn Fn(&Identity),
     gate: &Gate,
     observer: &dyn Observer,
 ) -> EventHandling {
@@ -169,11 +237,11 @@ fn handle_event(
             return EventHandling::Malformed;
         }
     };
-    if event.kind != "startup" {
+    if event.kind != kind {
         if log_limit::global().allow("other_event", &event.identity) {
             log::info!(
                 "ignoring a {} event from {} on {subject}",
-                event.kind,
+                escape(&event.kind),
                 escape(&event.identity)
             );
         }
@@ -182,7 +250,7 @@ fn handle_event(
     if event.identity.is_empty() {
         observer.malformed(MALFORMED_EVENT);
         if log_limit::global().allow(MALFORMED_EVENT, "") {
-            log::warn!("ignoring a startup event on {subject} without an identity");
+            log::warn!("ignoring a {kind} event on {subject} without an identity");
         }
         return EventHandling::Malformed;
     }
@@ -192,20 +260,24 @@ fn handle_event(
             observer.malformed(MALFORMED_EVENT_IDENTITY);
             if log_limit::global().allow(MALFORMED_EVENT_IDENTITY, &event.identity) {
                 log::warn!(
-                    "ignoring a startup event on {subject}: its identity {} is refused: {err}",
+                    "ignoring a {kind} event on {subject}: its identity {} is refused: {err}",
                     escape(&event.identity)
                 );
             }
             return EventHandling::Malformed;
         }
     };
-    if log_limit::global().allow("startup", &identity) {
-        log::info!("{identity} announced its startup");
+    if log_limit::global().allow(kind, &identity) {
+        if kind == "startup" {
+            log::info!("{identity} announced its startup");
+        } else {
+            log::debug!("{identity} announced it was {kind}");
+        }
     }
     // A sighting only: the fleet's admission counts `event_discovered` when the node is new
     // to it, as Go counts only what `add` accepted (provisioner hosts/event.go, listen).
-    admit(&identity);
-    EventHandling::Admitted(identity)
+    handler(&identity);
+    EventHandling::Taken(identity)
 }
 
 #[cfg(test)]
@@ -245,10 +317,10 @@ mod tests {
         type Case<'a> = (&'a str, Vec<u8>, bool, EventHandling, Option<&'a str>);
         let cases: Vec<Case> = vec![
             // name,                 bytes,                               gate open, handling,                 malformed kind
-            ("choria startup",       choria("startup", "n1.example.net"), true,  Admitted(id("n1.example.net")), None),
-            ("cloudevents startup",  cloud("startup", "n2.example.net"),  true,  Admitted(id("n2.example.net")), None),
+            ("choria startup",       choria("startup", "n1.example.net"), true,  Taken(id("n1.example.net")), None),
+            ("cloudevents startup",  cloud("startup", "n2.example.net"),  true,  Taken(id("n2.example.net")), None),
             ("legacy protocol name", br#"{"protocol":"choria:lifecycle:startup:1","id":"x","identity":"n3.example.net","component":"c","timestamp":1}"#.to_vec(),
-                                                                          true,  Admitted(id("n3.example.net")), None),
+                                                                          true,  Taken(id("n3.example.net")), None),
             ("shutdown event",       choria("shutdown", "n4.example.net"), true, IgnoredKind("shutdown".into()), None),
             ("hostile shutdown",     choria("shutdown", "a\r\nb"),        true,  IgnoredKind("shutdown".into()), None),
             ("paused",               choria("startup", "n5.example.net"), false, IgnoredClosedGate,              None),
@@ -271,10 +343,10 @@ mod tests {
             let admitted = Mutex::new(Vec::new());
             let admit = |identity: &Identity| admitted.lock().push(identity.clone());
             let gate = Gate::new(!open);
-            let handling = handle_event(&bytes, "subject", &admit, &gate, &counts);
+            let handling = take_event(&bytes, "subject", "startup", &admit, &gate, &counts);
             let admitted = admitted.into_inner();
             match &expected {
-                Admitted(identity) => assert_eq!(admitted, vec![identity.clone()], "{name}"),
+                Taken(identity) => assert_eq!(admitted, vec![identity.clone()], "{name}"),
                 _ => assert!(admitted.is_empty(), "{name}"),
             }
             assert_eq!(handling, expected, "{name}");
@@ -285,6 +357,52 @@ mod tests {
                     "{name}: {kind}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_provisioned_subject_takes_provisioned_events_only() {
+        use EventHandling::*;
+        let cases: Vec<(&str, Vec<u8>, EventHandling)> = vec![
+            (
+                "choria provisioned",
+                choria("provisioned", "n1.example.net"),
+                Taken(id("n1.example.net")),
+            ),
+            (
+                "cloudevents provisioned",
+                cloud("provisioned", "n2.example.net"),
+                Taken(id("n2.example.net")),
+            ),
+            (
+                "a startup there",
+                choria("startup", "n3.example.net"),
+                IgnoredKind("startup".into()),
+            ),
+            (
+                "hostile identity",
+                choria("provisioned", "a\r\nb"),
+                Malformed,
+            ),
+        ];
+        for (name, bytes, expected) in cases {
+            let counts = crate::observe::Counts::default();
+            let taken = Mutex::new(Vec::new());
+            let handler = |identity: &Identity| taken.lock().push(identity.clone());
+            let handling = take_event(
+                &bytes,
+                "subject",
+                "provisioned",
+                &handler,
+                &Gate::new(false),
+                &counts,
+            );
+            let taken = taken.into_inner();
+            match &expected {
+                Taken(identity) => assert_eq!(taken, vec![identity.clone()], "{name}"),
+                _ => assert!(taken.is_empty(), "{name}"),
+            }
+            assert_eq!(handling, expected, "{name}");
         }
     }
 }

@@ -39,8 +39,9 @@ fn listen(
     let admit = Box::new(move |identity: &choria_wire::identity::Identity| {
         let _ = admitted_tx.send(identity.to_string());
     });
-    let listener = EventListener::start(conn, COMPONENT, admit, gate.clone(), metrics.clone())
-        .expect("listener starts");
+    let listener =
+        EventListener::start(conn, COMPONENT, admit, None, gate.clone(), metrics.clone())
+            .expect("listener starts");
     (listener, admitted)
 }
 
@@ -230,6 +231,7 @@ fn a_component_with_subject_wildcards_is_refused() {
             &conn,
             component,
             Box::new(|_| {}),
+            None,
             Arc::new(Gate::new(false)),
             Arc::new(Counts::default()),
         );

@@ -1,0 +1,239 @@
+//! Active-active without an election (go-choria #2110): three real `choria-provisioner`
+//! processes with `leader_election: false` and distinct identities share one real nats-server
+//! and a 2,000-node `choria-fleet-sim` fleet, relying on each node's provisioning lock, with
+//! `work_order: random` (the documented setup). Every node must be provisioned exactly once, no
+//! instance may count an error for a node another instance owns, every instance must take part,
+//! instances must collide rarely (racing costs a refused call per node per extra instance:
+//! 4,000 here), and what each instance says it left to another (`lock_refusals`, its audit
+//! lines) must be what the nodes recorded refusing.
+//!
+//! Kept light for a shared 2-core machine: a shell helper that answers at once, 3 workers per
+//! instance, nodes that boot over a few seconds. Speed is measured in `benches/active_active.rs`,
+//! not here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use choria_testkit::harness as support;
+
+use choria_fleet_sim::report::Report;
+use serde_json::Value;
+use support::*;
+
+const NODES: usize = 2000;
+const INSTANCES: usize = 3;
+const TOKEN: &str = "e2e-active-active";
+/// What a node answers a call when another caller holds its lock (go-choria provision agent).
+const LOCK_REFUSAL: &str = "Could not obtain provisioning lock";
+/// Bound on the fleet run (the simulator's own deadline) and on waiting for it.
+const FLEET_DEADLINE: &str = "420s";
+const FLEET_WAIT: Duration = Duration::from_secs(480);
+
+/// Configures the node out of provisioning mode and nothing else: the cycle, not the helper, is
+/// under test.
+const HELPER: &str =
+    "#!/bin/sh\ncat >/dev/null\necho '{\"configuration\":{\"plugin.choria.server.provision\":\"false\"}}'\n";
+
+struct Instance {
+    provisioner: Provisioner,
+    audit: PathBuf,
+}
+
+/// `count` instances, `provisioner<i>.example.net`, each with its own audit file; `extra_yaml`
+/// is added to every configuration.
+fn instances(world: &World, count: usize, extra_yaml: &str) -> Vec<Instance> {
+    let helper = world.write_executable("helper.sh", HELPER);
+    (1..=count)
+        .map(|i| {
+            let audit = world.path(&format!("audit-{i}.jsonl"));
+            let provisioner = Provisioner::start(
+                world,
+                ProvisionerSetup {
+                    identity: format!("provisioner{i}.example.net"),
+                    yaml: format!(
+                        "{}token: {TOKEN}\nworkers: 3\nrelease_delay: 6s\nhelper_timeout: 30s\nfeatures:\n  jwt: true\njwt_verify_cert: {}\naudit_file: {}\n{extra_yaml}",
+                        yaml_helper(&helper),
+                        vector("provisioner/host/testdata/jwt-signer-public.pem"),
+                        audit.display()
+                    ),
+                    discovery_timeout: 1,
+                    ..Default::default()
+                },
+            );
+            Instance { provisioner, audit }
+        })
+        .collect()
+}
+
+fn run_fleet(world: &World, instances: &[Instance], nodes: usize) -> Report {
+    let nodes = nodes.to_string();
+    let sim = Sim::start(
+        world,
+        &[
+            "--nodes",
+            &nodes,
+            "--token",
+            TOKEN,
+            "--jwt-key",
+            &vector("provisioner/host/testdata/jwt-signer.pem"),
+            "--keygen-threads",
+            "0",
+            "--boot-spread",
+            "5s",
+            "--exit-when-done",
+            "--deadline",
+            FLEET_DEADLINE,
+        ],
+    );
+    sim.wait_within(FLEET_WAIT, || {
+        instances
+            .iter()
+            .map(|i| {
+                format!(
+                    "{}: {}",
+                    i.provisioner.identity,
+                    i.provisioner
+                        .try_metrics()
+                        .map(|m| m.summary())
+                        .unwrap_or_else(|e| e)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
+}
+
+fn audit_lines(instance: &Instance) -> Vec<Value> {
+    let text = std::fs::read_to_string(&instance.audit).expect("the audit file reads");
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[test]
+fn three_instances_without_election_provision_2000_nodes_exactly_once() {
+    let world = World::new();
+    let instances = instances(&world, INSTANCES, "work_order: random\n");
+    let report = run_fleet(&world, &instances, NODES);
+
+    // The fleet's own record: every node in service, configured once, by one caller.
+    let t = &report.totals;
+    assert_eq!(report.exit_reason, "done", "{}", report.summary());
+    assert_eq!(t.nodes, NODES);
+    assert_eq!(t.in_service, NODES, "{}", report.summary());
+    assert_eq!(t.configures_ok, NODES, "{}", report.summary());
+    assert_eq!(t.duplicates, 0, "{:?}", report.duplicates);
+    assert_eq!(t.violations, 0, "{}", report.summary());
+    let callers: BTreeSet<String> = instances.iter().map(|i| i.provisioner.caller()).collect();
+    // Per caller: nodes it configured, calls the nodes refused it for the lock.
+    let mut configured: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut refused: BTreeMap<String, usize> = BTreeMap::new();
+    for node in &report.nodes {
+        assert_provisioned_once(node);
+        for action in &node.record.actions {
+            assert!(
+                callers.contains(&action.caller),
+                "{}: {} from {}",
+                node.identity,
+                action.action,
+                action.caller
+            );
+            match action.statuscode {
+                Some(0) => {}
+                Some(1) if action.statusmsg == LOCK_REFUSAL => {
+                    *refused.entry(action.caller.clone()).or_default() += 1
+                }
+                other => panic!(
+                    "{}: {} from {} answered {other:?} {:?}: nothing but the lock may refuse",
+                    node.identity, action.action, action.caller, action.statusmsg
+                ),
+            }
+            if action.action == "choria_provision#configure" && action.statuscode == Some(0) {
+                configured
+                    .entry(action.caller.clone())
+                    .or_default()
+                    .insert(node.identity.clone());
+            }
+        }
+    }
+
+    let mut provisioned_total = 0.0;
+    let mut refusals_total = 0.0;
+    for instance in &instances {
+        let p = &instance.provisioner;
+        let caller = p.caller();
+        let mine = configured.get(&caller).cloned().unwrap_or_default();
+        let metrics = p.wait_idle("every cycle of this instance ended", |m| {
+            m.get("choria_provisioner_provisioned") == mine.len() as f64
+        });
+        // Nobody counts an error for a node another instance owns.
+        for series in [
+            "choria_provisioner_provision_errors",
+            "choria_provisioner_helper_errors",
+            "choria_provisioner_work_queue_dropped",
+        ] {
+            assert_eq!(
+                metrics.get(series),
+                0.0,
+                "{caller} {series}\n{}",
+                metrics.summary()
+            );
+        }
+        assert_eq!(
+            metrics.sum("choria_provisioner_rpc_errors"),
+            0.0,
+            "{caller}\n{}",
+            metrics.summary()
+        );
+        // Every instance takes part.
+        assert!(!mine.is_empty(), "{caller} provisioned nothing");
+        let refusals = metrics.sum("choria_provisioner_lock_refusals");
+        assert_eq!(
+            refusals,
+            refused.get(&caller).copied().unwrap_or(0) as f64,
+            "{caller}: lock_refusals against the refusals the nodes sent it"
+        );
+        provisioned_total += metrics.get("choria_provisioner_provisioned");
+        refusals_total += refusals;
+
+        // Its audit trail: a `provisioned` line for exactly the nodes it configured, an
+        // `owned_elsewhere` line per refusal, and nothing else.
+        let lines = audit_lines(instance);
+        let mut provisioned_lines = BTreeSet::new();
+        let mut owned_elsewhere = 0;
+        for line in &lines {
+            assert_eq!(line["instance"]["identity"], p.identity.as_str());
+            assert_eq!(line["instance"]["leader"], Value::Null);
+            let node = line["identity"].as_str().expect("identity").to_string();
+            match line["outcome"].as_str() {
+                Some("provisioned") => assert!(
+                    provisioned_lines.insert(node.clone()),
+                    "{caller}: two provisioned lines for {node}"
+                ),
+                Some("owned_elsewhere") => owned_elsewhere += 1,
+                other => panic!("{caller}: {node} ended {other:?}: {line}"),
+            }
+        }
+        assert_eq!(provisioned_lines, mine, "{caller}: audit against the fleet");
+        assert_eq!(
+            owned_elsewhere as f64, refusals,
+            "{caller}: owned_elsewhere lines"
+        );
+    }
+    assert_eq!(provisioned_total, NODES as f64);
+    // Spread, not raced: racing in admission order is refused once per node per extra
+    // instance (4,000); picking at random collides mostly on the last few nodes.
+    assert!(
+        refusals_total < (NODES / 4) as f64,
+        "{refusals_total} lock refusals: the instances raced instead of spreading"
+    );
+    eprintln!(
+        "{NODES} nodes, {INSTANCES} instances: {refusals_total} lock refusals; provisioned per instance: {:?}; fleet time {:.1} s",
+        configured.values().map(BTreeSet::len).collect::<Vec<_>>(),
+        report.elapsed_seconds
+    );
+    for instance in instances {
+        instance.provisioner.stop();
+    }
+}
