@@ -27,7 +27,7 @@ use crate::metrics::{Metrics, MetricsServer};
 use crate::notify;
 use crate::pidfile::{PidFile, PidFileError};
 use crate::provision::{Cycle, CycleError, CycleSettings, GraceEnd};
-use choria_broker::clock::SystemClock;
+use choria_broker::clock::{SystemBootClock, SystemClock};
 use choria_wire::choria_cfg::ClientConfigError;
 use choria_wire::identity::Identity;
 
@@ -217,8 +217,13 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     .map_err(DaemonError::Signals)?;
 
     // With an election the instance is inert from its first thread on (Go pauses before it
-    // starts the election, provisioner hosts/hosts.go); without one it is never paused.
-    let gate = Arc::new(Gate::new(config.leader_election));
+    // starts the election, provisioner hosts/hosts.go), and fenced by the leader's lease on
+    // CLOCK_BOOTTIME; without one it is never paused.
+    let gate = Arc::new(if config.leader_election {
+        Gate::leased(Arc::new(SystemBootClock))
+    } else {
+        Gate::new(false)
+    });
     let fleet = Fleet::new(
         FleetSettings {
             interval: config.interval,
@@ -367,7 +372,13 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
         let (events_tx, events_rx) = bounded::<ElectionEvent>(4);
         let mut election_settings = ElectionSettings::new(&settings.identity);
         election_settings.api_prefix = config.leader_election_api_prefix.clone();
-        let election = Election::start(conn.clone(), election_settings, events_tx, metrics.clone());
+        let election = Election::start_fenced(
+            conn.clone(),
+            election_settings,
+            events_tx,
+            metrics.clone(),
+            gate.clone(),
+        );
         log::info!("campaigning for leadership; paused until elected");
         (Some(election), events_rx)
     } else {

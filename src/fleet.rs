@@ -212,7 +212,8 @@ impl Fleet {
         clock: Arc<dyn Clock>,
     ) -> Arc<Fleet> {
         let (queue_tx, queue_rx) = bounded(settings.work_queue_size.max(1));
-        metrics.paused.set(if gate.is_paused() { 1.0 } else { 0.0 });
+        // The paused gauge follows the gate from now on, whoever flips it.
+        gate.observe(metrics.clone());
         Arc::new(Fleet {
             admissions: Mutex::new(Admissions::new()),
             queue_tx,
@@ -414,26 +415,34 @@ impl Fleet {
         same
     }
 
-    /// Leadership lost: forget every admission and drain the queue.
+    /// Leadership lost: forget every queued and held admission and drain the queue. A node
+    /// whose cycle is still running stays known until the cycle ends (the finisher removes
+    /// it), so a quick Lost → Won flap cannot admit it again while, say, its helper still
+    /// runs: one cycle per node, whatever the election does.
     pub fn remove_all(&self) {
         let mut admissions = self.admissions.lock();
-        let forgotten = admissions.entries.len();
-        admissions.entries.clear();
+        let before = admissions.entries.len();
+        admissions
+            .entries
+            .retain(|_, entry| entry.stage == Stage::InFlight);
+        let running = admissions.entries.len();
         let drained = admissions.pending.len();
         admissions.pending.clear();
         while self.queue_rx.try_recv().is_ok() {}
         self.update_gauges(&admissions);
-        log::info!("forgot {forgotten} admitted nodes and drained {drained} queued tickets");
+        log::info!(
+            "forgot {} admitted nodes and drained {drained} queued tickets; {running} with a \
+             cycle still running stay known until it ends",
+            before - running
+        );
     }
 
     pub fn pause(&self) {
         self.gate.set_paused(true);
-        self.metrics.paused.set(1.0);
     }
 
     pub fn resume(&self) {
         self.gate.set_paused(false);
-        self.metrics.paused.set(0.0);
     }
 
     pub fn is_paused(&self) -> bool {
@@ -1163,6 +1172,32 @@ mod tests {
     }
 
     #[test]
+    fn remove_all_keeps_nodes_whose_cycle_still_runs_until_it_ends() {
+        let (fleet, _, metrics) = fleet_with(100);
+        for n in ["running", "queued", "held"] {
+            fleet.admit(&id(n), Source::Discovery);
+        }
+        let running = pop(&fleet);
+        assert_eq!(fleet.start(&running), Start::Provision);
+        let held = pop(&fleet);
+        assert_eq!(fleet.start(&held), Start::Provision);
+        fleet.hold(&held);
+        fleet.remove_all();
+        assert_eq!(fleet.stage_of("running"), Some((Stage::InFlight, 1)));
+        assert_eq!(fleet.stage_of("held"), None);
+        assert_eq!(fleet.stage_of("queued"), None);
+        assert_eq!(fleet.queue_len(), 0);
+        assert_eq!(metrics.waiting_nodes.get(), 1.0);
+        assert_eq!(
+            fleet.admit(&id("running"), Source::Event),
+            Admission::Ignored,
+            "still in flight"
+        );
+        assert!(fleet.finish(&running));
+        assert!(fleet.is_empty());
+    }
+
+    #[test]
     fn concurrent_admissions_neither_lose_nor_duplicate_a_ticket() {
         let (fleet, _, _) = fleet_with(50_000);
         // Two threads, overlapping halves: 50,000 distinct identities in all.
@@ -1383,6 +1418,86 @@ mod tests {
         let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {
             panic!("the grace ended with every worker idle")
         });
+        assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
+    }
+
+    /// A cycle whose helper runs until the test lets it end, counting cycles per node and the
+    /// most that ran at once.
+    struct SlowCycle {
+        running: Mutex<HashMap<String, usize>>,
+        most_at_once: AtomicUsize,
+        started: AtomicUsize,
+        helper_ends: Receiver<()>,
+    }
+
+    impl ProvisionCycle for SlowCycle {
+        fn provision(&self, identity: &Identity, _found: Source, gate: &Gate) -> ProvisionOutcome {
+            if gate.check().is_err() {
+                return ProvisionOutcome::Halted;
+            }
+            self.started.fetch_add(1, Ordering::SeqCst);
+            {
+                let mut running = self.running.lock();
+                let now = running.entry(identity.to_string()).or_insert(0);
+                *now += 1;
+                self.most_at_once.fetch_max(*now, Ordering::SeqCst);
+            }
+            // The helper is running: a pause does not stop it.
+            let _ = self.helper_ends.recv_timeout(Duration::from_secs(20));
+            if let Some(now) = self.running.lock().get_mut(identity.as_str()) {
+                *now -= 1;
+            }
+            // The rest of the cycle goes on only if the gate is open now.
+            match gate.check() {
+                Ok(()) => ProvisionOutcome::Provisioned { hold: true },
+                Err(_) => ProvisionOutcome::Halted,
+            }
+        }
+    }
+
+    /// Leadership lost and won again at once while a node's helper runs: the new leader's
+    /// discovery finds the node, but it is still known (in flight), so no second cycle starts.
+    #[test]
+    fn a_lost_won_flap_during_a_slow_helper_never_starts_a_second_cycle_of_a_node() {
+        use crate::daemon::apply_election_event;
+        use choria_broker::election::ElectionEvent;
+
+        let (fleet, _, metrics) = fleet_with(100);
+        let (end_helper, helper_ends) = bounded::<()>(4);
+        let cycle = Arc::new(SlowCycle {
+            running: Mutex::new(HashMap::new()),
+            most_at_once: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
+            helper_ends,
+        });
+        let discovery = Arc::new(FixedDiscovery {
+            identities: vec![id("slow")],
+            rounds: AtomicUsize::new(0),
+        });
+        // Two workers: a second cycle of the node would have one free to run on.
+        let threads =
+            FleetThreads::start(fleet.clone(), cycle.clone(), discovery.clone(), 2).unwrap();
+        wait_until("the slow node's helper to run", || {
+            cycle.started.load(Ordering::SeqCst) == 1
+        });
+
+        // The flap, as main applies it; the win's immediate discovery is run here, so its
+        // admissions are over when it returns.
+        let (trigger, _triggered) = bounded::<()>(1);
+        apply_election_event(&fleet, &trigger, ElectionEvent::Lost);
+        apply_election_event(&fleet, &trigger, ElectionEvent::Won);
+        run_discovery(&fleet, discovery.as_ref());
+        assert_eq!(fleet.stage_of("slow"), Some((Stage::InFlight, 1)));
+        assert_eq!(fleet.queue_len(), 0, "nothing queued for a node in flight");
+        assert_eq!(metrics.discovered.get(), 1, "not added a second time");
+
+        end_helper.send(()).unwrap();
+        wait_until("the cycle to end", || {
+            fleet.stage_of("slow").map(|s| s.0) == Some(Stage::Held)
+        });
+        assert_eq!(cycle.started.load(Ordering::SeqCst), 1, "one cycle");
+        assert_eq!(cycle.most_at_once.load(Ordering::SeqCst), 1);
+        let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {});
         assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
     }
 }

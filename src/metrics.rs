@@ -204,6 +204,11 @@ impl choria_broker::observe::Observer for Metrics {
             .with_label_values(&[key, identity])
             .set(seconds);
     }
+    /// `choria_provisioner_paused` follows the gate, whoever paused it (the fleet on an
+    /// election event, or the election itself when its lease ends).
+    fn paused(&self, paused: bool) {
+        self.paused.set(if paused { 1.0 } else { 0.0 });
+    }
 }
 
 fn opts(name: &str, help: &str, site: &str) -> Opts {

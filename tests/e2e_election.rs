@@ -159,7 +159,13 @@ impl ElectionWorld {
             ProvisionerSetup {
                 identity: identity.to_string(),
                 yaml: format!(
-                    "workers: 2\nhelper: {}\nleader_election: true\nrelease_delay: 10s\n{}{extra_yaml}",
+                    "{}helper: {}\nleader_election: true\nrelease_delay: 10s\n{}{extra_yaml}",
+                    // Two unless the scenario says otherwise.
+                    if extra_yaml.contains("workers:") {
+                        ""
+                    } else {
+                        "workers: 2\n"
+                    },
                     self.helper,
                     self.account.provisioner_yaml()
                 ),
@@ -547,6 +553,86 @@ fn a_strangers_overwrite_makes_the_leader_stand_down() {
 #[test]
 fn broker_restart_mid_run_loses_nothing_and_duplicates_nothing() {
     failover(Account::Provisioning, Disruption::BrokerRestart);
+}
+
+/// The leader is frozen (SIGSTOP) for TTL + 3 s while nodes keep booting, then thawed
+/// (SIGCONT). Its lease ended during the freeze: the startup events that queued up for it
+/// reach its listener the moment it runs, yet it sends no node anything more. The one
+/// exception is the `restart` that finishes a node whose `configure` it had delivered (that
+/// node's lock is still ours; unrestarted, it would be configured twice). The standby took
+/// over and finishes the fleet, nobody provisioned twice.
+#[test]
+fn a_leader_frozen_past_its_lease_sends_nothing_when_it_thaws() {
+    let stage = ElectionWorld::start(Account::Provisioning);
+    stage.create_bucket();
+    // Eight workers: as many as there are events waiting, to be quick to act on them.
+    let mut cluster = Cluster::start_with(&stage, 2, "workers: 8\n", 1);
+    let first = cluster.wait_for_one_leader("a first leader");
+    let standby = 1 - first;
+    // Spread so that a dozen nodes boot, and announce it, while the leader is frozen: their
+    // startup events wait in its socket and reach it together the moment it thaws.
+    const FROZEN_NODES: usize = 30;
+    let fleet = stage.fleet(FROZEN_NODES, &["--boot-spread", "20s"]);
+    wait_for(
+        "the first leader to provision some nodes",
+        PATIENCE,
+        || {
+            let done = cluster.members[first].metric("choria_provisioner_provisioned")?;
+            (done >= 2.0).then_some(())
+        },
+        || cluster.logs(),
+    );
+    let frozen = Instant::now();
+    cluster.members[first].freeze();
+    wait_for(
+        "the standby to take over",
+        PATIENCE,
+        || {
+            cluster.members[standby]
+                .try_metrics()
+                .is_ok_and(|m| is_working_leader(&m))
+                .then_some(())
+        },
+        || cluster.members[standby].logs(),
+    );
+    // TTL + 3 s frozen in all, however long the takeover took to see.
+    std::thread::sleep((TTL + Duration::from_secs(3)).saturating_sub(frozen.elapsed()));
+    let thawed_at = unix_now();
+    cluster.members[first].thaw();
+    wait_for(
+        "the thawed leader to stand down",
+        PATIENCE,
+        || (losses(&cluster.members[first]) > 0).then_some(()),
+        || cluster.logs(),
+    );
+    let report = fleet.wait_within(FLEET_WAIT, || cluster.logs());
+    let context = format!("frozen leader\n{}", cluster.logs());
+    assert_fleet_done_once(&report, FROZEN_NODES, &context);
+    let first_caller = cluster.members[first].caller();
+    let actions = actions_in_time_order(&report);
+    let configured_before = |node: &str| {
+        actions.iter().any(|a| {
+            a.node == node
+                && a.caller == first_caller
+                && a.action == "choria_provision#configure"
+                && a.statuscode == Some(0)
+                && a.at < thawed_at
+        })
+    };
+    let after_thaw: Vec<&NodeAction> = actions
+        .iter()
+        .filter(|a| a.caller == first_caller && a.at >= thawed_at)
+        .filter(|a| !(a.action == "choria_provision#restart" && configured_before(&a.node)))
+        .collect();
+    assert!(
+        after_thaw.is_empty(),
+        "{context}\nthe frozen leader sent these after its lease ended: {after_thaw:?}"
+    );
+    assert!(
+        actions.iter().any(|a| a.caller == first_caller),
+        "{context}: the first leader provisioned nothing before the freeze"
+    );
+    cluster.stop_all();
 }
 
 /// The bucket is missing at start: the instance stays up and paused, serves its metrics,

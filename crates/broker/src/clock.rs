@@ -4,9 +4,9 @@
 //!
 //! There is more than one kind of time, and each kind gets its own trait rather than one
 //! clock for all: [`Clock`] is monotonic (`Instant`, which stops while the host is
-//! suspended), right for timeouts and the fleet's schedule. A lease that must expire while
-//! the host sleeps needs a clock that counts suspend (`CLOCK_BOOTTIME`), added beside this
-//! one with its own type so the two cannot be mixed up.
+//! suspended), right for timeouts and the fleet's schedule. The leader's lease must expire
+//! while the host sleeps, so it is measured on [`BootClock`] (`CLOCK_BOOTTIME`, which counts
+//! suspend), whose [`BootInstant`] is a type of its own so the two cannot be mixed up.
 //!
 //! A wait for a moment on a clock is a channel ([`Clock::at`]) so it can be `select!`ed with
 //! other channels: the real clock's is crossbeam's timer; the [`ManualClock`]'s fires when a
@@ -113,6 +113,85 @@ impl Clock for ManualClock {
     }
 }
 
+/// A moment on `CLOCK_BOOTTIME`: time since boot, suspend included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BootInstant(Duration);
+
+impl BootInstant {
+    /// The moment of boot.
+    pub const ZERO: BootInstant = BootInstant(Duration::ZERO);
+
+    /// How long after `earlier` this is; zero if it is not later.
+    pub fn saturating_duration_since(self, earlier: BootInstant) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+
+    /// This moment moved `by` later.
+    pub fn after(self, by: Duration) -> BootInstant {
+        BootInstant(self.0.saturating_add(by))
+    }
+
+    /// Time since boot, for log lines.
+    pub fn since_boot(self) -> Duration {
+        self.0
+    }
+}
+
+/// A clock that keeps counting while the host is suspended or the process is stopped.
+pub trait BootClock: Send + Sync + std::fmt::Debug {
+    fn now(&self) -> BootInstant;
+}
+
+/// The real `CLOCK_BOOTTIME`.
+#[derive(Debug, Default)]
+pub struct SystemBootClock;
+
+impl BootClock for SystemBootClock {
+    fn now(&self) -> BootInstant {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid, writable timespec; CLOCK_BOOTTIME exists on every Linux
+        // since 2.6.39, so the call cannot fail for a bad clock id.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+        if rc != 0 {
+            // Unreachable on Linux; the monotonic clock is the nearest thing that keeps time.
+            return BootInstant(monotonic_since_start());
+        }
+        BootInstant(Duration::new(
+            u64::try_from(now.tv_sec).unwrap_or(0),
+            u32::try_from(now.tv_nsec).unwrap_or(0),
+        ))
+    }
+}
+
+fn monotonic_since_start() -> Duration {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
+}
+
+/// A boot clock that moves only when told to, for tests of leases.
+#[derive(Debug, Default)]
+pub struct ManualBootClock {
+    nanos: AtomicU64,
+}
+
+impl ManualBootClock {
+    pub fn advance(&self, by: Duration) {
+        self.nanos.fetch_add(
+            u64::try_from(by.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+}
+
+impl BootClock for ManualBootClock {
+    fn now(&self) -> BootInstant {
+        BootInstant(Duration::from_nanos(self.nanos.load(Ordering::SeqCst)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,5 +214,32 @@ mod tests {
         assert!(later.try_recv().is_err());
         clock.advance(Duration::from_secs(3600));
         assert!(later.try_recv().is_ok());
+    }
+
+    #[test]
+    fn the_boot_clock_moves_forward_and_counts_at_least_monotonic_time() {
+        let boot = SystemBootClock;
+        let (b0, m0) = (boot.now(), Instant::now());
+        std::thread::sleep(Duration::from_millis(20));
+        let (b1, m1) = (boot.now(), Instant::now());
+        assert!(b1 > b0);
+        // Boot time includes suspend, so it never moves less than monotonic time (a little
+        // slack for the two readings not being taken at the same instant).
+        assert!(
+            b1.saturating_duration_since(b0) + Duration::from_millis(2) >= m1 - m0,
+            "{b0:?} {b1:?}"
+        );
+        let manual = ManualBootClock::default();
+        let start = manual.now();
+        manual.advance(Duration::from_secs(8));
+        assert_eq!(
+            manual.now().saturating_duration_since(start),
+            Duration::from_secs(8)
+        );
+        assert_eq!(
+            start.saturating_duration_since(manual.now()),
+            Duration::ZERO
+        );
+        assert_eq!(start.after(Duration::from_secs(8)), manual.now());
     }
 }

@@ -165,6 +165,9 @@ impl Discovery {
             .expect_screened(&request_id, MAX_SENDERS, move |bytes: Vec<u8>| {
                 screen.screen(&bytes)
             });
+        // Read again right before the ping: a leader frozen past its lease since the first
+        // look must not send it.
+        watch.check().map_err(DiscoveryError::Halted)?;
         if let Err(err) = self.ping(&request_id) {
             self.observer.discovery_error();
             return Err(err);

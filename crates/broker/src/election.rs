@@ -17,6 +17,13 @@
 //!   or the connection closes), and a leader blocked in a write while another takes over is split
 //!   brain. A timed-out or failed keep-alive is a loss.
 //!
+//! The leader's lease is enforced where work happens: on a gate given to
+//! [`Election::start_fenced`], every successful keep-alive extends the gate's lease to the
+//! write's send time + TTL − write timeout − [`LEASE_MARGIN`], measured on `CLOCK_BOOTTIME`,
+//! so a leader frozen longer than that (SIGSTOP, a VM pause) sends nothing when it thaws,
+//! whichever of its threads wakes first. When leadership ends the election closes the gate
+//! itself ([`Gate::end_lease`]) before it announces [`ElectionEvent::Lost`].
+//!
 //! Setup failures (missing bucket, no JetStream, bad TTL) are never silent, unlike Go's discarded
 //! error (provisioner hosts/hosts.go drops `startElection`'s error and stays paused): the thread
 //! logs the reason, exposes it through [`Election::setup_problem`] and retries with backoff.
@@ -36,8 +43,9 @@ use parking_lot::Mutex;
 use rand::Rng;
 
 use crate::backoff;
+use crate::clock::{BootClock, BootInstant, SystemBootClock};
 use crate::connection::{Connection, RequestError};
-use crate::gate::Never;
+use crate::gate::{Gate, Never};
 use crate::observe::Observer;
 
 /// The bucket the Choria Broker creates for elections (go-choria
@@ -58,6 +66,9 @@ const MAX_TTL: Duration = Duration::from_secs(3600);
 /// Go sleeps this long after the first keep-alive before calling OnWon (election.go,
 /// maintainLeadership).
 const WON_COOL_DOWN: Duration = Duration::from_millis(200);
+/// How much earlier than the key could expire our lease ends: beyond the write timeout
+/// already taken off, room for the broker's and our clocks to disagree by a little.
+pub const LEASE_MARGIN: Duration = Duration::from_millis(500);
 /// A repeated complaint is logged again at most this often.
 const COMPLAINT_REPEAT: Duration = Duration::from_secs(60);
 
@@ -160,7 +171,8 @@ pub enum ElectionError {
     },
     /// A reply we cannot read.
     Malformed { subject: String, reason: String },
-    /// Our last successful keep-alive is so old the key may have expired (a frozen process).
+    /// Our last successful keep-alive is so old the key may have expired (a frozen process):
+    /// the lease is over.
     KeepAliveOverdue { since: Duration, budget: Duration },
     /// The bucket's max age cannot serve as an election TTL.
     BadTtl { bucket: String, max_age: Duration },
@@ -216,8 +228,9 @@ impl fmt::Display for ElectionError {
             }
             ElectionError::KeepAliveOverdue { since, budget } => write!(
                 f,
-                "last successful keep-alive was {since:?} ago, beyond the {budget:?} the TTL \
-                 allows; another member may already lead"
+                "last successful keep-alive was {since:?} ago (counting time the process was \
+                 stopped or the host suspended), beyond the {budget:?} lease the TTL allows; \
+                 another member may already lead"
             ),
             ElectionError::BadTtl { bucket, max_age } => write!(
                 f,
@@ -257,6 +270,14 @@ impl ElectionError {
 /// loss long before another member can take the expired key.
 pub fn write_timeout(ttl: Duration, cap: Duration) -> Duration {
     cap.min(ttl / 4)
+}
+
+/// How long after a successful keep-alive was sent the leader may act: TTL − write timeout −
+/// [`LEASE_MARGIN`]. The key lives a TTL from the broker's receipt of the write, which is
+/// after the send, so the lease always ends before the key can expire.
+pub fn lease_length(ttl: Duration, write_timeout: Duration) -> Duration {
+    ttl.saturating_sub(write_timeout)
+        .saturating_sub(LEASE_MARGIN)
 }
 
 /// The delay before a leader's next keep-alive: Go's `Duration(0)` of its backoff policies,
@@ -453,12 +474,12 @@ enum Standing {
     /// Our create succeeded; we act as leader after the next successful keep-alive.
     Elected {
         revision: u64,
-        written: Instant,
+        written: BootInstant,
     },
     /// Announced (`Won` sent).
     Leader {
         revision: u64,
-        written: Instant,
+        written: BootInstant,
     },
 }
 
@@ -502,6 +523,28 @@ impl Election {
         events: Sender<ElectionEvent>,
         observer: Arc<dyn Observer>,
     ) -> Election {
+        Election::start_member(conn, settings, events, observer, None)
+    }
+
+    /// As [`Election::start`], fencing `gate` with the lease (see the module docs): the gate
+    /// should be a [`Gate::leased`] one, whose clock the lease is measured on.
+    pub fn start_fenced(
+        conn: Connection,
+        settings: ElectionSettings,
+        events: Sender<ElectionEvent>,
+        observer: Arc<dyn Observer>,
+        gate: Arc<Gate>,
+    ) -> Election {
+        Election::start_member(conn, settings, events, observer, Some(gate))
+    }
+
+    fn start_member(
+        conn: Connection,
+        settings: ElectionSettings,
+        events: Sender<ElectionEvent>,
+        observer: Arc<dyn Observer>,
+        fence: Option<Arc<Gate>>,
+    ) -> Election {
         let shared = Arc::new(Shared {
             leader: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
@@ -517,8 +560,14 @@ impl Election {
             &settings.identity,
             settings.campaign_interval.as_secs_f64(),
         );
+        let boot = fence
+            .as_ref()
+            .and_then(|gate| gate.lease_clock())
+            .unwrap_or_else(|| Arc::new(SystemBootClock));
         let member = Member {
             conn,
+            fence,
+            boot,
             settings,
             events,
             undelivered: VecDeque::new(),
@@ -641,6 +690,10 @@ enum CampaignEnd {
 /// The election thread's state.
 struct Member {
     conn: Connection,
+    /// The gate whose lease we grant and end, if any.
+    fence: Option<Arc<Gate>>,
+    /// The clock leases and overdue keep-alives are measured on.
+    boot: Arc<dyn BootClock>,
     settings: ElectionSettings,
     events: Sender<ElectionEvent>,
     /// Events the daemon has not taken yet, oldest first.
@@ -861,7 +914,7 @@ impl Member {
             let mut end = None;
             standing = match standing {
                 Standing::Candidate => {
-                    let sent = Instant::now();
+                    let sent = self.boot.now();
                     match self.create(bucket) {
                         Ok(revision) => {
                             log::info!(
@@ -898,6 +951,10 @@ impl Member {
                     let announced = matches!(standing, Standing::Leader { .. });
                     match self.keep_alive(bucket, revision, written) {
                         Ok((revision, written)) => {
+                            if let Some(gate) = &self.fence {
+                                let length = lease_length(bucket.ttl, bucket.write_timeout);
+                                gate.extend_lease(written.after(length));
+                            }
                             if !announced {
                                 // Go's cool-down before OnWon.
                                 if self.wait(WON_COOL_DOWN) {
@@ -911,6 +968,9 @@ impl Member {
                             Standing::Leader { revision, written }
                         }
                         Err(err) => {
+                            // Closed before anyone hears of the loss, so nothing more goes
+                            // out under a lease that is over.
+                            self.end_lease();
                             self.set_leader_gauge(false);
                             if announced {
                                 self.shared.leader.store(false, Ordering::SeqCst);
@@ -959,14 +1019,17 @@ impl Member {
         &self,
         bucket: &mut Bucket,
         revision: u64,
-        written: Instant,
-    ) -> Result<(u64, Instant), ElectionError> {
-        let budget = bucket.ttl.saturating_sub(bucket.write_timeout);
-        let since = written.elapsed();
+        written: BootInstant,
+    ) -> Result<(u64, BootInstant), ElectionError> {
+        // The lease is over at the same moment the gate stops letting work out.
+        // One reading for the check and the send time: a freeze between two readings could
+        // otherwise grant a fresh lease from a write checked before it.
+        let budget = lease_length(bucket.ttl, bucket.write_timeout);
+        let sent = self.boot.now();
+        let since = sent.saturating_duration_since(written);
         if since >= budget {
             return Err(ElectionError::KeepAliveOverdue { since, budget });
         }
-        let sent = Instant::now();
         let revision = self.write(bucket, revision, false)?;
         Ok((revision, sent))
     }
@@ -974,6 +1037,7 @@ impl Member {
     /// Stands down on stop and, where a standby can create over the marker, deletes the key
     /// expecting our revision, so only our own value is ever removed.
     fn release(&mut self, bucket: &mut Bucket, revision: u64) {
+        self.end_lease();
         self.set_leader_gauge(false);
         if self.shared.leader.swap(false, Ordering::SeqCst) {
             self.send(ElectionEvent::Lost);
@@ -1005,6 +1069,13 @@ impl Member {
         timeout: Duration,
     ) -> Result<Vec<u8>, ElectionError> {
         request(&self.conn, subject, headers, body, timeout)
+    }
+
+    /// Closes the fenced gate: the lease is over.
+    fn end_lease(&self) {
+        if let Some(gate) = &self.fence {
+            gate.end_lease();
+        }
     }
 
     fn set_leader_gauge(&self, leader: bool) {

@@ -31,6 +31,8 @@ pub trait Observer: Send + Sync {
     fn election_leader(&self, _key: &str, _identity: &str, _leader: bool) {}
     /// The delay until the next round.
     fn election_interval(&self, _key: &str, _identity: &str, _seconds: f64) {}
+    /// The gate was paused (`true`) or resumed, by the fleet or by the election.
+    fn paused(&self, _paused: bool) {}
 }
 
 /// An observer that ignores everything.
@@ -42,8 +44,8 @@ impl Observer for NoObserver {}
 /// `dropped:<kind>` (the sum of the counts), `reply_conflict:<action>`,
 /// `rpc_error:<action>`, `rpc_disconnect:<action>`, `rpc_time:<action>` (tries timed),
 /// `discover_cycle`, `discovery_error`, `election_campaign:<key>:<identity>:<state>`; and
-/// holds the last value of `election_leader:<key>:<identity>` (0 or 1) and
-/// `election_interval_ms:<key>:<identity>`.
+/// holds the last value of `election_leader:<key>:<identity>` (0 or 1),
+/// `election_interval_ms:<key>:<identity>` and `paused` (0 or 1).
 #[derive(Default)]
 pub struct Counts {
     counts: parking_lot::Mutex<std::collections::BTreeMap<String, u64>>,
@@ -111,5 +113,8 @@ impl Observer for Counts {
     fn election_interval(&self, key: &str, identity: &str, seconds: f64) {
         let ms = (seconds * 1000.0) as u64;
         self.set(format!("election_interval_ms:{key}:{identity}"), ms);
+    }
+    fn paused(&self, paused: bool) {
+        self.set("paused".into(), paused as u64);
     }
 }

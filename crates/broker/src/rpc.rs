@@ -503,6 +503,11 @@ impl RpcClient {
                 screen.screen(bytes)
             });
         let subject = node_subject(identity);
+        // The last look before the request leaves: a leader frozen (SIGSTOP, a VM pause)
+        // since the try began may have lost its lease meanwhile.
+        if let Err(halt) = watch.check() {
+            return TryOutcome::Halted(halt);
+        }
         if let Err(err) = self.conn.publish(&subject, &transport) {
             return TryOutcome::Unsent(SendFailure::Publish(err.to_string()));
         }

@@ -10,10 +10,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use choria_broker::clock::ManualBootClock;
 use choria_broker::election::{
-    connect_member, BucketAdmin, Election, ElectionEvent, ElectionSettings, DEFAULT_BUCKET,
-    DEFAULT_KEY, PLAIN_API_PREFIX, PROVISIONING_API_PREFIX,
+    connect_member, lease_length, write_timeout, BucketAdmin, Election, ElectionEvent,
+    ElectionSettings, DEFAULT_BUCKET, DEFAULT_KEY, PLAIN_API_PREFIX, PROVISIONING_API_PREFIX,
 };
+use choria_broker::gate::{Gate, Halt};
 use choria_broker::observe::Counts;
 use choria_testkit::NatsServer;
 use parking_lot::Mutex;
@@ -641,6 +643,57 @@ fn no_event_is_dropped_while_the_daemon_is_slow_to_take_it() {
     std::thread::sleep(Duration::from_secs(2));
     let taken: Vec<_> = (0..2).map(|_| received.recv_timeout(PATIENCE)).collect();
     assert_eq!(taken, [Ok(ElectionEvent::Won), Ok(ElectionEvent::Lost)]);
+    election.stop();
+    conn.close();
+}
+
+/// A leader frozen past its lease (SIGSTOP, a VM pause) is fenced by its gate the moment it
+/// thaws, before the election has done anything, and the election closes the gate before it
+/// says `Lost`. The freeze is played by moving the lease's boot clock a TTL ahead, as
+/// `CLOCK_BOOTTIME` moves while a process is stopped.
+#[test]
+fn a_leader_frozen_past_its_lease_is_fenced_before_anyone_hears() {
+    let cluster = Cluster::start(Account::Plain);
+    cluster.create_bucket();
+    let identity = "frozen.example.net";
+    let conn = connect_member(&cluster.server.url(), None, identity).expect("member connects");
+    let clock = Arc::new(ManualBootClock::default());
+    let gate = Arc::new(Gate::leased(clock.clone()));
+    let paused = Arc::new(Counts::default());
+    gate.observe(paused.clone());
+    let (events, received) = crossbeam_channel::unbounded();
+    let election = Election::start_fenced(
+        conn.clone(),
+        ElectionSettings {
+            api_prefix: PLAIN_API_PREFIX.to_string(),
+            ..ElectionSettings::new(identity)
+        },
+        events,
+        cluster.metrics.clone(),
+        gate.clone(),
+    );
+    assert_eq!(received.recv_timeout(PATIENCE), Ok(ElectionEvent::Won));
+    // What the daemon does on `Won`.
+    gate.set_paused(false);
+    assert_eq!(gate.check(), Ok(()), "the winner holds a lease");
+    let lease = lease_length(TTL, write_timeout(TTL, Duration::from_secs(2)));
+    let left = gate.lease_left().expect("a leased gate");
+    assert!(
+        left > Duration::ZERO && left <= lease,
+        "{left:?} of {lease:?}"
+    );
+    let waiting = gate.watch().expect("open");
+
+    clock.advance(TTL);
+    assert_eq!(gate.check(), Err(Halt::LeaseEnded));
+    assert_eq!(waiting.check(), Err(Halt::LeaseEnded));
+
+    assert_eq!(received.recv_timeout(PATIENCE), Ok(ElectionEvent::Lost));
+    // By the time `Lost` can be read, the election has closed the gate itself: the waiting
+    // action was woken and the paused gauge says so, though the daemon has not paused yet.
+    assert!(gate.is_paused());
+    assert!(waiting.is_closed());
+    assert_eq!(paused.get("paused"), 1);
     election.stop();
     conn.close();
 }

@@ -465,6 +465,17 @@ impl Provisioner {
         status
     }
 
+    /// SIGSTOP by pid: frozen, as in a VM pause or a long stall, until [`Provisioner::thaw`]
+    /// (a frozen process still dies by the cleanup's SIGKILL).
+    pub fn freeze(&self) {
+        signal(self.child.as_ref().expect("running"), libc::SIGSTOP);
+    }
+
+    /// SIGCONT by pid: runs again after [`Provisioner::freeze`].
+    pub fn thaw(&self) {
+        signal(self.child.as_ref().expect("running"), libc::SIGCONT);
+    }
+
     /// SIGKILL by pid: a crash, nothing released. It must be gone within `KILL_LIMIT`.
     pub fn kill(&mut self) {
         let mut child = self.child.take().expect("running");
