@@ -270,13 +270,16 @@ fn the_sample_ed25519_helper_gets_a_server_jwt_whose_claims_are_shown() {
 }
 
 /// Signs a fresh self-signed certificate for another name than the node's.
-const CN_MISMATCH_HELPER: &str = r#"#!/usr/bin/env python3
+/// Answers with a self-signed certificate for the common name in argument 1 (and the DNS name
+/// in argument 2, if any), on a key of its own: one that pairs with nothing the node holds.
+const CERTIFICATE_HELPER: &str = r#"#!/usr/bin/env python3
 import json, os, subprocess, sys, tempfile
 node = json.load(sys.stdin)
+extra = ["-addext", "subjectAltName=DNS:" + sys.argv[2]] if len(sys.argv) > 2 else []
 with tempfile.TemporaryDirectory() as work:
     done = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-                           "-keyout", os.path.join(work, "k.pem"), "-subj", "/CN=other.example.net",
-                           "-days", "2"], capture_output=True, text=True, check=True)
+                           "-keyout", os.path.join(work, "k.pem"), "-subj", "/CN=" + sys.argv[1],
+                           "-days", "2"] + extra, capture_output=True, text=True, check=True)
     cert = done.stdout
 json.dump({"certificate": cert, "ca": cert, "ssldir": node["csr"]["ssldir"],
            "configuration": {"identity": node["identity"]}}, sys.stdout)
@@ -286,10 +289,10 @@ json.dump({"certificate": cert, "ca": cert, "ssldir": node["csr"]["ssldir"],
 fn wrong_helpers_fail_the_node_with_the_daemons_reason() {
     let scratch = Scratch::new();
     let pki = "features:\n  pki: true\n";
-    let cn_helper = format!(
-        "python3 {}",
-        scratch.write("cn-mismatch.py", CN_MISMATCH_HELPER)
-    );
+    let certificate_helper = scratch.write("certificate.py", CERTIFICATE_HELPER);
+    let cn_helper = format!("python3 {certificate_helper} other.example.net");
+    let denied_helper = format!("python3 {certificate_helper} {IDENTITY} x.privileged.choria");
+    let unpaired_helper = format!("python3 {certificate_helper} {IDENTITY}");
     let key = std::fs::read_to_string(vector("tokens/testdata/rsa/signer-key.pem")).unwrap();
     let key_answer = serde_json::json!({"key": key, "configuration": {"identity": IDENTITY}});
     // (name, helper, extra YAML, expected exit, decision kind, text in the reason/message,
@@ -311,6 +314,24 @@ fn wrong_helpers_fail_the_node_with_the_daemons_reason() {
             1,
             "fail",
             "n1.example.net: the helper's certificate is refused: the certificate's common name \"other.example.net\" does not match identity n1.example.net",
+            false,
+        ),
+        (
+            "a denied name",
+            denied_helper,
+            pki,
+            1,
+            "fail",
+            "n1.example.net: the helper's certificate is refused: the certificate names x.privileged.choria, which matches denied certificate pattern",
+            false,
+        ),
+        (
+            "a key that does not pair",
+            unpaired_helper,
+            pki,
+            1,
+            "fail",
+            "n1.example.net: the helper's certificate is refused: the certificate's public key does not pair with the key of the node's CSR",
             false,
         ),
         (
