@@ -402,3 +402,143 @@ fn deferred_shut_down_failed_and_upgraded_nodes_each_have_their_lines() {
     }
     provisioner.stop();
 }
+
+/// The audit trail's stanza exactly as `packaging/choria-provisioner.logrotate` ships it.
+fn shipped_audit_stanza() -> String {
+    let path = project_file("packaging/choria-provisioner.logrotate");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let start = text
+        .find("/var/log/choria-provisioner-audit.jsonl {")
+        .expect("the audit trail's stanza");
+    let end = start + text[start..].find("\n}").expect("its closing brace") + 2;
+    text[start..end].to_string()
+}
+
+/// The lines of an audit file, plain or (`.gz`) compressed by logrotate; none if absent.
+fn lines_of(path: &Path) -> Vec<Value> {
+    if !path.exists() {
+        return Vec::new();
+    }
+    let text = if path.extension().is_some_and(|e| e == "gz") {
+        let out = std::process::Command::new("gzip")
+            .arg("-dc")
+            .arg(path)
+            .output()
+            .expect("gzip runs");
+        assert!(out.status.success(), "gzip -dc {}", path.display());
+        String::from_utf8(out.stdout).expect("UTF-8")
+    } else {
+        std::fs::read_to_string(path).expect("reads")
+    };
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect()
+}
+
+#[test]
+fn the_readme_gives_the_shipped_logrotate_stanza() {
+    let stanza = shipped_audit_stanza();
+    assert!(!stanza.contains("copytruncate"), "{stanza}");
+    assert!(stanza.contains("create 0640"), "{stanza}");
+    let readme = std::fs::read_to_string(project_file("README.md")).expect("README");
+    assert!(
+        readme.contains(&stanza),
+        "README.md must give the audit stanza exactly as packaged:\n{stanza}"
+    );
+}
+
+/// Real logrotate, with the shipped stanza, rotates the audit file twice while a fleet is being
+/// provisioned: every node's line is in exactly one of the files, whole.
+#[test]
+fn logrotate_with_the_shipped_stanza_loses_no_line_while_nodes_are_provisioned() {
+    const NODES: usize = 300;
+    let world = World::new();
+    let audit = world.path("audit.jsonl");
+    let mut conf = shipped_audit_stanza().replace(
+        "/var/log/choria-provisioner-audit.jsonl",
+        &audit.display().to_string(),
+    );
+    // The packaged owner needs root to chown to; anyone else keeps the mode only.
+    let root = std::fs::metadata(world.path("."))
+        .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0);
+    if !root {
+        conf = conf.replace("create 0640 root root", "create 0640");
+    }
+    let conf = world.write("logrotate.conf", &conf);
+    let state = world.path("logrotate.state").display().to_string();
+    let rotate = || {
+        let out = std::process::Command::new("logrotate")
+            .args(["-f", "-s", &state, &conf])
+            .output()
+            .expect("logrotate runs");
+        assert!(
+            out.status.success(),
+            "logrotate: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let helper = world.write_executable(
+        "helper.sh",
+        "#!/bin/sh\ncat >/dev/null\necho '{\"configuration\":{\"plugin.choria.server.provision\":\"false\"}}'\n",
+    );
+    let provisioner = Provisioner::start(&world, setup(&helper, &audit, ""));
+    let nodes = NODES.to_string();
+    let sim = Sim::start(
+        &world,
+        &[
+            "--nodes",
+            &nodes,
+            "--token",
+            TOKEN,
+            "--boot-spread",
+            "10s",
+            "--keygen-threads",
+            "0",
+            "--exit-when-done",
+            "--deadline",
+            "140s",
+        ],
+    );
+    // Twice: once the current file has some lines, rename it away while nodes keep coming.
+    for _ in 0..2 {
+        wait_for(
+            "lines in the current audit file",
+            PATIENCE,
+            || (lines_of(&audit).len() >= 40).then_some(()),
+            || provisioner.logs(),
+        );
+        rotate();
+    }
+    let report = sim.wait(&provisioner);
+    assert_eq!(report.exit_reason, "done", "{}", report.summary());
+    let metrics = provisioner.wait_idle("every cycle ended", |m| {
+        m.get("choria_provisioner_provisioned") == NODES as f64
+    });
+    assert_eq!(metrics.get("choria_provisioner_audit_errors"), 0.0);
+
+    // delaycompress: the first rotation's file is compressed by the second, the second's not yet.
+    let oldest = world.path("audit.jsonl.2.gz");
+    let previous = world.path("audit.jsonl.1");
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for file in [&oldest, &previous, &audit] {
+        let lines = lines_of(file);
+        assert!(!lines.is_empty(), "{} has no line", file.display());
+        for line in lines {
+            assert_eq!(line["outcome"], "provisioned", "{line}");
+            let node = line["identity"].as_str().expect("identity").to_string();
+            *seen.entry(node).or_default() += 1;
+        }
+    }
+    assert_eq!(seen.len(), NODES, "a line for every node");
+    assert!(
+        seen.values().all(|&n| n == 1),
+        "one line per node: {seen:?}"
+    );
+    let mode = std::fs::metadata(&audit)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o640, "the file at the path after rotation");
+    provisioner.stop();
+}
