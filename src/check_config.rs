@@ -2,7 +2,8 @@
 //! functions, in the same order), touching no broker unless `--connect`, and prints what an
 //! operator needs before starting the service: the files, every effective setting with its
 //! default marked, the warnings, the helper, the keys and certificates (types, expiry, pairing),
-//! and the brokers. Secrets show only as `set`; no private key, seed or token is printed.
+//! and the brokers (looked up by SRV as `run` would when `choria.cfg` names none). Secrets
+//! show only as `set`; no private key, seed or token is printed.
 //!
 //! Exit 0 when fine, 78 (`EX_CONFIG`) on any configuration error, 1 when `--connect` could not
 //! connect or the election bucket is unusable; usage errors exit 2 before this runs. Usable as
@@ -29,7 +30,7 @@ use choria_wire::choria_cfg::ClientConfig;
 use choria_wire::lifecycle::rfc3339_utc;
 
 use crate::cli::{CheckConfigArgs, Format};
-use crate::client_config::{self, connect_settings};
+use crate::client_config;
 use crate::config::Config;
 use crate::daemon::{EXIT_CONFIG, EXIT_FAILURE};
 use crate::provision::CycleSettings;
@@ -202,11 +203,26 @@ pub fn check(args: &CheckConfigArgs) -> Report {
 
     let settings = match (&config, &client) {
         (Some(config), Some(client)) => {
-            match connect_settings(
+            // The brokers as run finds them: an SRV lookup when none is configured.
+            let brokers = client_config::find_brokers(client, &client_config::Dns::system());
+            match (&brokers.source, brokers.describe()) {
+                (client_config::BrokerSource::Srv(record), _) => {
+                    report.client_settings.push(Setting {
+                        key: "brokers found by SRV".into(),
+                        value: record.clone(),
+                        default: false,
+                    })
+                }
+                (_, Some((_, line))) => report.warnings.push(line),
+                (_, None) => {}
+            }
+            match client_config::connect_settings_in(
                 client,
                 config.choria_insecure,
                 config.broker_provisioning_password.as_deref(),
                 config.plain_tcp,
+                &client_config::PuppetEnv::from_process(),
+                &brokers,
             ) {
                 Ok(settings) => {
                     report.brokers = settings.urls.clone();
@@ -227,11 +243,6 @@ pub fn check(args: &CheckConfigArgs) -> Report {
             None
         }
     };
-    if report.brokers.is_empty() && client.is_some() {
-        report
-            .errors
-            .push("no broker: plugin.choria.middleware_hosts is empty".to_string());
-    }
 
     report.exit_code = if report.errors.is_empty() {
         0
@@ -922,7 +933,11 @@ fn client_settings(client: &ClientConfig) -> Vec<Setting> {
         },
         Setting {
             key: "plugin.choria.middleware_hosts".into(),
-            value: client.middleware_hosts.join(", "),
+            value: if client.middleware_hosts.is_empty() {
+                "(unset: SRV lookup, else puppet:4222)".into()
+            } else {
+                client.middleware_hosts.join(", ")
+            },
             default: !set("plugin.choria.middleware_hosts"),
         },
         Setting {

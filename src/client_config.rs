@@ -22,6 +22,8 @@ use choria_wire::choria_cfg::{
 };
 use choria_wire::signing::{ChoriaSigner, Protocol, SecurityError, Signer};
 
+use crate::srv::{Resolver, SrvError};
+
 /// Why `choria.cfg` could not be used.
 #[derive(Debug)]
 pub(crate) enum LoadError {
@@ -61,6 +63,125 @@ pub(crate) fn load(path: &Path) -> Result<ClientConfig, LoadError> {
         error,
     })?;
     ClientConfig::parse(path, &text, host_fqdn).map_err(LoadError::Invalid)
+}
+
+/// Where the brokers came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BrokerSource {
+    /// `plugin.choria.middleware_hosts`.
+    Configured,
+    /// The SRV record that named them.
+    Srv(String),
+    /// Nothing configured or found: go-choria's `puppet:4222`, and what was tried.
+    Fallback(Vec<String>),
+}
+
+/// The brokers to connect to, and where they came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Brokers {
+    pub urls: Vec<String>,
+    pub source: BrokerSource,
+}
+
+/// go-choria's last resort when no broker is configured or found (`MiddlewareServers`).
+pub(crate) const FALLBACK_BROKER: &str = "nats://puppet:4222";
+
+/// The SRV records go-choria asks for, in order (`MiddlewareServers`).
+const BROKER_RECORDS: [&str; 2] = ["_mcollective-server._tcp", "_x-puppet-mcollective._tcp"];
+
+impl Brokers {
+    /// What the start logs about them (`None` when configured): whether it found them by
+    /// SRV (info), or which records it tried before falling back (a warning).
+    pub(crate) fn describe(&self) -> Option<(log::Level, String)> {
+        match &self.source {
+            BrokerSource::Configured => None,
+            BrokerSource::Srv(record) => Some((
+                log::Level::Info,
+                format!(
+                    "plugin.choria.middleware_hosts is unset: brokers {} from the SRV record {record}",
+                    self.urls.join(", ")
+                ),
+            )),
+            BrokerSource::Fallback(tried) => Some((
+                log::Level::Warn,
+                format!(
+                    "plugin.choria.middleware_hosts is unset and no SRV record named a broker \
+                     ({}): connecting to {FALLBACK_BROKER}, as go-choria does",
+                    tried.join("; ")
+                ),
+            )),
+        }
+    }
+}
+
+/// What a broker lookup asks of the system: the host's DNS domain and the nameservers.
+pub(crate) struct Dns<'a> {
+    pub host_domain: &'a dyn Fn() -> Result<String, String>,
+    pub resolver: Resolver,
+}
+
+impl Dns<'static> {
+    /// The host's domain from its FQDN; the nameservers of `/etc/resolv.conf`.
+    pub(crate) fn system() -> Dns<'static> {
+        Dns {
+            host_domain: &host_domain,
+            resolver: Resolver::from_resolv_conf(Path::new("/etc/resolv.conf")),
+        }
+    }
+}
+
+/// The domain of the host's FQDN (go-choria asks facter for `networking.domain`).
+fn host_domain() -> Result<String, String> {
+    let fqdn = host_fqdn()?;
+    match fqdn.split_once('.') {
+        Some((_, domain)) if !domain.is_empty() => Ok(domain.to_string()),
+        _ => Err(format!("the host's name {fqdn:?} has no domain")),
+    }
+}
+
+/// The brokers as go-choria's client finds them (`MiddlewareServers`): the configured ones;
+/// else, with `plugin.choria.use_srv` (the default), the first of `BROKER_RECORDS` in
+/// `plugin.choria.srv_domain` (else the host's domain) that names any; else `puppet:4222`.
+pub(crate) fn find_brokers(client: &ClientConfig, dns: &Dns) -> Brokers {
+    if !client.middleware_hosts.is_empty() {
+        return Brokers {
+            urls: client.middleware_hosts.clone(),
+            source: BrokerSource::Configured,
+        };
+    }
+    let mut tried = Vec::new();
+    let domain = match (&client.srv_domain, client.use_srv) {
+        (_, false) => Err("plugin.choria.use_srv is false".to_string()),
+        (Some(domain), true) => Ok(domain.clone()),
+        (None, true) => (dns.host_domain)().map_err(|e| {
+            format!("plugin.choria.srv_domain is unset and the host's domain is unknown: {e}")
+        }),
+    };
+    match domain {
+        Err(reason) => tried.push(reason),
+        Ok(domain) => {
+            for record in BROKER_RECORDS {
+                let name = format!("{record}.{domain}");
+                match dns.resolver.lookup_srv(&name) {
+                    Ok(targets) if !targets.is_empty() => {
+                        return Brokers {
+                            urls: targets
+                                .iter()
+                                .map(|t| format!("nats://{}:{}", t.host, t.port))
+                                .collect(),
+                            source: BrokerSource::Srv(name),
+                        }
+                    }
+                    Ok(_) => tried.push(format!("{name}: {}", SrvError::NotFound)),
+                    Err(e) => tried.push(format!("{name}: {e}")),
+                }
+            }
+        }
+    }
+    Brokers {
+        urls: vec![FALLBACK_BROKER.to_string()],
+        source: BrokerSource::Fallback(tried),
+    }
 }
 
 /// One warning for each client setting of `choria.cfg` we do not read (go-choria's client
@@ -463,7 +584,9 @@ fn choria_provider(client: &ClientConfig, plain_tcp: bool) -> Result<Security, C
 /// `insecure` (`choria_insecure`) forces provider `file`, no TLS and unsigned requests;
 /// a `provisioning_password` (`broker_provisioning_password`) connects as user `provisioner`.
 /// The `choria` provider speaks protocol v2 and presents its client JWT to the
-/// broker; `plain_tcp` (ours, for test brokers) drops its TLS.
+/// broker; `plain_tcp` (ours, for test brokers) drops its TLS. (Tests: the process's own
+/// view of Puppet, the brokers found as run finds them.)
+#[cfg(test)]
 pub(crate) fn connect_settings(
     client: &ClientConfig,
     insecure: bool,
@@ -476,16 +599,19 @@ pub(crate) fn connect_settings(
         provisioning_password,
         plain_tcp,
         &PuppetEnv::from_process(),
+        &find_brokers(client, &Dns::system()),
     )
 }
 
-/// [`connect_settings`] with the `puppet` provider's view of the process given.
+/// The settings the daemon connects with (what `connect_settings` says), given the `puppet`
+/// provider's view of the process and the brokers.
 pub(crate) fn connect_settings_in(
     client: &ClientConfig,
     insecure: bool,
     provisioning_password: Option<&str>,
     plain_tcp: bool,
     env: &PuppetEnv,
+    brokers: &Brokers,
 ) -> Result<ConnectSettings, ClientConfigError> {
     let path = &client.path;
     let unsupported = |reason: &'static str| ClientConfigError::UnsupportedProvider {
@@ -542,7 +668,7 @@ pub(crate) fn connect_settings_in(
         (None, _, _) => (None, None),
     };
     Ok(ConnectSettings {
-        urls: client.middleware_hosts.clone(),
+        urls: brokers.urls.clone(),
         user,
         password,
         token: security.token,
@@ -690,7 +816,8 @@ mod tests {
         ];
         for (name, extra, insecure, expected) in cases {
             let cfg = parse(&file_provider_config(&extra)).unwrap();
-            let got = connect_settings_in(&cfg, insecure, None, false, &no_puppet());
+            let got =
+                connect_settings_in(&cfg, insecure, None, false, &no_puppet(), &configured(&cfg));
             match (got, expected) {
                 (Ok(s), Ok((tls, signed))) => {
                     assert_eq!(s.tls.is_some(), tls, "{name}");
@@ -714,6 +841,129 @@ mod tests {
                 (Err(e), Ok(_)) => panic!("{name}: refused: {e}"),
             }
         }
+    }
+
+    fn configured(client: &ClientConfig) -> Brokers {
+        fn no_dns() -> Result<String, String> {
+            Err("no DNS in this test".into())
+        }
+        find_brokers(
+            client,
+            &Dns {
+                host_domain: &no_dns,
+                resolver: Resolver::with_nameservers(Vec::new()),
+            },
+        )
+    }
+
+    /// The brokers as go-choria's client finds them: configured; else SRV records in
+    /// `plugin.choria.srv_domain` or the host's domain, asked of a stub DNS server on
+    /// loopback; else `puppet:4222`, saying what was tried.
+    #[test]
+    fn brokers_from_srv_records_as_go_choria() {
+        use crate::srv::stub::{Reply, StubDns};
+        use crate::srv::SrvTarget;
+        let target = |host: &str, port| SrvTarget {
+            priority: 1,
+            weight: 1,
+            port,
+            host: host.into(),
+        };
+        let broker = choria_testkit::NatsServer::start().unwrap();
+        let dns = StubDns::start(vec![
+            (
+                "_mcollective-server._tcp.example.net".into(),
+                Reply::Srv(vec![target("nats1.example.net", 4222)]),
+            ),
+            (
+                "_x-puppet-mcollective._tcp.legacy.example.net".into(),
+                Reply::Srv(vec![
+                    target("old.example.net", 61613),
+                    target("old2.example.net", 61613),
+                ]),
+            ),
+            (
+                "_mcollective-server._tcp.lab.example.net".into(),
+                Reply::Srv(vec![target("127.0.0.1", broker.port)]),
+            ),
+        ]);
+        fn no_domain() -> Result<String, String> {
+            Err("the host's name \"box\" has no domain".into())
+        }
+        fn example() -> Result<String, String> {
+            Ok("example.net".into())
+        }
+        fn elsewhere() -> Result<String, String> {
+            Ok("elsewhere.example.net".into())
+        }
+        let lookup = |domain: &'static str| Dns {
+            host_domain: match domain {
+                "" => &no_domain,
+                "example.net" => &example,
+                _ => &elsewhere,
+            },
+            resolver: Resolver::with_nameservers(vec![dns.address]),
+        };
+        let srv = |name: &str| BrokerSource::Srv(name.into());
+        // (choria.cfg, the host's domain, brokers, where from)
+        let cases: Vec<(&str, &'static str, Vec<&str>, BrokerSource)> = vec![
+            ("plugin.choria.middleware_hosts = b:4222\n", "example.net", vec!["nats://b:4222"], BrokerSource::Configured),
+            ("", "example.net", vec!["nats://nats1.example.net:4222"], srv("_mcollective-server._tcp.example.net")),
+            ("plugin.choria.srv_domain = legacy.example.net\n", "example.net", vec!["nats://old.example.net:61613", "nats://old2.example.net:61613"], srv("_x-puppet-mcollective._tcp.legacy.example.net")),
+            ("plugin.choria.srv_domain = example.net\n", "", vec!["nats://nats1.example.net:4222"], srv("_mcollective-server._tcp.example.net")),
+            ("", "elsewhere.example.net", vec![FALLBACK_BROKER], BrokerSource::Fallback(vec![
+                "_mcollective-server._tcp.elsewhere.example.net: no such record".into(),
+                "_x-puppet-mcollective._tcp.elsewhere.example.net: no such record".into(),
+            ])),
+            ("", "", vec![FALLBACK_BROKER], BrokerSource::Fallback(vec![
+                "plugin.choria.srv_domain is unset and the host's domain is unknown: the host's name \"box\" has no domain".into(),
+            ])),
+            ("plugin.choria.use_srv = false\n", "example.net", vec![FALLBACK_BROKER], BrokerSource::Fallback(vec!["plugin.choria.use_srv is false".into()])),
+        ];
+        for (text, domain, urls, source) in cases {
+            let client =
+                ClientConfig::parse(Path::new(CFG), &format!("identity = i\n{text}"), || {
+                    Ok("i".into())
+                })
+                .unwrap();
+            let brokers = find_brokers(&client, &lookup(domain));
+            assert_eq!(
+                brokers,
+                Brokers {
+                    urls: urls.iter().map(|u| u.to_string()).collect(),
+                    source
+                },
+                "{text:?} in {domain:?}"
+            );
+            let said = brokers.describe().map(|(_, line)| line).unwrap_or_default();
+            match &brokers.source {
+                BrokerSource::Configured => assert_eq!(said, ""),
+                BrokerSource::Srv(record) => assert!(
+                    said.contains(record.as_str()) && said.contains(urls[0]),
+                    "{said}"
+                ),
+                BrokerSource::Fallback(tried) => assert!(
+                    said.contains(&tried[0]) && said.contains("puppet:4222"),
+                    "{said}"
+                ),
+            }
+        }
+        // A broker found through the stub is one we connect to.
+        let client = ClientConfig::parse(
+            Path::new(CFG),
+            "plugin.choria.srv_domain = lab.example.net\n",
+            || Ok("i".into()),
+        )
+        .unwrap();
+        let brokers = find_brokers(&client, &lookup("example.net"));
+        assert_eq!(brokers.urls, [broker.url()]);
+        let settings = choria_broker::connection::ConnectSettings::insecure(
+            &brokers.urls[0],
+            "srv-test",
+            Duration::from_secs(1),
+        );
+        choria_broker::connection::Connection::connect(&settings, "srv-test")
+            .expect("the broker SRV named accepts us");
     }
 
     fn puppet_absent() -> Result<PathBuf, String> {
@@ -842,7 +1092,7 @@ mod tests {
         for (name, extra, env, expected) in cases {
             let cfg = parse(&file_provider_config(&extra)).unwrap();
             match (
-                connect_settings_in(&cfg, false, None, false, &env),
+                connect_settings_in(&cfg, false, None, false, &env, &configured(&cfg)),
                 expected,
             ) {
                 (Ok(s), Ok(dir)) => {
@@ -906,8 +1156,15 @@ mod tests {
             ("", None, (None, None)),
         ];
         for (lines, provisioning, want) in cases {
-            let s =
-                connect_settings_in(&with(lines), true, provisioning, false, &no_puppet()).unwrap();
+            let s = connect_settings_in(
+                &with(lines),
+                true,
+                provisioning,
+                false,
+                &no_puppet(),
+                &configured(&with(lines)),
+            )
+            .unwrap();
             assert_eq!(
                 (s.user.as_deref(), s.password.as_deref()),
                 want,

@@ -19,7 +19,7 @@ use choria_broker::rpc::RpcClient;
 
 use crate::audit::AuditLog;
 use crate::cli::RunArgs;
-use crate::client_config::{self, connect_settings, LoadError};
+use crate::client_config::{self, connect_settings_in, LoadError};
 use crate::config::{Config, ConfigError};
 use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source, WorkOrder};
 use crate::health::{Health, Probe, SystemdNotifier};
@@ -197,11 +197,18 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     for warning in client_config::unread_key_warnings(&client) {
         log::warn!("{warning}");
     }
-    let settings = connect_settings(
+    // Looked up once at start; the connection then keeps to these through reconnects.
+    let brokers = client_config::find_brokers(&client, &client_config::Dns::system());
+    if let Some((level, line)) = brokers.describe() {
+        log::log!(level, "{line}");
+    }
+    let settings = connect_settings_in(
         &client,
         config.choria_insecure,
         config.broker_provisioning_password.as_deref(),
         config.plain_tcp,
+        &client_config::PuppetEnv::from_process(),
+        &brokers,
     )
     .map_err(DaemonError::ConnectSettings)?;
     // Before anything connects: a key file that cannot be used fails the start at once.

@@ -29,6 +29,7 @@ mod pidfile;
 mod provision;
 #[cfg(test)]
 mod secrets_tests;
+mod srv;
 #[cfg(test)]
 mod test_log;
 

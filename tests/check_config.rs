@@ -175,9 +175,20 @@ fn configuration_errors_exit_78_with_every_problem_named() {
     assert!(out.contains("not an executable file"), "{out}");
 
     let config = dir.write("p3.yaml", "helper: /bin/true\n");
-    let no_brokers = dir.write("empty.cfg", "identity = x.example.net\n");
+    // No brokers and no SRV: go-choria's puppet:4222, said; no provider: puppet's files,
+    // which are not here (no DNS is asked: use_srv is off).
+    let no_brokers = dir.write(
+        "empty.cfg",
+        "identity = x.example.net\nplugin.choria.use_srv = false\nplugin.choria.ssldir = /nonexistent/ssl\n",
+    );
     let (code, out, _) = check(&["--config", &config, "--choria-config", &no_brokers]);
     assert_eq!(code, 78, "{out}");
+    assert!(out.contains("nats://puppet:4222"), "{out}");
+    assert!(out.contains("plugin.choria.use_srv is false"), "{out}");
+    assert!(
+        out.contains("puppet security provider") || out.contains("/nonexistent/ssl/certs/ca.pem"),
+        "{out}"
+    );
 }
 
 #[test]

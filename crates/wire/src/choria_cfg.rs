@@ -33,6 +33,10 @@ pub const KEY_SSLDIR: &str = "plugin.choria.ssldir";
 /// when both are set, and replaced by `broker_provisioning_password` (provisioner cmd/run).
 pub const KEY_NATS_USER: &str = "plugin.nats.user";
 pub const KEY_NATS_PASS: &str = "plugin.nats.pass";
+/// SRV lookup of the brokers when `plugin.choria.middleware_hosts` is unset (go-choria
+/// config/choria.go, UseSRVRecords and SRVDomain).
+pub const KEY_USE_SRV: &str = "plugin.choria.use_srv";
+pub const KEY_SRV_DOMAIN: &str = "plugin.choria.srv_domain";
 
 /// Every key this crate reads; under the families of [`unread_keys`], the rest is warned about.
 const READ_KEYS: &[&str] = &[
@@ -52,6 +56,8 @@ const READ_KEYS: &[&str] = &[
     KEY_SSLDIR,
     KEY_NATS_USER,
     KEY_NATS_PASS,
+    KEY_USE_SRV,
+    KEY_SRV_DOMAIN,
 ];
 
 /// The families of client settings: a key in one of them that we do not read changes what
@@ -122,8 +128,13 @@ pub const PROVISIONER_USER: &str = "provisioner";
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClientConfig {
     pub path: PathBuf,
-    /// Normalised `nats://host:port` (or `tls://host:port` when written so).
+    /// Normalised `nats://host:port` (or `tls://host:port` when written so); empty when
+    /// unset, and the brokers are then looked up (SRV) as go-choria does.
     pub middleware_hosts: Vec<String>,
+    /// `plugin.choria.use_srv` (default true).
+    pub use_srv: bool,
+    /// `plugin.choria.srv_domain`; unset, the host's own domain.
+    pub srv_domain: Option<String>,
     pub identity: String,
     pub discovery_timeout: Duration,
     pub ttl: u64,
@@ -203,8 +214,6 @@ pub enum ClientConfigError {
         value: String,
         reason: String,
     },
-    /// `plugin.choria.middleware_hosts` absent or empty.
-    NoMiddlewareHosts { path: PathBuf },
     /// `identity` unset and the host's FQDN could not be found.
     NoIdentity { path: PathBuf, reason: String },
     /// A security provider we cannot speak (yet).
@@ -267,12 +276,6 @@ impl fmt::Display for ClientConfigError {
                 value,
                 reason,
             } => write!(f, "{}: {key} = {value:?}: {reason}", at(path, Some(*line))),
-            ClientConfigError::NoMiddlewareHosts { path } => write!(
-                f,
-                "{}: {KEY_MIDDLEWARE_HOSTS} is not set; it is required because SRV lookup of \
-                 brokers is not supported",
-                path.display()
-            ),
             ClientConfigError::NoIdentity { path, reason } => write!(
                 f,
                 "{}: {KEY_IDENTITY} is not set and the host's FQDN could not be found: {reason}",
@@ -400,29 +403,25 @@ impl ClientConfig {
                 .map(|(value, line)| (value.as_str(), *line))
         };
 
-        let middleware_hosts = match get(KEY_MIDDLEWARE_HOSTS) {
-            None => {
-                return Err(ClientConfigError::NoMiddlewareHosts {
-                    path: path.to_path_buf(),
-                })
-            }
-            Some((value, line)) => {
-                let mut hosts = Vec::new();
-                for entry in value.split(',').map(str::trim) {
-                    if entry.is_empty() {
-                        continue;
-                    }
-                    let host = normalise_host(entry)
-                        .map_err(|reason| invalid(KEY_MIDDLEWARE_HOSTS, value, line, reason))?;
-                    hosts.push(host);
+        // Unset or empty: go-choria looks the brokers up (SRV), else uses puppet:4222.
+        let mut middleware_hosts = Vec::new();
+        if let Some((value, line)) = get(KEY_MIDDLEWARE_HOSTS) {
+            for entry in value.split(',').map(str::trim) {
+                if entry.is_empty() {
+                    continue;
                 }
-                if hosts.is_empty() {
-                    return Err(ClientConfigError::NoMiddlewareHosts {
-                        path: path.to_path_buf(),
-                    });
-                }
-                hosts
+                let host = normalise_host(entry)
+                    .map_err(|reason| invalid(KEY_MIDDLEWARE_HOSTS, value, line, reason))?;
+                middleware_hosts.push(host);
             }
+        }
+        // go-choria's boolean words (confkey strToBool); anything else reads as false there.
+        let use_srv = match get(KEY_USE_SRV) {
+            None => true,
+            Some((value, _)) => matches!(
+                value.to_ascii_lowercase().as_str(),
+                "1" | "yes" | "true" | "y" | "t"
+            ),
         };
 
         let seconds = |key: &'static str, default: u64| -> Result<u64, ClientConfigError> {
@@ -484,6 +483,8 @@ impl ClientConfig {
         Ok(ClientConfig {
             path: path.to_path_buf(),
             middleware_hosts,
+            use_srv,
+            srv_domain: get(KEY_SRV_DOMAIN).map(|(value, _)| value.trim_matches('.').to_string()),
             identity,
             discovery_timeout: Duration::from_secs(discovery_timeout),
             ttl,
@@ -602,6 +603,7 @@ plugin.choria.middleware_hosts = b:4222
 plugin.security.provider = file
 plugin.nats.credentials = /etc/choria/ngs.creds
 plugin.choria.use_srv = false
+plugin.choria.puppetca_host = puppet.example.net
 plugin.security.cipher_suites = TLS_AES_128_GCM_SHA256
 plugin.choria.network.client_port = 4222
 plugin.choria.server.provision = true
@@ -618,11 +620,42 @@ rpcauthorization = 0
         assert_eq!(
             cfg.unread_keys(),
             [
-                ("plugin.choria.use_srv", 4),
+                ("plugin.choria.puppetca_host", 5),
                 ("plugin.nats.credentials", 3),
-                ("plugin.security.cipher_suites", 5),
+                ("plugin.security.cipher_suites", 6),
             ]
         );
+    }
+
+    /// Unset or empty hosts leave the brokers to SRV (or puppet:4222), as go-choria.
+    #[test]
+    fn brokers_unset_are_looked_up() {
+        for text in [
+            "identity = x\n",
+            "plugin.choria.middleware_hosts = \n",
+            "plugin.choria.middleware_hosts = , ,\n",
+        ] {
+            let cfg = parse(text).unwrap();
+            assert!(cfg.middleware_hosts.is_empty(), "{text}");
+            assert!(cfg.use_srv, "{text}");
+            assert_eq!(cfg.srv_domain, None);
+        }
+        for (value, on) in [
+            ("false", false),
+            ("0", false),
+            ("n", false),
+            ("YES", true),
+            ("t", true),
+            ("1", true),
+            ("on", false),
+        ] {
+            let cfg = parse(&format!(
+                "plugin.choria.use_srv = {value}\nplugin.choria.srv_domain = example.net.\n"
+            ))
+            .unwrap();
+            assert_eq!(cfg.use_srv, on, "{value}");
+            assert_eq!(cfg.srv_domain.as_deref(), Some("example.net"));
+        }
     }
 
     #[test]
@@ -640,21 +673,6 @@ rpcauthorization = 0
     fn parse_errors_name_file_line_and_key() {
         let hosts = "plugin.choria.middleware_hosts = b:4222\n";
         let cases: Vec<(&str, String, &[&str])> = vec![
-            (
-                "no hosts",
-                "identity = x\n".into(),
-                &[CFG, "plugin.choria.middleware_hosts is not set", "SRV"],
-            ),
-            (
-                "empty hosts",
-                "plugin.choria.middleware_hosts = \n".into(),
-                &["SRV"],
-            ),
-            (
-                "only commas",
-                "plugin.choria.middleware_hosts = , ,\n".into(),
-                &["SRV"],
-            ),
             (
                 "host without port",
                 "plugin.choria.middleware_hosts = broker\n".into(),

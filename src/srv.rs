@@ -1,0 +1,712 @@
+//! DNS SRV lookups of the brokers, as go-choria's client does when
+//! `plugin.choria.middleware_hosts` is unset (choria/framework.go, `MiddlewareServers`).
+//!
+//! A small blocking stub resolver: one SRV question over UDP to each nameserver of
+//! `/etc/resolv.conf` in turn, again over TCP when the answer is truncated, every wait bounded.
+//! It fits a threaded daemon that resolves once at start, and a test points it at a stub DNS
+//! server on loopback. The answer is outside input: every length, pointer and name in it is
+//! checked, and a target that is not a plain host name is dropped.
+
+use std::fmt;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// One SRV record's target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SrvTarget {
+    pub priority: u16,
+    pub weight: u16,
+    pub port: u16,
+    /// A host name, without the trailing dot.
+    pub host: String,
+}
+
+/// Why a lookup found nothing usable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SrvError {
+    /// The name does not exist (NXDOMAIN) or has no SRV record.
+    NotFound,
+    /// The name cannot be asked for (empty label, too long).
+    BadName(String),
+    /// No nameserver gave an answer we could read; each one's reason.
+    NoAnswer(Vec<String>),
+}
+
+impl fmt::Display for SrvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SrvError::NotFound => f.write_str("no such record"),
+            SrvError::BadName(reason) => write!(f, "not a DNS name: {reason}"),
+            SrvError::NoAnswer(reasons) => write!(f, "no answer: {}", reasons.join("; ")),
+        }
+    }
+}
+
+const TYPE_SRV: u16 = 33;
+const TYPE_OPT: u16 = 41;
+const CLASS_IN: u16 = 1;
+/// The UDP payload we offer with EDNS(0): the size DNS flag day 2020 settled on.
+const UDP_PAYLOAD: u16 = 1232;
+/// glibc's defaults (resolv.conf(5)): 5 s per try, 2 tries per nameserver; we take 2 s per
+/// try so a dead nameserver costs a start little.
+const TRY_TIMEOUT: Duration = Duration::from_secs(2);
+const TRIES: usize = 2;
+/// Answers are never longer than this (TCP's 2-byte length allows 64 KiB).
+const MAX_ANSWER: usize = 65_535;
+/// At most this many targets are kept from one answer.
+const MAX_TARGETS: usize = 64;
+
+/// The question for `name`'s SRV records, with id `id` and an EDNS(0) OPT record.
+pub(crate) fn encode_query(id: u16, name: &str) -> Result<Vec<u8>, SrvError> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&id.to_be_bytes());
+    // Recursion desired; one question; one additional (OPT).
+    out.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 1]);
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() || name.len() > 253 {
+        return Err(SrvError::BadName(format!("{name:?} is empty or too long")));
+    }
+    for label in name.split('.') {
+        if label.is_empty() || label.len() > 63 || !label.is_ascii() {
+            return Err(SrvError::BadName(format!(
+                "{name:?} has an empty, long or non-ASCII label"
+            )));
+        }
+        out.push(label.len() as u8);
+        out.extend_from_slice(label.as_bytes());
+    }
+    out.push(0);
+    out.extend_from_slice(&TYPE_SRV.to_be_bytes());
+    out.extend_from_slice(&CLASS_IN.to_be_bytes());
+    // OPT: root name, type, the payload size as its class, ttl 0, no data.
+    out.push(0);
+    out.extend_from_slice(&TYPE_OPT.to_be_bytes());
+    out.extend_from_slice(&UDP_PAYLOAD.to_be_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    Ok(out)
+}
+
+/// What an answer says.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Targets(Vec<SrvTarget>),
+    NotFound,
+    /// The TC bit: ask again over TCP.
+    Truncated,
+}
+
+/// Reads an answer to question `id`; anything malformed is an error saying what.
+pub(crate) fn decode_answer(id: u16, message: &[u8]) -> Result<Answer, String> {
+    let mut reader = Reader { message, at: 0 };
+    let got_id = reader.u16()?;
+    let flags = reader.u16()?;
+    let questions = reader.u16()?;
+    let answers = reader.u16()?;
+    reader.u16()?; // authority
+    reader.u16()?; // additional
+    if got_id != id {
+        return Err(format!("answer id {got_id} is not the question's {id}"));
+    }
+    if flags & 0x8000 == 0 {
+        return Err("a question, not an answer".into());
+    }
+    if flags & 0x0200 != 0 {
+        return Ok(Answer::Truncated);
+    }
+    match flags & 0x000f {
+        0 => {}
+        3 => return Ok(Answer::NotFound),
+        rcode => return Err(format!("the nameserver answered rcode {rcode}")),
+    }
+    for _ in 0..questions {
+        reader.name()?;
+        reader.take(4)?;
+    }
+    let mut targets = Vec::new();
+    for _ in 0..answers {
+        reader.name()?;
+        let kind = reader.u16()?;
+        let class = reader.u16()?;
+        reader.take(4)?; // ttl
+        let length = usize::from(reader.u16()?);
+        let data_start = reader.at;
+        let data_end = data_start
+            .checked_add(length)
+            .filter(|end| *end <= message.len())
+            .ok_or("a record runs past the end of the answer")?;
+        if kind == TYPE_SRV && class == CLASS_IN {
+            let priority = reader.u16()?;
+            let weight = reader.u16()?;
+            let port = reader.u16()?;
+            let host = reader.name()?;
+            if reader.at != data_end {
+                return Err("an SRV record's length does not match its data".into());
+            }
+            // "." means the service is not offered there (RFC 2782); a target that is not a
+            // host name, or port 0, is of no use either.
+            if !host.is_empty() && port != 0 && is_host_name(&host) && targets.len() < MAX_TARGETS {
+                targets.push(SrvTarget {
+                    priority,
+                    weight,
+                    port,
+                    host,
+                });
+            }
+        }
+        reader.at = data_end;
+    }
+    if targets.is_empty() {
+        return Ok(Answer::NotFound);
+    }
+    // Lowest priority first; within one, the heavier first. (Go's resolver orders by
+    // priority and shuffles by weight; the broker connection picks among them anyway.)
+    targets.sort_by(|a, b| {
+        a.priority
+            .cmp(&b.priority)
+            .then(b.weight.cmp(&a.weight))
+            .then(a.host.cmp(&b.host))
+    });
+    Ok(Answer::Targets(targets))
+}
+
+/// Letters, digits, `-` and `_` in dot-separated labels: what may go into a broker URL.
+fn is_host_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// A cursor over an answer; every read is bounds-checked.
+struct Reader<'a> {
+    message: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|end| *end <= self.message.len())
+            .ok_or("the answer ends early")?;
+        let bytes = &self.message[self.at..end];
+        self.at = end;
+        Ok(bytes)
+    }
+
+    fn u16(&mut self) -> Result<u16, String> {
+        let bytes = self.take(2)?;
+        Ok(u16::from_be_bytes([bytes[0], bytes[1]]))
+    }
+
+    /// A name at the cursor, following compression pointers; each pointer must point before
+    /// the one that led to it, so no loop is possible.
+    fn name(&mut self) -> Result<String, String> {
+        let mut labels: Vec<String> = Vec::new();
+        let mut length = 0usize;
+        let mut position = self.at;
+        let mut resume = None;
+        let mut limit = position;
+        loop {
+            let &first = self
+                .message
+                .get(position)
+                .ok_or("a name runs past the end of the answer")?;
+            match first & 0xc0 {
+                0x00 if first == 0 => {
+                    position += 1;
+                    break;
+                }
+                0x00 => {
+                    let n = usize::from(first);
+                    let label = self
+                        .message
+                        .get(position + 1..position + 1 + n)
+                        .ok_or("a label runs past the end of the answer")?;
+                    length += n + 1;
+                    if length > 255 {
+                        return Err("a name longer than 255 bytes".into());
+                    }
+                    labels.push(String::from_utf8_lossy(label).into_owned());
+                    position += 1 + n;
+                }
+                0xc0 => {
+                    let &second = self
+                        .message
+                        .get(position + 1)
+                        .ok_or("a pointer runs past the end of the answer")?;
+                    let target = usize::from(first & 0x3f) << 8 | usize::from(second);
+                    if target >= limit {
+                        return Err("a compression pointer that does not point back".into());
+                    }
+                    resume.get_or_insert(position + 2);
+                    limit = target;
+                    position = target;
+                }
+                _ => return Err("a label of an unknown kind".into()),
+            }
+        }
+        self.at = resume.unwrap_or(position);
+        Ok(labels.join("."))
+    }
+}
+
+/// The nameservers to ask.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolver {
+    nameservers: Vec<SocketAddr>,
+}
+
+impl Resolver {
+    /// The `nameserver` lines of `path` (port 53); none, or no file, is the local host, as
+    /// the C library does.
+    pub(crate) fn from_resolv_conf(path: &Path) -> Resolver {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let mut nameservers: Vec<SocketAddr> = text
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.split_whitespace();
+                match (words.next(), words.next()) {
+                    (Some("nameserver"), Some(address)) => {
+                        // A link-local IPv6 address may carry a zone (`fe80::1%eth0`); drop it.
+                        let address = address.split('%').next().unwrap_or(address);
+                        address.parse::<IpAddr>().ok()
+                    }
+                    _ => None,
+                }
+            })
+            .map(|ip| SocketAddr::new(ip, 53))
+            .collect();
+        if nameservers.is_empty() {
+            nameservers.push(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 53));
+        }
+        nameservers.truncate(3);
+        Resolver { nameservers }
+    }
+
+    /// Asks these nameservers (a test's stub).
+    #[cfg(test)]
+    pub(crate) fn with_nameservers(nameservers: Vec<SocketAddr>) -> Resolver {
+        Resolver { nameservers }
+    }
+
+    /// `name`'s SRV targets, best first. Each nameserver is tried in turn, up to `TRIES`
+    /// times, each try bounded by `TRY_TIMEOUT`.
+    pub(crate) fn lookup_srv(&self, name: &str) -> Result<Vec<SrvTarget>, SrvError> {
+        let mut reasons = Vec::new();
+        for _ in 0..TRIES {
+            for server in &self.nameservers {
+                let id = query_id();
+                let query = encode_query(id, name)?;
+                let answer =
+                    ask_udp(*server, &query).and_then(|raw| match decode_answer(id, &raw)? {
+                        Answer::Truncated => decode_answer(id, &ask_tcp(*server, &query)?),
+                        answer => Ok(answer),
+                    });
+                match answer {
+                    Ok(Answer::Targets(targets)) => return Ok(targets),
+                    Ok(Answer::NotFound) => return Err(SrvError::NotFound),
+                    Ok(Answer::Truncated) => reasons.push(format!("{server}: truncated over TCP")),
+                    Err(reason) => reasons.push(format!("{server}: {reason}")),
+                }
+            }
+        }
+        Err(SrvError::NoAnswer(reasons))
+    }
+}
+
+/// A question id nobody off the path can guess easily: the clock's nanoseconds mixed with
+/// the process id (a stub resolver on a trusted network; not a defence against spoofing).
+fn query_id() -> u16 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let mixed = nanos ^ std::process::id().rotate_left(16);
+    (mixed ^ (mixed >> 16)) as u16
+}
+
+fn ask_udp(server: SocketAddr, query: &[u8]) -> Result<Vec<u8>, String> {
+    let local = match server {
+        SocketAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+        SocketAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+    };
+    let socket = UdpSocket::bind(local).map_err(|e| e.to_string())?;
+    // Connected: datagrams from any other address are not delivered to us.
+    socket.connect(server).map_err(|e| e.to_string())?;
+    socket.send(query).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + TRY_TIMEOUT;
+    let mut buffer = vec![0u8; MAX_ANSWER];
+    // Datagrams that are not the answer (a late answer to an earlier try) are skipped, until
+    // the deadline.
+    loop {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or("timed out")?;
+        socket
+            .set_read_timeout(Some(left))
+            .map_err(|e| e.to_string())?;
+        match socket.recv(&mut buffer) {
+            Ok(n) if n >= 2 && buffer[..2] == query[..2] => return Ok(buffer[..n].to_vec()),
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err("timed out".into())
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+fn ask_tcp(server: SocketAddr, query: &[u8]) -> Result<Vec<u8>, String> {
+    let mut stream =
+        TcpStream::connect_timeout(&server, TRY_TIMEOUT).map_err(|e| format!("tcp: {e}"))?;
+    stream
+        .set_read_timeout(Some(TRY_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(TRY_TIMEOUT)))
+        .map_err(|e| format!("tcp: {e}"))?;
+    let length = u16::try_from(query.len()).map_err(|_| "tcp: question too long")?;
+    let mut framed = length.to_be_bytes().to_vec();
+    framed.extend_from_slice(query);
+    stream.write_all(&framed).map_err(|e| format!("tcp: {e}"))?;
+    let mut prefix = [0u8; 2];
+    stream
+        .read_exact(&mut prefix)
+        .map_err(|e| format!("tcp: {e}"))?;
+    let mut answer = vec![0u8; usize::from(u16::from_be_bytes(prefix))];
+    stream
+        .read_exact(&mut answer)
+        .map_err(|e| format!("tcp: {e}"))?;
+    Ok(answer)
+}
+
+#[cfg(test)]
+pub(crate) mod stub {
+    //! A stub DNS server on loopback for tests: UDP and TCP on one port, answering SRV
+    //! questions from a table.
+
+    use super::*;
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// What the stub answers for one name.
+    #[derive(Clone)]
+    pub(crate) enum Reply {
+        Srv(Vec<SrvTarget>),
+        /// Truncated over UDP; the targets over TCP.
+        TruncatedUdp(Vec<SrvTarget>),
+        NxDomain,
+        /// No answer at all.
+        Silence,
+    }
+
+    pub(crate) struct StubDns {
+        pub address: SocketAddr,
+        stop: Arc<AtomicBool>,
+        threads: Vec<std::thread::JoinHandle<()>>,
+    }
+
+    impl Drop for StubDns {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::SeqCst);
+            // Wake the TCP accept.
+            let _ = TcpStream::connect_timeout(&self.address, Duration::from_secs(1));
+            for thread in self.threads.drain(..) {
+                let _ = thread.join();
+            }
+        }
+    }
+
+    /// The answer to `query` from `table`: (bytes, whether UDP gets it truncated).
+    fn respond(query: &[u8], table: &[(String, Reply)], tcp: bool) -> Option<Vec<u8>> {
+        let mut reader = Reader {
+            message: query,
+            at: 12,
+        };
+        let name = reader.name().ok()?;
+        let question_end = reader.at + 4;
+        let reply = table
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(&name))
+            .map(|(_, r)| r.clone())
+            .unwrap_or(Reply::NxDomain);
+        let (rcode, truncated, targets) = match reply {
+            Reply::Silence => return None,
+            Reply::NxDomain => (3u8, false, Vec::new()),
+            Reply::Srv(targets) => (0, false, targets),
+            Reply::TruncatedUdp(targets) if tcp => (0, false, targets),
+            Reply::TruncatedUdp(_) => (0, true, Vec::new()),
+        };
+        let mut out = query[..2].to_vec();
+        out.push(0x81 | if truncated { 0x02 } else { 0 });
+        out.push(0x80 | rcode);
+        out.extend_from_slice(&[0, 1]);
+        out.extend_from_slice(&(targets.len() as u16).to_be_bytes());
+        out.extend_from_slice(&[0, 0, 0, 0]);
+        out.extend_from_slice(query.get(12..question_end)?);
+        for target in targets {
+            // The owner name as a pointer to the question's name.
+            out.extend_from_slice(&[0xc0, 12]);
+            out.extend_from_slice(&TYPE_SRV.to_be_bytes());
+            out.extend_from_slice(&CLASS_IN.to_be_bytes());
+            out.extend_from_slice(&[0, 0, 0, 60]);
+            let mut data = Vec::new();
+            for n in [target.priority, target.weight, target.port] {
+                data.extend_from_slice(&n.to_be_bytes());
+            }
+            for label in target.host.split('.').filter(|l| !l.is_empty()) {
+                data.push(label.len() as u8);
+                data.extend_from_slice(label.as_bytes());
+            }
+            data.push(0);
+            out.extend_from_slice(&(data.len() as u16).to_be_bytes());
+            out.extend_from_slice(&data);
+        }
+        Some(out)
+    }
+
+    impl StubDns {
+        pub(crate) fn start(table: Vec<(String, Reply)>) -> StubDns {
+            let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let address = udp.local_addr().unwrap();
+            let tcp = TcpListener::bind(address).unwrap();
+            udp.set_read_timeout(Some(Duration::from_millis(50)))
+                .unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let table = Arc::new(table);
+            let (udp_stop, udp_table) = (stop.clone(), table.clone());
+            let udp_thread = std::thread::Builder::new()
+                .name("stub-dns-udp".into())
+                .spawn(move || {
+                    let mut buffer = [0u8; 512];
+                    while !udp_stop.load(Ordering::SeqCst) {
+                        if let Ok((n, from)) = udp.recv_from(&mut buffer) {
+                            if let Some(answer) = respond(&buffer[..n], &udp_table, false) {
+                                let _ = udp.send_to(&answer, from);
+                            }
+                        }
+                    }
+                })
+                .unwrap();
+            let tcp_stop = stop.clone();
+            let tcp_thread = std::thread::Builder::new()
+                .name("stub-dns-tcp".into())
+                .spawn(move || {
+                    for stream in tcp.incoming() {
+                        if tcp_stop.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        let Ok(mut stream) = stream else { continue };
+                        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+                        let mut prefix = [0u8; 2];
+                        if stream.read_exact(&mut prefix).is_err() {
+                            continue;
+                        }
+                        let mut query = vec![0u8; usize::from(u16::from_be_bytes(prefix))];
+                        if stream.read_exact(&mut query).is_err() {
+                            continue;
+                        }
+                        if let Some(answer) = respond(&query, &table, true) {
+                            let mut framed = (answer.len() as u16).to_be_bytes().to_vec();
+                            framed.extend_from_slice(&answer);
+                            let _ = stream.write_all(&framed);
+                        }
+                    }
+                })
+                .unwrap();
+            StubDns {
+                address,
+                stop,
+                threads: vec![udp_thread, tcp_thread],
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stub::{Reply, StubDns};
+    use super::*;
+
+    fn target(priority: u16, weight: u16, port: u16, host: &str) -> SrvTarget {
+        SrvTarget {
+            priority,
+            weight,
+            port,
+            host: host.into(),
+        }
+    }
+
+    #[test]
+    fn the_stub_resolver_finds_orders_and_falls_back_to_tcp() {
+        let dns = StubDns::start(vec![
+            (
+                "_mcollective-server._tcp.example.net".into(),
+                Reply::Srv(vec![
+                    target(20, 0, 4222, "backup.example.net."),
+                    target(10, 5, 4223, "b.example.net."),
+                    target(10, 50, 4222, "a.example.net."),
+                    target(10, 1, 4222, "."),
+                    target(10, 1, 4222, "bad\r\nname.example.net."),
+                ]),
+            ),
+            (
+                "_big._tcp.example.net".into(),
+                Reply::TruncatedUdp(vec![target(1, 1, 4222, "tcp.example.net")]),
+            ),
+            ("_quiet._tcp.example.net".into(), Reply::Silence),
+        ]);
+        let resolver = Resolver::with_nameservers(vec![dns.address]);
+        assert_eq!(
+            resolver.lookup_srv("_mcollective-server._tcp.example.net"),
+            Ok(vec![
+                target(10, 50, 4222, "a.example.net"),
+                target(10, 5, 4223, "b.example.net"),
+                target(20, 0, 4222, "backup.example.net"),
+            ])
+        );
+        assert_eq!(
+            resolver.lookup_srv("_big._tcp.example.net."),
+            Ok(vec![target(1, 1, 4222, "tcp.example.net")])
+        );
+        assert_eq!(
+            resolver.lookup_srv("_x-puppet-mcollective._tcp.example.net"),
+            Err(SrvError::NotFound)
+        );
+        match resolver.lookup_srv("_quiet._tcp.example.net") {
+            Err(SrvError::NoAnswer(reasons)) => {
+                assert_eq!(reasons.len(), TRIES, "{reasons:?}");
+                assert!(reasons[0].contains("timed out"), "{reasons:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            resolver.lookup_srv("a..b"),
+            Err(SrvError::BadName(_))
+        ));
+    }
+
+    /// Hostile or broken answers are errors, never a panic or a loop.
+    #[test]
+    fn malformed_answers_are_refused() {
+        let query = encode_query(7, "_s._tcp.x").unwrap();
+        let header = |flags: u16, answers: u16| {
+            let mut h = vec![0, 7];
+            h.extend_from_slice(&flags.to_be_bytes());
+            h.extend_from_slice(&[0, 0]);
+            h.extend_from_slice(&answers.to_be_bytes());
+            h.extend_from_slice(&[0, 0, 0, 0]);
+            h
+        };
+        let with = |mut head: Vec<u8>, rest: &[u8]| {
+            head.extend_from_slice(rest);
+            head
+        };
+        // An SRV record for the root name, with `data` as its target name and `length` as
+        // its declared data length.
+        let record = |target: &[u8], length: u16| {
+            let mut r = vec![0, 0, 33, 0, 1, 0, 0, 0, 60];
+            r.extend_from_slice(&length.to_be_bytes());
+            r.extend_from_slice(&[0, 1, 0, 1, 0x10, 0x8e]);
+            r.extend_from_slice(target);
+            r
+        };
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            ("empty", vec![], "ends early"),
+            (
+                "other id",
+                with(vec![0, 8, 0x81, 0x80], &[0; 8]),
+                "not the question's",
+            ),
+            ("a question", header(0x0100, 0), "a question"),
+            ("server failure", header(0x8182, 0), "rcode 2"),
+            ("records missing", header(0x8180, 2), "past the end"),
+            (
+                "record past the end",
+                with(header(0x8180, 1), &record(&[1, b'a', 0], 200)),
+                "past the end",
+            ),
+            (
+                "length mismatch",
+                with(header(0x8180, 1), &record(&[1, b'a', 0, 0], 10)),
+                "does not match",
+            ),
+            (
+                "pointer forward",
+                with(header(0x8180, 1), &record(&[0xc0, 0x40], 8)),
+                "point back",
+            ),
+            (
+                "pointer to itself",
+                with(header(0x8180, 1), &record(&[0xc0, 29], 8)),
+                "point back",
+            ),
+            (
+                "label kind",
+                with(header(0x8180, 1), &record(&[0x80], 7)),
+                "unknown kind",
+            ),
+            (
+                "label past the end",
+                with(header(0x8180, 1), &record(&[9, b'a'], 8)),
+                "past the end",
+            ),
+        ];
+        for (name, message, fragment) in cases {
+            match decode_answer(7, &message) {
+                Err(e) => assert!(e.contains(fragment), "{name}: {e}"),
+                Ok(answer) => panic!("{name}: {answer:?}"),
+            }
+        }
+        // A good one, for contrast, and a pointer back to an earlier label.
+        let good = with(header(0x8180, 1), &record(&[1, b'a', 0], 9));
+        assert_eq!(
+            decode_answer(7, &good),
+            Ok(Answer::Targets(vec![target(1, 1, 4238, "a")]))
+        );
+        assert_eq!(decode_answer(7, &header(0x8183, 0)), Ok(Answer::NotFound));
+        assert_eq!(decode_answer(7, &header(0x8380, 0)), Ok(Answer::Truncated));
+        assert_eq!(query[12..14], [2, b'_']);
+        let mut long = String::new();
+        for _ in 0..200 {
+            long.push_str("ab.");
+        }
+        assert!(encode_query(1, &long).is_err());
+    }
+
+    #[test]
+    fn resolv_conf_nameservers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("resolv.conf");
+        std::fs::write(
+            &path,
+            "# c\nsearch example.net\nnameserver 10.0.0.1\nnameserver fe80::1%eth0\noptions ndots:2\nnameserver nonsense\n",
+        )
+        .unwrap();
+        let r = Resolver::from_resolv_conf(&path);
+        assert_eq!(
+            r.nameservers,
+            [
+                "10.0.0.1:53".parse::<SocketAddr>().unwrap(),
+                "[fe80::1]:53".parse().unwrap()
+            ]
+        );
+        let none = Resolver::from_resolv_conf(&dir.path().join("missing"));
+        assert_eq!(
+            none.nameservers,
+            ["127.0.0.1:53".parse::<SocketAddr>().unwrap()]
+        );
+    }
+}
