@@ -16,9 +16,9 @@ use choria_broker::connection::{ConnectSettings, Tls, TlsFiles};
 use choria_crypto::client_token::{check_provisioner_token, parse_seed};
 use choria_crypto::ed25519::public_key_hex_from_seed;
 use choria_wire::choria_cfg::{
-    ClientConfig, ClientConfigError, KEY_CA, KEY_CERTIFICATE, KEY_CHORIA_CA,
+    ClientConfig, ClientConfigError, NatsPassword, KEY_CA, KEY_CERTIFICATE, KEY_CHORIA_CA,
     KEY_CHORIA_CERTIFICATE, KEY_CHORIA_KEY, KEY_CHORIA_SEED_FILE, KEY_CHORIA_TOKEN_FILE, KEY_KEY,
-    KEY_PROVIDER, KEY_SSLDIR, PROVISIONER_USER,
+    KEY_NATS_PASS, KEY_NATS_USER, KEY_PROVIDER, KEY_SSLDIR, PROVISIONER_USER,
 };
 use choria_wire::signing::{ChoriaSigner, Protocol, SecurityError, Signer};
 
@@ -56,13 +56,38 @@ impl std::error::Error for LoadError {
     }
 }
 
-/// Reads and parses `path`; the identity defaults to the host's FQDN.
+/// Reads and parses `path`; the identity defaults to the host's FQDN; the environment
+/// overrides what go-choria lets it override.
 pub(crate) fn load(path: &Path) -> Result<ClientConfig, LoadError> {
     let text = std::fs::read_to_string(path).map_err(|error| LoadError::Read {
         path: path.to_path_buf(),
         error,
     })?;
-    ClientConfig::parse(path, &text, host_fqdn).map_err(LoadError::Invalid)
+    let mut client = ClientConfig::parse(path, &text, host_fqdn).map_err(LoadError::Invalid)?;
+    apply_environment(&mut client, &|name| std::env::var(name).ok());
+    Ok(client)
+}
+
+/// The settings we read that go-choria takes from the environment (config/choria.go,
+/// `environment:` tags, applied by confkey `SetStructFieldWithKey`): a key with a default
+/// takes its variable always (`CHORIA_SRV_DOMAIN`), one without only when the file sets it
+/// (`MCOLLECTIVE_NATS_USERNAME`, `MCOLLECTIVE_NATS_PASSWORD`).
+fn apply_environment(client: &mut ClientConfig, var: &dyn Fn(&str) -> Option<String>) {
+    if let Some(domain) = var("CHORIA_SRV_DOMAIN") {
+        let domain = domain.trim().trim_matches('.');
+        client.srv_domain = (!domain.is_empty()).then(|| domain.to_string());
+    }
+    let in_file = |key: &str| client.key_lines.contains_key(key);
+    if in_file(KEY_NATS_USER) {
+        if let Some(user) = var("MCOLLECTIVE_NATS_USERNAME") {
+            client.nats_user = (!user.is_empty()).then_some(user);
+        }
+    }
+    if in_file(KEY_NATS_PASS) {
+        if let Some(password) = var("MCOLLECTIVE_NATS_PASSWORD") {
+            client.nats_pass = (!password.is_empty()).then(|| NatsPassword::new(password));
+        }
+    }
 }
 
 /// Where the brokers came from.
@@ -1130,6 +1155,69 @@ mod tests {
                 (Ok(s), Err(_)) => panic!("{name}: accepted as {s:?}"),
                 (Err(e), Ok(_)) => panic!("{name}: refused: {e}"),
             }
+        }
+    }
+
+    /// go-choria's environment variables for the settings we read: `CHORIA_SRV_DOMAIN`
+    /// always, the NATS user and password only over keys the file sets.
+    #[test]
+    fn the_environment_overrides_as_go_choria() {
+        type Vars = &'static [(&'static str, &'static str)];
+        let env = |vars: Vars| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let both = "plugin.nats.user = file-user\nplugin.nats.pass = file-pass\nplugin.choria.srv_domain = file.example.net\n";
+        type Want = (
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<&'static str>,
+        );
+        let all: Vars = &[
+            ("CHORIA_SRV_DOMAIN", "env.example.net."),
+            ("MCOLLECTIVE_NATS_USERNAME", "env-user"),
+            ("MCOLLECTIVE_NATS_PASSWORD", "env-pass"),
+        ];
+        let cases: [(&str, Vars, Want); 5] = [
+            (
+                both,
+                &[],
+                (
+                    Some("file-user"),
+                    Some("file-pass"),
+                    Some("file.example.net"),
+                ),
+            ),
+            (
+                both,
+                all,
+                (Some("env-user"), Some("env-pass"), Some("env.example.net")),
+            ),
+            // Keys the file does not set take no variable; the SRV domain always does.
+            ("", all, (None, None, Some("env.example.net"))),
+            (
+                "plugin.nats.user = u\n",
+                all,
+                (Some("env-user"), None, Some("env.example.net")),
+            ),
+            (
+                both,
+                &[("CHORIA_SRV_DOMAIN", "")],
+                (Some("file-user"), Some("file-pass"), None),
+            ),
+        ];
+        for (text, vars, want) in cases {
+            let mut client = parse(&file_provider_config(text)).unwrap();
+            apply_environment(&mut client, &env(vars));
+            let got = (
+                client.nats_user.as_deref(),
+                client.nats_pass.as_ref().map(NatsPassword::as_str),
+                client.srv_domain.as_deref(),
+            );
+            assert_eq!(got, want, "{text:?} {vars:?}");
         }
     }
 

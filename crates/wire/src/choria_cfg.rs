@@ -187,6 +187,10 @@ pub struct ChoriaProviderFiles {
 pub struct NatsPassword(String);
 
 impl NatsPassword {
+    pub fn new(password: String) -> NatsPassword {
+        NatsPassword(password)
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
