@@ -72,7 +72,31 @@ pub(crate) fn load(path: &Path) -> Result<ClientConfig, LoadError> {
 /// `environment:` tags, applied by confkey `SetStructFieldWithKey`): a key with a default
 /// takes its variable always (`CHORIA_SRV_DOMAIN`), one without only when the file sets it
 /// (`MCOLLECTIVE_NATS_USERNAME`, `MCOLLECTIVE_NATS_PASSWORD`).
+///
+/// A path setting starting with `~` has it replaced by `HOME`, as go-choria's `path_string`
+/// keys do (internal/util `ExpandPath`).
 fn apply_environment(client: &mut ClientConfig, var: &dyn Fn(&str) -> Option<String>) {
+    if let Some(home) = var("HOME").filter(|h| !h.is_empty()) {
+        let files = &mut client.choria;
+        for path in [
+            &mut client.certificate,
+            &mut client.key,
+            &mut client.ca,
+            &mut client.ssldir,
+            &mut files.token_file,
+            &mut files.seed_file,
+            &mut files.certificate,
+            &mut files.key,
+            &mut files.ca,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if let Some(rest) = path.to_str().and_then(|p| p.strip_prefix('~')) {
+                *path = PathBuf::from(format!("{home}{rest}"));
+            }
+        }
+    }
     if let Some(domain) = var("CHORIA_SRV_DOMAIN") {
         let domain = domain.trim().trim_matches('.');
         client.srv_domain = (!domain.is_empty()).then(|| domain.to_string());
@@ -1219,6 +1243,26 @@ mod tests {
             );
             assert_eq!(got, want, "{text:?} {vars:?}");
         }
+    }
+
+    /// Path settings starting with `~` are under `HOME`, as go-choria's `path_string` keys.
+    #[test]
+    fn a_tilde_is_home_as_go_choria() {
+        let text = "plugin.security.file.certificate = ~/.choria/cert.pem\nplugin.security.file.key = /etc/key.pem\nplugin.choria.ssldir = ~/ssl\nplugin.security.choria.seed_file = ~\n";
+        let mut client = parse(&file_provider_config(text)).unwrap();
+        apply_environment(&mut client, &|name| {
+            (name == "HOME").then(|| "/home/rip".to_string())
+        });
+        assert_eq!(
+            client.certificate,
+            Some("/home/rip/.choria/cert.pem".into())
+        );
+        assert_eq!(client.key, Some("/etc/key.pem".into()));
+        assert_eq!(client.ssldir, Some("/home/rip/ssl".into()));
+        assert_eq!(client.choria.seed_file, Some("/home/rip".into()));
+        let mut unchanged = parse(&file_provider_config(text)).unwrap();
+        apply_environment(&mut unchanged, &|_| None);
+        assert_eq!(unchanged.certificate, Some("~/.choria/cert.pem".into()));
     }
 
     /// `plugin.nats.user` and `plugin.nats.pass` are sent when both are set; the
