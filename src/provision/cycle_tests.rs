@@ -73,6 +73,9 @@ enum Reply {
     OkThenStop(Value),
     /// No reply until the gate the call was given closes (at most 30 s, then no reply).
     UntilGateCloses,
+    /// Leadership is lost while the request waits for its reply: the cycle's gate closes,
+    /// and the reply then arrives. As the real client does, a closed gate on the wait wins.
+    PausedWhileWaiting(Value),
 }
 
 struct ScriptedNode {
@@ -80,6 +83,8 @@ struct ScriptedNode {
     calls: Mutex<Vec<(String, Value)>>,
     /// The conflicts of the cycle's reply watch.
     watch: Mutex<Option<ConflictRecorder>>,
+    /// The gate the cycle runs under (the fleet's), which a lost leadership closes.
+    cycle_gate: Mutex<Option<Arc<Gate>>>,
 }
 
 impl ScriptedNode {
@@ -132,11 +137,28 @@ impl NodeRpc for ScriptedNode {
             },
             Some(Reply::Ok(value)) => RpcOutcome::Ok(value),
             Some(Reply::OkThenPause(value)) => {
-                gate.set_paused(true);
+                // A lost leadership closes the fleet's gate, the one the cycle runs under.
+                match self.cycle_gate.lock().as_ref() {
+                    Some(cycle_gate) => cycle_gate.set_paused(true),
+                    None => gate.set_paused(true),
+                }
                 RpcOutcome::Ok(value)
             }
+            Some(Reply::PausedWhileWaiting(value)) => {
+                if let Some(cycle_gate) = self.cycle_gate.lock().as_ref() {
+                    cycle_gate.set_paused(true);
+                }
+                match gate.check() {
+                    Err(halt) => RpcOutcome::Halted(halt),
+                    Ok(()) => RpcOutcome::Ok(value),
+                }
+            }
             Some(Reply::OkThenStop(value)) => {
-                gate.stop();
+                // SIGTERM closes the fleet's gate, the one the cycle runs under.
+                match self.cycle_gate.lock().as_ref() {
+                    Some(cycle_gate) => cycle_gate.stop(),
+                    None => gate.stop(),
+                }
                 RpcOutcome::Ok(value)
             }
             Some(Reply::UntilGateCloses) => match gate.watch() {
@@ -359,6 +381,7 @@ fn harness(mode: Mode, extra_yaml: &str, answer: &Value, overrides: &[(&str, Rep
         replies: Mutex::new(replies),
         calls: Mutex::new(Vec::new()),
         watch: Mutex::new(None),
+        cycle_gate: Mutex::new(None),
     });
     let metrics = Arc::new(Metrics::new("test"));
     let settings = CycleSettings::new(&config).expect("cycle settings");
@@ -481,6 +504,10 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
         // Deliberate: once configured, the node is restarted even though leadership was
         // just lost, so the next leader does not configure it a second time.
         case("paused after configure still restarts", Plain, "", ok(), vec![(CF, Reply::OkThenPause(json!({"message": "Wrote 3 lines"})))], Want::Provisioned { hold: true }, &[I, CF, R]),
+        // Deliberate: a configure request already sent is waited for even if leadership is
+        // lost meanwhile: dropping its reply would leave a configured node unrestarted.
+        case("paused while configure waits still restarts", Plain, "", ok(), vec![(CF, Reply::PausedWhileWaiting(json!({"message": "Wrote 3 lines"})))], Want::Provisioned { hold: true }, &[I, CF, R]),
+        case("paused while inventory waits halts", Plain, "", ok(), vec![(I, Reply::PausedWhileWaiting(json!({"version": "0.29.4"})))], Want::Halted, &[I]),
         case("paused before the helper", Plain, "", ok(), vec![(I, Reply::OkThenPause(json!({"version": "0.29.4"})))], Want::Halted, &[I]),
         case("inventory not an object", Plain, "", ok(), vec![(I, Reply::Ok(json!(["x"])))], Want::Failed("rpcutil#inventory reply data is not an object"), &[I]),
         case("helper answers nonsense", Plain, "", json!({"defer": "maybe"}), vec![], Want::Failed("field defer"), &[I]),
@@ -495,9 +522,9 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
     let mut failures = Vec::new();
     for c in cases {
         let h = harness(c.mode, c.yaml, &c.answer, &c.overrides);
-        let outcome = h
-            .cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false));
+        let gate = Arc::new(Gate::new(false));
+        *h.node.cycle_gate.lock() = Some(Arc::clone(&gate));
+        let outcome = h.cycle.provision(&node_identity(), Source::Event, &gate);
         let calls = h.node.calls();
         if !check(&outcome, &c.want) || calls != c.calls {
             failures.push(format!(
@@ -707,14 +734,16 @@ fn a_closed_gate_stops_the_cycle_before_anything_starts() {
 /// fires `grace`; the outcome, which must come within 10 s of that.
 fn provision_until_the_grace_ends(
     cycle: Arc<Cycle>,
+    node: &ScriptedNode,
     grace: &GraceEnd,
     started: impl Fn() -> bool,
 ) -> ProvisionOutcome {
     let (done, outcome) = crossbeam_channel::bounded(1);
+    let gate = Arc::new(Gate::new(false));
+    *node.cycle_gate.lock() = Some(Arc::clone(&gate));
     let worker = std::thread::Builder::new()
         .name("cycle".into())
         .spawn(move || {
-            let gate = Gate::new(false);
             let _ = done.send(cycle.provision(&node_identity(), Source::Event, &gate));
         })
         .expect("thread");
@@ -749,8 +778,9 @@ fn the_end_of_the_shutdown_grace_ends_the_restart_after_configure() {
     let cycle = Arc::new(h.cycle.with_grace_end(grace.clone()));
     let node = h.node.clone();
     // The stop after configure does not end the restart (see the table); the grace's end does.
-    let outcome =
-        provision_until_the_grace_ends(cycle, &grace, || node.calls().contains(&R.to_string()));
+    let outcome = provision_until_the_grace_ends(cycle, &h.node, &grace, || {
+        node.calls().contains(&R.to_string())
+    });
     assert!(matches!(outcome, ProvisionOutcome::Halted), "{outcome:?}");
     assert_eq!(h.node.calls(), [I, CF, R]);
 }
@@ -772,6 +802,7 @@ fn a_helper_running_when_the_shutdown_grace_ends_is_killed_and_is_no_error() {
         replies: Mutex::new(default_replies(Mode::Plain)),
         calls: Mutex::new(Vec::new()),
         watch: Mutex::new(None),
+        cycle_gate: Mutex::new(None),
     });
     let metrics = Arc::new(Metrics::new("test"));
     let grace = Arc::new(GraceEnd::new().expect("pipe"));
@@ -787,7 +818,8 @@ fn a_helper_running_when_the_shutdown_grace_ends_is_killed_and_is_no_error() {
             .filter(|t| t.ends_with('\n'))
             .and_then(|t| t.trim().parse::<i32>().ok())
     };
-    let outcome = provision_until_the_grace_ends(Arc::new(cycle), &grace, || pid().is_some());
+    let outcome =
+        provision_until_the_grace_ends(Arc::new(cycle), &node, &grace, || pid().is_some());
     assert!(matches!(outcome, ProvisionOutcome::Halted), "{outcome:?}");
     assert_eq!(node.calls(), [I], "nothing after the helper");
     assert_eq!(

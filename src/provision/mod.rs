@@ -520,7 +520,21 @@ impl Cycle {
         })?;
         // The last look before the node is given its configuration, keys and tokens.
         unforged(replies)?;
-        let reply = self.call(trail, gate, identity, &Action::CONFIGURE, data)?;
+        // A pause or stop that came before the request stops the cycle here. Once sent, the
+        // request is waited for (within its tries) whatever happens to the gate: the node may
+        // already hold its configuration, and a dropped reply would leave it configured but
+        // never restarted, so the next leader would configure it a second time. Only the end
+        // of the shutdown grace ends it, as it ends the restart below.
+        gate.check().map_err(|_| CycleStop::Halted)?;
+        let unbounded;
+        let finishing = match &self.grace {
+            Some(grace) => &grace.finishing,
+            None => {
+                unbounded = Gate::new(false);
+                &unbounded
+            }
+        };
+        let reply = self.call(trail, finishing, identity, &Action::CONFIGURE, data)?;
         // Delivered: what the node now holds goes on its audit line.
         trail.issued.certificate = plan.certificate.as_ref().map(|c| CertificateRecord {
             serial: c.serial_hex.clone(),
@@ -536,15 +550,6 @@ impl Cycle {
         // A configured node is finished with `restart` even if leadership was lost or a stop
         // began meanwhile: left configured but unrestarted, it would stay in provisioning and
         // the next leader would configure it a second time. The node's lock is still ours.
-        // Only the end of the shutdown grace ends it.
-        let unbounded;
-        let finishing = match &self.grace {
-            Some(grace) => &grace.finishing,
-            None => {
-                unbounded = Gate::new(false);
-                &unbounded
-            }
-        };
         let restarted = self
             .call(
                 trail,
