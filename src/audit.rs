@@ -171,6 +171,13 @@ impl AuditLine {
                 "owned_elsewhere",
                 Some("another provisioner holds the node's provisioning lock".to_string()),
             ),
+            (ProvisionOutcome::ProvisionedElsewhere, _) => (
+                "owned_elsewhere",
+                Some(
+                    "another provisioner provisioned the node meanwhile (its provisioned event)"
+                        .to_string(),
+                ),
+            ),
             (ProvisionOutcome::Halted, _) => (
                 "halted",
                 Some("paused or stopping before the cycle finished".to_string()),
@@ -357,6 +364,12 @@ mod tests {
                 Decided::Nothing,
                 "owned_elsewhere",
                 Some("another provisioner holds the node's provisioning lock"),
+            ),
+            (
+                ProvisionOutcome::ProvisionedElsewhere,
+                Decided::Nothing,
+                "owned_elsewhere",
+                Some("another provisioner provisioned the node meanwhile (its provisioned event)"),
             ),
             (
                 ProvisionOutcome::Halted,

@@ -340,6 +340,10 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
         log::info!("appending one audit line per cycle to {}", path.display());
         cycle = cycle.with_audit(Arc::new(log), &settings.identity);
     }
+    if config.work_order == WorkOrder::Random {
+        // The listener below records the `provisioned` events the cycle consults.
+        cycle = cycle.with_reports(fleet.clone());
+    }
     let discovery = Discovery::new(conn.clone(), metrics.clone());
 
     let threads = FleetThreads::start_watched(

@@ -39,6 +39,9 @@ pub enum ProvisionOutcome {
     ShutDown,
     /// The node's provisioning lock belongs to another provisioner: done, not an error.
     OwnedElsewhere,
+    /// Another provisioner provisioned the node meanwhile (its `provisioned` event came during
+    /// the cycle, which stopped before its next call): done, not an error.
+    ProvisionedElsewhere,
     /// The cycle failed; the error names the node, the step and the cause.
     Failed(ProvisionError),
     /// The gate closed (paused or stopping) before the cycle finished.
@@ -118,7 +121,13 @@ struct Admissions {
     pending: VecDeque<Ticket>,
     /// The state of the picker's random sequence (splitmix64), for `WorkOrder::Random`.
     picker: u64,
+    /// Nodes another provisioner reported provisioned, and when (at most `REPORTS_KEPT`).
+    reported: HashMap<Identity, Instant>,
 }
+
+/// Bound on the `provisioned` reports kept: node-sent, so a flood of made-up names must not
+/// grow memory; beyond it a report is not kept (a node then costs a timed-out call, at worst).
+const REPORTS_KEPT: usize = 100_000;
 
 impl Admissions {
     fn new() -> Admissions {
@@ -132,6 +141,7 @@ impl Admissions {
             last_number: 0,
             pending: VecDeque::new(),
             picker: seed.finish(),
+            reported: HashMap::new(),
         }
     }
 
@@ -236,6 +246,10 @@ impl Fleet {
         }
         let now = self.clock.now();
         let mut admissions = self.admissions.lock();
+        // Seen after another provisioner configured it, before it restarted into service.
+        if self.reported_within(&admissions, identity, now) {
+            return Admission::Ignored;
+        }
         let mut readmission = false;
         if let Some(entry) = admissions.entries.get(identity.as_str()) {
             // One cycle per node at a time: a second cycle would share the node's provisioning
@@ -342,6 +356,13 @@ impl Fleet {
         }
     }
 
+    fn reported_within(&self, admissions: &Admissions, identity: &Identity, now: Instant) -> bool {
+        admissions
+            .reported
+            .get(identity)
+            .is_some_and(|at| now.saturating_duration_since(*at) <= self.settings.release_delay)
+    }
+
     /// The ticket for a doorbell just taken; `None` when `remove_all` emptied the queue
     /// between the doorbell and the lock (the caller waits for the next one).
     fn take(&self) -> Option<Ticket> {
@@ -354,11 +375,23 @@ impl Fleet {
     }
 
     /// Another provisioner reports `identity` provisioned (its `provisioned` lifecycle
-    /// event, heard with `WorkOrder::Random`): a ticket of it still queued here is forgotten,
-    /// so no worker spends a call on it. In flight or held, it is left alone: the cycle meets
-    /// the node's lock, or the node is ours. Returns whether a queued ticket was forgotten.
+    /// event, heard with `WorkOrder::Random`; our own nodes' events come too, harmlessly: they
+    /// are held). The report is kept `release_delay`, while the node restarts: a sighting
+    /// meanwhile is ignored, and a cycle of it in flight here stops before its next call
+    /// ([`crate::provision::ElsewhereReports`]). A ticket of it still queued is forgotten, so
+    /// no worker spends a call on it. Returns whether a queued ticket was forgotten.
     pub fn provisioned_elsewhere(&self, identity: &Identity) -> bool {
+        let now = self.clock.now();
         let mut admissions = self.admissions.lock();
+        if admissions.reported.len() >= REPORTS_KEPT {
+            let keep = self.settings.release_delay;
+            admissions
+                .reported
+                .retain(|_, at| now.saturating_duration_since(*at) <= keep);
+        }
+        if admissions.reported.len() < REPORTS_KEPT {
+            admissions.reported.insert(identity.clone(), now);
+        }
         let queued = matches!(
             admissions.entries.get(identity),
             Some(entry) if entry.stage == Stage::Queued
@@ -491,6 +524,13 @@ impl Fleet {
     }
 }
 
+impl crate::provision::ElsewhereReports for Fleet {
+    fn reported_provisioned(&self, identity: &Identity) -> bool {
+        let admissions = self.admissions.lock();
+        self.reported_within(&admissions, identity, self.clock.now())
+    }
+}
+
 /// Runs one worker's decision for a popped ticket and reports where it goes next.
 fn work_one(
     fleet: &Fleet,
@@ -529,6 +569,13 @@ fn work_one(
         ProvisionOutcome::OwnedElsewhere => {
             log::info!(
                 "{} is locked by another provisioner: leaving it to them",
+                ticket.identity
+            );
+            false
+        }
+        ProvisionOutcome::ProvisionedElsewhere => {
+            log::info!(
+                "{} was provisioned by another provisioner meanwhile: leaving it",
                 ticket.identity
             );
             false
@@ -1130,7 +1177,7 @@ mod tests {
 
     #[test]
     fn a_queued_node_provisioned_elsewhere_is_forgotten_but_never_one_in_flight_or_held() {
-        let (fleet, _, metrics) = fleet_in(10, WorkOrder::Random);
+        let (fleet, clock, metrics) = fleet_in(10, WorkOrder::Random);
         fleet.admit(&id("queued"), Source::Event);
         fleet.admit(&id("flying"), Source::Event);
         fleet.admit(&id("held"), Source::Event);
@@ -1164,7 +1211,24 @@ mod tests {
         assert_eq!(fleet.len(), 2);
         assert_eq!(metrics.waiting_nodes.get(), 2.0);
         assert_eq!(metrics.provision_errors.get(), 0);
-        // Seen again later (another life), it is admitted again.
+        // The reports are kept while the nodes restart: a cycle in flight stops at its next
+        // step, and a sighting meanwhile (a discovery reply sent just before the restart) is
+        // ignored; after release_delay the node is admitted again (another life).
+        use crate::provision::ElsewhereReports;
+        assert!(fleet.reported_provisioned(&id("flying")));
+        assert!(fleet.reported_provisioned(&id("unknown")));
+        assert!(!fleet.reported_provisioned(&id("never-reported")));
+        assert_eq!(
+            fleet.admit(&id("queued"), Source::Discovery),
+            Admission::Ignored
+        );
+        assert_eq!(
+            fleet.admit(&id("unknown"), Source::Event),
+            Admission::Ignored
+        );
+        assert_eq!(metrics.discovered.get() + metrics.event_discovered.get(), 3);
+        clock.advance(Duration::from_secs(61));
+        assert!(!fleet.reported_provisioned(&id("queued")));
         assert!(matches!(
             fleet.admit(&id("queued"), Source::Event),
             Admission::Admitted(_)

@@ -1406,3 +1406,62 @@ fn the_audit_line_names_every_other_outcome() {
         }
     }
 }
+
+/// Reports the node provisioned elsewhere once the scripted node has seen `after` calls.
+struct ReportedAfter {
+    node: Arc<ScriptedNode>,
+    after: usize,
+}
+
+impl super::ElsewhereReports for ReportedAfter {
+    fn reported_provisioned(&self, _identity: &Identity) -> bool {
+        self.node.calls().len() >= self.after
+    }
+}
+
+#[test]
+fn a_node_reported_provisioned_elsewhere_stops_the_cycle_before_its_next_step_but_never_our_restart(
+) {
+    // (reported after this many calls, the calls made, provisioned here?, helper ran?)
+    let cases: [(usize, &[&str], bool, bool); 3] = [
+        (0, &[], false, false),
+        (1, &[I], false, false),
+        // Our own configure makes the node announce it: our restart still goes out.
+        (2, &[I, CF, R], true, true),
+    ];
+    for (after, calls, provisioned, helper_ran) in cases {
+        let Harness {
+            _dir: _kept,
+            node,
+            metrics,
+            cycle,
+            ..
+        } = harness(Mode::Plain, "", &configuration_answer(), &[]);
+        let cycle = cycle.with_reports(Arc::new(ReportedAfter {
+            node: node.clone(),
+            after,
+        }));
+        let outcome = cycle.provision(&node_identity(), Source::Event, &Gate::new(false));
+        assert_eq!(node.calls(), calls.to_vec(), "reported after {after}");
+        if provisioned {
+            assert!(
+                matches!(outcome, ProvisionOutcome::Provisioned { hold: true }),
+                "{outcome:?}"
+            );
+        } else {
+            assert!(
+                matches!(outcome, ProvisionOutcome::ProvisionedElsewhere),
+                "after {after}: {outcome:?}"
+            );
+        }
+        assert_eq!(
+            metrics.helper_time.get(&[]).1 > 0,
+            helper_ran,
+            "after {after}: the helper is not asked about a node provisioned elsewhere"
+        );
+        assert_eq!(metrics.provision_errors.get(), 0);
+        for action in [I, CF, R] {
+            assert_eq!(metrics.rpc_errors.with_label_values(&[action]).get(), 0);
+        }
+    }
+}

@@ -158,6 +158,15 @@ pub struct Cycle {
     audit: Option<CycleAudit>,
     /// What the end of the shutdown grace ends; `None`: nothing (tests, benches).
     grace: Option<Arc<GraceEnd>>,
+    /// Which nodes other provisioners reported provisioned (`work_order: random`); `None`:
+    /// none are heard of.
+    reports: Option<Arc<dyn ElsewhereReports>>,
+}
+
+/// Nodes another provisioner has provisioned, as their `provisioned` lifecycle events said
+/// (the fleet keeps them for `release_delay`).
+pub trait ElsewhereReports: Send + Sync {
+    fn reported_provisioned(&self, identity: &Identity) -> bool;
 }
 
 /// What the end of the shutdown grace ends, fired once by the daemon: every helper still
@@ -233,6 +242,8 @@ enum Finished {
 enum CycleStop {
     /// The node's provisioning lock belongs to another provisioner.
     OwnedElsewhere,
+    /// Another provisioner was reported to have provisioned the node meanwhile.
+    ProvisionedElsewhere,
     /// The gate closed.
     Halted,
     Failed(Failure),
@@ -320,6 +331,7 @@ impl Cycle {
             silent_hinted: parking_lot::Mutex::new(std::collections::HashSet::new()),
             audit: None,
             grace: None,
+            reports: None,
         }
     }
 
@@ -327,6 +339,24 @@ impl Cycle {
     pub fn with_grace_end(mut self, grace: Arc<GraceEnd>) -> Cycle {
         self.grace = Some(grace);
         self
+    }
+
+    /// Stops a cycle before its next call (or its helper) once another provisioner is
+    /// reported to have provisioned the node: the node is restarting into service and would
+    /// answer nothing more (see README, "Running several provisioners").
+    pub fn with_reports(mut self, reports: Arc<dyn ElsewhereReports>) -> Cycle {
+        self.reports = Some(reports);
+        self
+    }
+
+    /// Ends the cycle if another provisioner has been reported to provision the node.
+    fn not_provisioned_elsewhere(&self, identity: &Identity) -> StepResult<()> {
+        match &self.reports {
+            Some(reports) if reports.reported_provisioned(identity) => {
+                Err(CycleStop::ProvisionedElsewhere)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The protocol the RPC client speaks (`"v1"` or `"v2"`), named in the silent-node hint.
@@ -387,6 +417,10 @@ impl Cycle {
         action: &'static Action,
         data: Value,
     ) -> StepResult<Value> {
+        // `restart` follows our own `configure`, whose `provisioned` event is no news.
+        if action != &Action::RESTART {
+            self.not_provisioned_elsewhere(identity)?;
+        }
         log::debug!("{identity}: calling {action}");
         let outcome = self.call_recorded(trail, gate, identity, action, data);
         if outcome == RpcOutcome::Timeout {
@@ -666,6 +700,7 @@ impl Cycle {
         if gate.check().is_err() {
             return Err(CycleStop::Halted);
         }
+        self.not_provisioned_elsewhere(&node.identity)?;
         let abort = self.grace.as_ref().map(|grace| &grace.helpers);
         let exchange = ask_helper(&self.settings.helper, node, abort);
         self.metrics
@@ -706,6 +741,7 @@ impl Cycle {
             );
         }
         let token = json!({"token": self.settings.token});
+        self.not_provisioned_elsewhere(identity)?;
         match self.call_recorded(trail, gate, identity, &Action::SHUTDOWN, token) {
             RpcOutcome::Ok(reply) => {
                 self.metrics.helper_shutdown_requests.inc();
@@ -873,6 +909,7 @@ impl ProvisionCycle for Cycle {
             Ok(Finished::Provisioned { hold }) => ProvisionOutcome::Provisioned { hold },
             Ok(Finished::ShutDown) => ProvisionOutcome::ShutDown,
             Err(CycleStop::OwnedElsewhere) => ProvisionOutcome::OwnedElsewhere,
+            Err(CycleStop::ProvisionedElsewhere) => ProvisionOutcome::ProvisionedElsewhere,
             Err(CycleStop::Halted) => ProvisionOutcome::Halted,
             Err(CycleStop::Failed(failure)) => ProvisionOutcome::Failed(ProvisionError {
                 identity: identity.clone(),
