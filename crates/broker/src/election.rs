@@ -24,6 +24,13 @@
 //! whichever of its threads wakes first. When leadership ends the election closes the gate
 //! itself ([`Gate::end_lease`]) before it announces [`ElectionEvent::Lost`].
 //!
+//! Instances must not share an identity: a node's provisioning lock is keyed on the caller's
+//! identity, so a leader taking over from a twin would pass every lock the twin holds. The
+//! election watches the key's subject ([`TwinWatch`]); a write of our identity that we did not
+//! make is another live instance using it, and while such writes keep coming a candidate
+//! refuses to campaign (logged as an error, shown by [`Election::setup_problem`]). A leader
+//! that sees its twin says so and keeps leading: the twin refuses.
+//!
 //! Setup failures (missing bucket, no JetStream, bad TTL) are never silent, unlike Go's discarded
 //! error (provisioner hosts/hosts.go drops `startElection`'s error and stays paused): the thread
 //! logs the reason, exposes it through [`Election::setup_problem`] and retries with backoff.
@@ -44,7 +51,7 @@ use rand::Rng;
 
 use crate::backoff;
 use crate::clock::{BootClock, BootInstant, SystemBootClock};
-use crate::connection::{Connection, RequestError};
+use crate::connection::{Connection, RequestError, Subscription};
 use crate::gate::{Gate, Never};
 use crate::observe::Observer;
 
@@ -69,6 +76,12 @@ const WON_COOL_DOWN: Duration = Duration::from_millis(200);
 /// How much earlier than the key could expire our lease ends: beyond the write timeout
 /// already taken off, room for the broker's and our clocks to disagree by a little.
 pub const LEASE_MARGIN: Duration = Duration::from_millis(500);
+/// How long after the last write of our identity by someone else a candidate still refuses to
+/// campaign: a twin leader writes every second or so, a twin candidate about as often.
+const TWIN_MEMORY_TTLS: u32 = 3;
+/// The most writes of the key the watch holds between two looks (a few members write about
+/// twice a second each; beyond this the extra is dropped by the `nats` crate).
+const TWIN_PENDING_LIMIT: usize = 4096;
 /// A repeated complaint is logged again at most this often.
 const COMPLAINT_REPEAT: Duration = Duration::from_secs(60);
 
@@ -564,8 +577,11 @@ impl Election {
             .as_ref()
             .and_then(|gate| gate.lease_clock())
             .unwrap_or_else(|| Arc::new(SystemBootClock));
+        let twins = TwinWatch::start(&conn, &settings.write_subject(), &settings.identity);
         let member = Member {
             conn,
+            twins,
+            twin_seen: false,
             fence,
             boot,
             settings,
@@ -670,6 +686,64 @@ impl Complaint {
     }
 }
 
+/// Watches the writes of the election key for our identity written by someone else: another
+/// live instance configured with the same identity. Every write we make comes back once on
+/// the subscription (NATS echoes a client's own publishes), so a copy of our identity beyond
+/// the count of our own writes is not ours. A copy lost in a reconnect can hide one foreign
+/// write (the twin writes again within a second); it can never make one up.
+struct TwinWatch {
+    subscription: Subscription,
+    identity: Vec<u8>,
+    /// Our writes whose copy has not come back yet.
+    own_unseen: std::cell::Cell<u64>,
+    /// When a write of our identity that was not ours last arrived.
+    last_foreign: std::cell::Cell<Option<Instant>>,
+}
+
+impl TwinWatch {
+    fn start(conn: &Connection, subject: &str, identity: &str) -> Option<TwinWatch> {
+        match conn.subscribe(subject) {
+            Ok(subscription) => {
+                subscription.limit_pending(TWIN_PENDING_LIMIT);
+                Some(TwinWatch {
+                    subscription,
+                    identity: identity.as_bytes().to_vec(),
+                    own_unseen: std::cell::Cell::new(0),
+                    last_foreign: std::cell::Cell::new(None),
+                })
+            }
+            Err(err) => {
+                log::warn!(
+                    "cannot watch {subject} for another instance using our identity (instances \
+                     must not share one): {err}"
+                );
+                None
+            }
+        }
+    }
+
+    /// One write of our identity went out.
+    fn sent(&self) {
+        self.own_unseen.set(self.own_unseen.get() + 1);
+    }
+
+    /// Reads what arrived; true when someone else wrote our identity within `window`.
+    fn twin_within(&self, window: Duration) -> bool {
+        while let Ok(message) = self.subscription.messages().try_recv() {
+            if message.data != self.identity {
+                continue;
+            }
+            match self.own_unseen.get() {
+                0 => self.last_foreign.set(Some(Instant::now())),
+                unseen => self.own_unseen.set(unseen - 1),
+            }
+        }
+        self.last_foreign
+            .get()
+            .is_some_and(|at| at.elapsed() < window)
+    }
+}
+
 /// The bucket as set up: TTL and what the account lets us do.
 struct Bucket {
     ttl: Duration,
@@ -690,6 +764,10 @@ enum CampaignEnd {
 /// The election thread's state.
 struct Member {
     conn: Connection,
+    /// Writes of our identity by another instance; `None` where the subject cannot be watched.
+    twins: Option<TwinWatch>,
+    /// Whether the last look saw a twin (to log the change once).
+    twin_seen: bool,
     /// The gate whose lease we grant and end, if any.
     fence: Option<Arc<Gate>>,
     /// The clock leases and overdue keep-alives are measured on.
@@ -872,8 +950,14 @@ impl Member {
         } else {
             self.settings.identity.as_bytes()
         };
-        let reply = self.request(&subject, &headers, value, bucket.write_timeout)?;
-        parse_pub_ack(&subject, expected, &reply)
+        let reply = self.request(&subject, &headers, value, bucket.write_timeout);
+        // Unless the connection refused it, the write went out and its copy comes back.
+        if !delete && !matches!(reply, Err(ElectionError::Transport { .. })) {
+            if let Some(twins) = &self.twins {
+                twins.sent();
+            }
+        }
+        parse_pub_ack(&subject, expected, &reply?)
     }
 
     /// Create: expecting no previous value, or over a delete marker where we can see one.
@@ -912,7 +996,11 @@ impl Member {
                 standing.label(),
             );
             let mut end = None;
+            let twin = self.look_for_twin(bucket, standing);
             standing = match standing {
+                // Refuses while another instance writes our identity: taking over from it
+                // would pass every node lock it holds.
+                Standing::Candidate if twin => Standing::Candidate,
                 Standing::Candidate => {
                     let sent = self.boot.now();
                     match self.create(bucket) {
@@ -935,7 +1023,11 @@ impl Member {
                             Standing::Candidate
                         }
                         Err(err) => {
-                            if err.needs_setup() {
+                            // Our own subscription on the key's subject answers for a missing
+                            // stream's "no responders": a timeout may mean it is gone.
+                            let maybe_gone = self.twins.is_some()
+                                && matches!(err, ElectionError::Timeout { .. });
+                            if err.needs_setup() || maybe_gone {
                                 end = Some(CampaignEnd::SetUpAgain);
                             }
                             self.complaint.report(
@@ -1069,6 +1161,45 @@ impl Member {
         timeout: Duration,
     ) -> Result<Vec<u8>, ElectionError> {
         request(&self.conn, subject, headers, body, timeout)
+    }
+
+    /// Whether another live instance wrote our identity lately; logs when that changes. A
+    /// candidate's refusal is also its setup problem.
+    fn look_for_twin(&mut self, bucket: &Bucket, standing: Standing) -> bool {
+        let Some(twins) = &self.twins else {
+            return false;
+        };
+        let twin = twins.twin_within(bucket.ttl * TWIN_MEMORY_TTLS);
+        let candidate = standing == Standing::Candidate;
+        if twin && !self.twin_seen {
+            let text = format!(
+                "another live instance writes our identity {} to the {} election key: \
+                 instances must not share an identity (each node's provisioning lock is keyed \
+                 on it, so a takeover between the two would pass every lock the other holds); \
+                 {}",
+                self.settings.identity,
+                self.settings.key,
+                if candidate {
+                    "this one does not campaign while the other writes; give each its own identity"
+                } else {
+                    "we lead and keep leading, the other refuses to campaign; give each its own \
+                     identity"
+                }
+            );
+            log::error!("{text}");
+            if candidate {
+                *self.shared.setup_problem.lock() = Some(text);
+            }
+        } else if !twin && self.twin_seen {
+            log::info!(
+                "no other instance has written our identity {} for {:?}",
+                self.settings.identity,
+                bucket.ttl * TWIN_MEMORY_TTLS
+            );
+            *self.shared.setup_problem.lock() = None;
+        }
+        self.twin_seen = twin;
+        twin
     }
 
     /// Closes the fenced gate: the lease is over.

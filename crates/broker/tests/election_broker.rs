@@ -697,3 +697,99 @@ fn a_leader_frozen_past_its_lease_is_fenced_before_anyone_hears() {
     election.stop();
     conn.close();
 }
+
+/// One member of a pair sharing an identity: its election, connection and events.
+struct Twin {
+    election: Election,
+    conn: choria_broker::connection::Connection,
+    events: crossbeam_channel::Receiver<ElectionEvent>,
+}
+
+fn start_twin(cluster: &Cluster, identity: &str) -> Twin {
+    let conn = connect_member(
+        &cluster.server.url(),
+        cluster.account.member_credentials(),
+        identity,
+    )
+    .expect("member connects");
+    let (events, received) = crossbeam_channel::unbounded();
+    let election = Election::start(
+        conn.clone(),
+        ElectionSettings {
+            api_prefix: cluster.account.api_prefix().to_string(),
+            ..ElectionSettings::new(identity)
+        },
+        events,
+        Arc::new(Counts::default()),
+    );
+    Twin {
+        election,
+        conn,
+        events: received,
+    }
+}
+
+/// Two instances configured with one identity: one leads, the other sees the leader's writes
+/// of its own identity and refuses to campaign, saying why, for as long as they keep coming;
+/// it never wins meanwhile. Once the leader is gone (and a few TTLs have passed without a
+/// write of the identity) it campaigns again and leads.
+fn instances_sharing_an_identity(account: Account, leader_leaves: bool) {
+    let cluster = Cluster::start(account);
+    cluster.create_bucket();
+    let identity = "twin.example.net";
+    let mut pair = vec![
+        start_twin(&cluster, identity),
+        start_twin(&cluster, identity),
+    ];
+    wait_until("one of them to lead", PATIENCE, || {
+        pair.iter().any(|t| t.election.is_leader())
+    });
+    let leader = if pair[0].election.is_leader() { 0 } else { 1 };
+    let twin = 1 - leader;
+    wait_until("the other to refuse, naming the reason", PATIENCE, || {
+        pair[twin]
+            .election
+            .setup_problem()
+            .is_some_and(|p| p.contains("must not share an identity"))
+    });
+    // Refusing: for two TTLs it never leads, though it would win the moment the leader's key
+    // lapsed.
+    let until = Instant::now() + TTL * 2;
+    while Instant::now() < until {
+        assert!(
+            !pair[twin].election.is_leader(),
+            "{account:?}: the twin leads"
+        );
+        assert!(
+            pair[leader].election.is_leader(),
+            "{account:?}: the leader stood down"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(pair[leader].election.setup_problem().is_none());
+    assert_eq!(pair[twin].events.try_iter().collect::<Vec<_>>(), []);
+    if leader_leaves {
+        let gone = pair.remove(leader);
+        gone.election.stop();
+        gone.conn.close();
+        let left = &pair[0];
+        wait_until("the remaining one to lead", PATIENCE, || {
+            left.election.is_leader()
+        });
+        assert!(left.election.setup_problem().is_none());
+    }
+    for member in pair {
+        member.election.stop();
+        member.conn.close();
+    }
+}
+
+#[test]
+fn instances_sharing_an_identity_plain_account() {
+    instances_sharing_an_identity(Account::Plain, true);
+}
+
+#[test]
+fn instances_sharing_an_identity_provisioning_account() {
+    instances_sharing_an_identity(Account::Provisioning, false);
+}
