@@ -179,12 +179,19 @@ fn configuration_errors_exit_78_with_every_problem_named() {
     // which are not here (no DNS is asked: use_srv is off).
     let no_brokers = dir.write(
         "empty.cfg",
-        "identity = x.example.net\nplugin.choria.use_srv = false\nplugin.choria.ssldir = /nonexistent/ssl\n",
+        "identity = x.example.net\nplugin.choria.use_srv = false\nplugin.choria.ssldir = /nonexistent/ssl\n\
+         plugin.nats.credentials = /etc/ngs.creds\nplugin.choria.network.client_port = 4222\n",
     );
     let (code, out, _) = check(&["--config", &config, "--choria-config", &no_brokers]);
     assert_eq!(code, 78, "{out}");
     assert!(out.contains("nats://puppet:4222"), "{out}");
     assert!(out.contains("plugin.choria.use_srv is false"), "{out}");
+    // A client key we do not read is named; a broker's key is not.
+    assert!(
+        out.contains("empty.cfg:4: plugin.nats.credentials is not read by this provisioner"),
+        "{out}"
+    );
+    assert!(!out.contains("client_port"), "{out}");
     assert!(
         out.contains("puppet security provider") || out.contains("/nonexistent/ssl/certs/ca.pem"),
         "{out}"
