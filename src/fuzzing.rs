@@ -42,6 +42,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("yaml_config", yaml_config),
     ("choria_cfg", choria_cfg),
     ("election_replies", election_replies),
+    ("dns_answer", dns_answer),
 ];
 
 /// A fixed moment inside every vector's validity window (2026-11-30).
@@ -315,6 +316,19 @@ pub fn election_replies(bytes: &[u8]) -> bool {
     let ack = parse_pub_ack(subject, 7, bytes).is_ok();
     let entry = parse_last_entry(subject, bytes).is_ok();
     info || ack || entry
+}
+
+/// A nameserver's answer to the SRV question for the brokers (`srv::decode_answer`), the
+/// question id being the answer's own first two bytes.
+pub fn dns_answer(bytes: &[u8]) -> bool {
+    let id = match bytes {
+        [high, low, ..] => u16::from_be_bytes([*high, *low]),
+        _ => 0,
+    };
+    matches!(
+        crate::srv::decode_answer(id, bytes),
+        Ok(crate::srv::Answer::Targets(_))
+    )
 }
 
 #[cfg(test)]

@@ -676,6 +676,18 @@ mod tests {
             decode_answer(7, &good),
             Ok(Answer::Targets(vec![target(1, 1, 4238, "a")]))
         );
+        // The fuzz seed: the second target's name points back into the first's labels.
+        let seed = std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/dns_answer/ok-two-targets.bin"),
+        )
+        .unwrap();
+        assert_eq!(
+            decode_answer(0x1234, &seed),
+            Ok(Answer::Targets(vec![
+                target(10, 5, 4222, "nats1.example.net"),
+                target(20, 0, 4223, "nats2.example.net"),
+            ]))
+        );
         assert_eq!(decode_answer(7, &header(0x8183, 0)), Ok(Answer::NotFound));
         assert_eq!(decode_answer(7, &header(0x8380, 0)), Ok(Answer::Truncated));
         assert_eq!(query[12..14], [2, b'_']);
