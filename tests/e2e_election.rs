@@ -134,6 +134,39 @@ impl ElectionWorld {
         }
     }
 
+    /// Three brokers routed into one cluster on loopback with clustered JetStream, the
+    /// election bucket at three replicas; every instance and the fleet are given all three.
+    fn clustered() -> ElectionWorld {
+        let world = World::clustered(3);
+        let helper = world.write_executable(
+            "helper.sh",
+            "#!/bin/sh\ncat >/dev/null\necho '{\"configuration\":{\"plugin.choria.server.provision\":\"false\"}}'\n",
+        );
+        let stage = ElectionWorld {
+            world,
+            account: Account::Plain,
+            helper,
+        };
+        // The cluster elects its JetStream meta leader first; until then creating fails.
+        let last = std::cell::RefCell::new(String::new());
+        wait_for(
+            "the election bucket at three replicas",
+            PATIENCE,
+            || match stage
+                .admin()
+                .create_bucket_replicated(DEFAULT_BUCKET, TTL, 3)
+            {
+                Ok(()) => Some(()),
+                Err(err) => {
+                    *last.borrow_mut() = err.to_string();
+                    None
+                }
+            },
+            || last.borrow().clone(),
+        );
+        stage
+    }
+
     fn admin(&self) -> BucketAdmin {
         BucketAdmin::connect(
             &self.world.broker.url(),
@@ -747,6 +780,81 @@ fn twenty_kills_of_the_leader_through_one_run() {
         unavoidable.len()
     );
     cluster.stop_all();
+}
+
+/// A three-server cluster loses one server mid-run: the instances connected to it move to
+/// another (every instance lists all three), the election (its bucket at three replicas)
+/// keeps at most one leader, and the fleet is done, nobody provisioned twice. With
+/// `the_leaders`, the server killed is the one the leader is connected to.
+fn cluster_server_killed(the_leaders: bool) {
+    const CLUSTER_NODES: usize = 20;
+    let mut stage = ElectionWorld::clustered();
+    let mut cluster = Cluster::start(&stage, 2);
+    let sampler = LeaderSampler::start(cluster.members.iter().map(|m| m.monitor_port).collect());
+    let first = cluster.wait_for_one_leader("a first leader");
+    let fleet = stage.fleet(CLUSTER_NODES, &["--boot-spread", "15s"]);
+    wait_for(
+        "the first leader to provision some nodes",
+        PATIENCE,
+        || {
+            let done = cluster.members[first].metric("choria_provisioner_provisioned")?;
+            (done >= 3.0).then_some(())
+        },
+        || cluster.logs(),
+    );
+    let leader_identity = cluster.members[first].identity.clone();
+    let leaders_server = wait_for(
+        "the server the leader is connected to",
+        PATIENCE,
+        || stage.world.server_of_client(&leader_identity),
+        || cluster.logs(),
+    );
+    let victim = if the_leaders {
+        leaders_server
+    } else {
+        (leaders_server + 1) % 3
+    };
+    stage.world.server_mut(victim).stop();
+    let after = cluster.wait_for_one_leader("a leader after the server died");
+    let report = fleet.wait_within(FLEET_WAIT, || cluster.logs());
+    let most_leaders = sampler.finish();
+    let context = format!(
+        "cluster, server n{victim} killed (the leader's: {the_leaders}), leader before {first}, \
+         after {after}\n{}",
+        cluster.logs()
+    );
+    assert_eq!(most_leaders, 1, "{context}: working leaders at once");
+    if the_leaders {
+        assert!(
+            cluster.members[first]
+                .log()
+                .contains("broker connection reconnected"),
+            "{context}: the leader never lost its server"
+        );
+    }
+    assert_fleet_done_once(&report, CLUSTER_NODES, &context);
+    assert_periods_do_not_overlap(&report, &context);
+    // Both instances are connected again, to a server still running.
+    for member in &cluster.members {
+        let server = wait_for(
+            "every instance connected to a live server",
+            PATIENCE,
+            || stage.world.server_of_client(&member.identity),
+            || context.clone(),
+        );
+        assert_ne!(server, victim, "{context}");
+    }
+    cluster.stop_all();
+}
+
+#[test]
+fn a_cluster_server_killed_mid_run() {
+    cluster_server_killed(false);
+}
+
+#[test]
+fn the_server_the_leader_is_connected_to_killed_mid_run() {
+    cluster_server_killed(true);
 }
 
 /// The bucket is missing at start: the instance stays up and paused, serves its metrics,

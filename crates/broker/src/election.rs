@@ -1322,6 +1322,16 @@ impl BucketAdmin {
     /// Creates the bucket exactly as the Choria Broker does (go-choria
     /// broker/network/network_jetstream.go, configureSystemStreams) with the given TTL.
     pub fn create_bucket(&self, bucket: &str, ttl: Duration) -> Result<(), ElectionError> {
+        self.create_bucket_replicated(bucket, ttl, 1)
+    }
+
+    /// As [`BucketAdmin::create_bucket`], stored on `replicas` servers of a cluster.
+    pub fn create_bucket_replicated(
+        &self,
+        bucket: &str,
+        ttl: Duration,
+        replicas: u32,
+    ) -> Result<(), ElectionError> {
         let stream = format!("KV_{bucket}");
         let subject = format!("{}.STREAM.CREATE.{stream}", self.api_prefix);
         let config = serde_json::json!({
@@ -1337,7 +1347,7 @@ impl BucketAdmin {
             "max_msg_size": 1024,
             "discard": "new",
             "storage": "file",
-            "num_replicas": 1,
+            "num_replicas": replicas,
             "deny_delete": true,
             "allow_rollup_hdrs": true,
             "allow_direct": true,

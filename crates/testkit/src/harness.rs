@@ -138,6 +138,10 @@ fn kill_and_reap(child: &mut Child) {
 /// front of the broker, standing in for an Organization Issuer broker's checks.
 pub struct World {
     pub broker: NatsServer,
+    /// The other servers of a clustered world ([`World::clustered`]), `n1`, `n2`, ...
+    pub peers: Vec<NatsServer>,
+    /// Each server's monitoring port in a clustered world, `broker` first.
+    monitor_ports: Vec<u16>,
     pub dir: tempfile::TempDir,
     relay: Option<Relay>,
 }
@@ -160,15 +164,51 @@ impl World {
 
     /// A broker with `conf` (accounts, users, ...) added to its configuration.
     pub fn with_conf(conf: &str) -> World {
-        World {
-            broker: NatsServer::start_with(conf)
+        World::of(
+            NatsServer::start_with(conf)
                 .expect("nats-server starts (install the nats-server package)"),
+            Vec::new(),
+            Vec::new(),
+        )
+    }
+
+    /// A cluster of `size` brokers routed on loopback, with clustered JetStream; provisioners
+    /// and the fleet are given every server's URL. `broker` is server `n0`.
+    pub fn clustered(size: usize) -> World {
+        let cluster = crate::NatsCluster::start(size, "")
+            .expect("a nats-server cluster starts (install the nats-server package)");
+        let mut servers = cluster.servers;
+        let broker = servers.remove(0);
+        World::of(broker, servers, cluster.monitor_ports)
+    }
+
+    fn of(broker: NatsServer, peers: Vec<NatsServer>, monitor_ports: Vec<u16>) -> World {
+        World {
+            broker,
+            peers,
+            monitor_ports,
             dir: tempfile::Builder::new()
                 .prefix("choria-e2e-")
                 .tempdir()
                 .expect("a temp dir"),
             relay: None,
         }
+    }
+
+    /// Server `index` of a clustered world (0 is `broker`).
+    pub fn server_mut(&mut self, index: usize) -> &mut NatsServer {
+        match index {
+            0 => &mut self.broker,
+            n => &mut self.peers[n - 1],
+        }
+    }
+
+    /// The running server of a clustered world that holds a client connection named `name`.
+    pub fn server_of_client(&self, name: &str) -> Option<usize> {
+        let servers = std::iter::once(&self.broker).chain(&self.peers);
+        servers
+            .zip(&self.monitor_ports)
+            .position(|(server, port)| server.pid().is_some() && crate::has_client(*port, name))
     }
 
     /// Puts the CONNECT relay in front of the broker: from now on the provisioners and the
@@ -186,7 +226,11 @@ impl World {
     pub fn client_url(&self) -> String {
         match &self.relay {
             Some(relay) => relay.url(),
-            None => self.broker.url(),
+            None => std::iter::once(&self.broker)
+                .chain(&self.peers)
+                .map(NatsServer::url)
+                .collect::<Vec<_>>()
+                .join(","),
         }
     }
 

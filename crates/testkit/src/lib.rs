@@ -179,6 +179,89 @@ impl Drop for NatsServer {
     }
 }
 
+/// Several `nats-server`s routed into one cluster on loopback, with clustered JetStream (each
+/// its own store), as a site runs its brokers. Each server is a [`NatsServer`] of its own, so
+/// a test stops and starts them one by one.
+pub struct NatsCluster {
+    pub servers: Vec<NatsServer>,
+    /// Each server's monitoring port (`/connz` says who is connected where).
+    pub monitor_ports: Vec<u16>,
+}
+
+impl NatsCluster {
+    /// `size` servers named `n0`, `n1`, ... routed to each other, with `extra_conf` added to
+    /// each configuration.
+    pub fn start(size: usize, extra_conf: &str) -> std::io::Result<NatsCluster> {
+        let route_ports: Vec<u16> = (0..size).map(|_| free_port()).collect::<Result<_, _>>()?;
+        let monitor_ports: Vec<u16> = (0..size).map(|_| free_port()).collect::<Result<_, _>>()?;
+        let routes = route_ports
+            .iter()
+            .map(|port| format!("nats-route://127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut servers = Vec::with_capacity(size);
+        for (index, route_port) in route_ports.iter().enumerate() {
+            let conf = format!(
+                "server_name: n{index}\nhttp: 127.0.0.1:{}\ncluster {{\n  name: provisioning\n  \
+                 listen: 127.0.0.1:{route_port}\n  routes: [{routes}]\n}}\n{extra_conf}",
+                monitor_ports[index]
+            );
+            servers.push(NatsServer::start_with(&conf)?);
+        }
+        Ok(NatsCluster {
+            servers,
+            monitor_ports,
+        })
+    }
+
+    /// Every server's client URL, comma-separated (`plugin.choria.middleware_hosts`,
+    /// `choria-fleet-sim --broker`).
+    pub fn urls(&self) -> String {
+        self.servers
+            .iter()
+            .map(NatsServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The index of the running server that holds a client connection named `name`, from
+    /// each server's `/connz`.
+    pub fn server_of_client(&self, name: &str) -> Option<usize> {
+        (0..self.servers.len()).find(|index| {
+            self.servers[*index].pid().is_some() && has_client(self.monitor_ports[*index], name)
+        })
+    }
+}
+
+/// Whether the server monitored on `monitor_port` holds a client connection named `name`.
+pub fn has_client(monitor_port: u16, name: &str) -> bool {
+    // nats-server indents its JSON: `"name": "x"`.
+    let needles = [
+        format!("\"name\": \"{name}\""),
+        format!("\"name\":\"{name}\""),
+    ];
+    http_get(monitor_port, "/connz?limit=4096")
+        .is_ok_and(|body| needles.iter().any(|needle| body.contains(needle)))
+}
+
+/// A GET on a loopback port: the body, if the answer is 200.
+fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+    use std::io::Read;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    match response.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
+        _ => Err(std::io::Error::other(format!("GET {path}: no 200"))),
+    }
+}
+
 /// Waits until something accepts TCP connections on the loopback port.
 pub fn wait_for_port(port: u16, limit: Duration) -> std::io::Result<()> {
     let deadline = Instant::now() + limit;
