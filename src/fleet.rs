@@ -121,13 +121,54 @@ struct Admissions {
     pending: VecDeque<Ticket>,
     /// The state of the picker's random sequence (splitmix64), for `WorkOrder::Random`.
     picker: u64,
-    /// Nodes another provisioner reported provisioned, and when (at most `REPORTS_KEPT`).
-    reported: HashMap<Identity, Instant>,
+    /// Nodes another provisioner reported provisioned.
+    reported: Reports,
 }
 
 /// Bound on the `provisioned` reports kept: node-sent, so a flood of made-up names must not
 /// grow memory; beyond it a report is not kept (a node then costs a timed-out call, at worst).
 const REPORTS_KEPT: usize = 100_000;
+
+/// `provisioned` reports and when they came, each kept `release_delay`; expired ones leave
+/// from the oldest end as new ones arrive, so no report costs a scan of the others.
+#[derive(Debug, Default)]
+struct Reports {
+    at: HashMap<Identity, Instant>,
+    /// Every report kept, oldest first (a node reported twice is here twice).
+    order: VecDeque<(Instant, Identity)>,
+}
+
+impl Reports {
+    fn expire(&mut self, now: Instant, keep: Duration) {
+        while let Some((at, _)) = self.order.front() {
+            if now.saturating_duration_since(*at) <= keep {
+                break;
+            }
+            if let Some((at, identity)) = self.order.pop_front() {
+                if self.at.get(&identity) == Some(&at) {
+                    self.at.remove(&identity);
+                }
+            }
+        }
+    }
+
+    /// Keeps a report unless the bound is reached; returns whether it was kept.
+    fn insert(&mut self, identity: &Identity, now: Instant, keep: Duration) -> bool {
+        self.expire(now, keep);
+        if self.order.len() >= REPORTS_KEPT {
+            return false;
+        }
+        self.at.insert(identity.clone(), now);
+        self.order.push_back((now, identity.clone()));
+        true
+    }
+
+    fn contains(&self, identity: &Identity, now: Instant, keep: Duration) -> bool {
+        self.at
+            .get(identity)
+            .is_some_and(|at| now.saturating_duration_since(*at) <= keep)
+    }
+}
 
 impl Admissions {
     fn new() -> Admissions {
@@ -141,7 +182,7 @@ impl Admissions {
             last_number: 0,
             pending: VecDeque::new(),
             picker: seed.finish(),
-            reported: HashMap::new(),
+            reported: Reports::default(),
         }
     }
 
@@ -359,8 +400,7 @@ impl Fleet {
     fn reported_within(&self, admissions: &Admissions, identity: &Identity, now: Instant) -> bool {
         admissions
             .reported
-            .get(identity)
-            .is_some_and(|at| now.saturating_duration_since(*at) <= self.settings.release_delay)
+            .contains(identity, now, self.settings.release_delay)
     }
 
     /// The ticket for a doorbell just taken; `None` when `remove_all` emptied the queue
@@ -383,14 +423,13 @@ impl Fleet {
     pub fn provisioned_elsewhere(&self, identity: &Identity) -> bool {
         let now = self.clock.now();
         let mut admissions = self.admissions.lock();
-        if admissions.reported.len() >= REPORTS_KEPT {
-            let keep = self.settings.release_delay;
-            admissions
-                .reported
-                .retain(|_, at| now.saturating_duration_since(*at) <= keep);
-        }
-        if admissions.reported.len() < REPORTS_KEPT {
-            admissions.reported.insert(identity.clone(), now);
+        let keep = self.settings.release_delay;
+        if !admissions.reported.insert(identity, now, keep)
+            && log_limit::global().allow("reports_full", "")
+        {
+            log::warn!(
+                "not keeping the provisioned event of {identity}: {REPORTS_KEPT} are kept already"
+            );
         }
         let queued = matches!(
             admissions.entries.get(identity),
@@ -1259,6 +1298,33 @@ mod tests {
         );
         assert!(fleet.finish(&running));
         assert!(fleet.is_empty());
+    }
+
+    #[test]
+    fn provisioned_reports_are_bounded_and_expire_oldest_first() {
+        let keep = Duration::from_secs(60);
+        let start = Instant::now();
+        let mut reports = Reports::default();
+        for n in 0..REPORTS_KEPT + 10 {
+            let kept = reports.insert(&id(&format!("n{n}")), start, keep);
+            assert_eq!(kept, n < REPORTS_KEPT, "report {n}");
+        }
+        assert_eq!(reports.order.len(), REPORTS_KEPT);
+        assert!(reports.contains(&id("n0"), start, keep));
+        assert!(!reports.contains(&id(&format!("n{REPORTS_KEPT}")), start, keep));
+        // Once they are older than `keep`, the next report pushes them all out.
+        let later = start + keep + Duration::from_secs(1);
+        assert!(!reports.contains(&id("n0"), later, keep));
+        assert!(reports.insert(&id("fresh"), later, keep));
+        assert_eq!(reports.order.len(), 1);
+        assert_eq!(reports.at.len(), 1);
+        // A node reported again is kept from its last report.
+        let mut reports = Reports::default();
+        reports.insert(&id("again"), start, keep);
+        reports.insert(&id("again"), start + Duration::from_secs(30), keep);
+        reports.expire(start + Duration::from_secs(61), keep);
+        assert!(reports.contains(&id("again"), start + Duration::from_secs(61), keep));
+        assert_eq!(reports.order.len(), 1);
     }
 
     #[test]
