@@ -782,6 +782,73 @@ fn twenty_kills_of_the_leader_through_one_run() {
     cluster.stop_all();
 }
 
+/// Leadership flaps (Lost, then Won again) while helpers run: the key is evicted under a
+/// leader whose every worker is inside a slow helper, and the same instance wins again at
+/// once (the plain account lets it write over the marker). Its new discovery finds the nodes
+/// still in flight, but they are still known, so no node's helper runs twice: one cycle per
+/// node.
+#[test]
+fn a_lost_won_flap_during_slow_helpers_runs_each_nodes_helper_once() {
+    const FLAP_NODES: usize = 4;
+    let mut stage = ElectionWorld::start(Account::Plain);
+    stage.create_bucket();
+    let runs = stage.world.path("helper-runs.txt");
+    stage.helper = stage.world.write_executable(
+        "slow-helper.sh",
+        &format!(
+            "#!/bin/sh\ninput=$(cat)\nid=$(printf '%s' \"$input\" | sed -n 's/.*\"identity\": *\"\\([^\"]*\\)\".*/\\1/p')\n\
+             echo \"$id\" >> {}\nsleep 4\n\
+             echo '{{\"configuration\":{{\"plugin.choria.server.provision\":\"false\"}}}}'\n",
+            runs.display()
+        ),
+    );
+    let mut cluster = Cluster::start_with(&stage, 1, "workers: 4\n", 1);
+    cluster.wait_for_one_leader("the leader");
+    let fleet = stage.fleet(FLAP_NODES, &[]);
+    let member = &cluster.members[0];
+    wait_for(
+        "every node's helper running",
+        PATIENCE,
+        || {
+            let busy = member.metric("choria_provisioner_busy_workers")?;
+            (busy >= FLAP_NODES as f64).then_some(())
+        },
+        || member.logs(),
+    );
+    stage
+        .admin()
+        .evict(DEFAULT_BUCKET, DEFAULT_KEY)
+        .expect("evicted");
+    wait_for(
+        "the loss and the win again, while the helpers still run",
+        PATIENCE,
+        || {
+            let log = member.log();
+            let lost = log.find("lost the leader election")?;
+            log[lost..]
+                .contains("won the leader election")
+                .then_some(())
+        },
+        || member.logs(),
+    );
+    let report = fleet.wait_within(FLEET_WAIT, || cluster.logs());
+    let context = format!("flap\n{}", cluster.logs());
+    assert_fleet_done_once(&report, FLAP_NODES, &context);
+    let ran = std::fs::read_to_string(&runs).expect("the helper wrote its runs");
+    let mut ran: Vec<&str> = ran.lines().collect();
+    ran.sort();
+    let mut nodes: Vec<String> = report.nodes.iter().map(|n| n.identity.clone()).collect();
+    nodes.sort();
+    assert_eq!(ran, nodes, "{context}: the helper's runs, one per node");
+    assert!(
+        member
+            .log()
+            .contains("with a cycle still running stay known"),
+        "{context}"
+    );
+    cluster.stop_all();
+}
+
 /// A three-server cluster loses one server mid-run: the instances connected to it move to
 /// another (every instance lists all three), the election (its bucket at three replicas)
 /// keeps at most one leader, and the fleet is done, nobody provisioned twice. With
