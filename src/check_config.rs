@@ -799,6 +799,14 @@ fn settings(config: &Config) -> Vec<Setting> {
         }
     });
     push("helper_timeout", go_duration(config.helper_timeout));
+    push(
+        "helper_mode",
+        match config.helper_mode {
+            crate::config::HelperMode::PerNode => "per_node",
+            crate::config::HelperMode::Persistent => "persistent",
+        }
+        .to_string(),
+    );
     push("work_queue_size", config.work_queue_size.to_string());
     push(
         "work_order",

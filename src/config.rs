@@ -254,6 +254,8 @@ pub struct Config {
     pub loglevel: LogLevel,
     pub helper: HelperCommand,
     pub helper_timeout: Duration,
+    /// Ours: how the helper runs (`per_node`, Go's contract, or `persistent`).
+    pub helper_mode: HelperMode,
     /// Sent with every `choria_provision` action; empty when unset, as Go sends it.
     pub token: Secret,
     pub lifecycle_component: String,
@@ -385,6 +387,7 @@ const KNOWN_KEYS: &[&str] = &[
     "loglevel",
     "helper",
     "helper_timeout",
+    "helper_mode",
     "token",
     "lifecycle_component",
     "choria_insecure",
@@ -446,6 +449,7 @@ impl Config {
             loglevel: logging.loglevel,
             helper: work.helper,
             helper_timeout: work.helper_timeout,
+            helper_mode: work.helper_mode,
             token: security.token,
             lifecycle_component: broker.lifecycle_component,
             choria_insecure: broker.choria_insecure,
@@ -478,6 +482,7 @@ struct Work {
     interval: Duration,
     helper: HelperCommand,
     helper_timeout: Duration,
+    helper_mode: HelperMode,
     work_queue_size: usize,
     work_order: WorkOrder,
     release_delay: Duration,
@@ -541,10 +546,29 @@ fn read_work(keys: &KeyReader) -> Result<Work, ConfigError> {
         interval,
         helper,
         helper_timeout,
+        helper_mode: read_helper_mode(keys)?,
         work_queue_size,
         work_order: read_work_order(keys)?,
         release_delay,
     })
+}
+
+/// How the helper runs: Go's one process per node, or long-lived processes answering a line
+/// per node (`provision::helper::HelperPool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HelperMode {
+    PerNode,
+    Persistent,
+}
+
+/// `helper_mode`: `per_node` (the default, Go's contract) or `persistent`, in any case.
+fn read_helper_mode(keys: &KeyReader) -> Result<HelperMode, ConfigError> {
+    match keys.optional_string("helper_mode")? {
+        None => Ok(HelperMode::PerNode),
+        Some(mode) if mode.eq_ignore_ascii_case("per_node") => Ok(HelperMode::PerNode),
+        Some(mode) if mode.eq_ignore_ascii_case("persistent") => Ok(HelperMode::Persistent),
+        Some(_) => Err(keys.invalid("helper_mode", "must be per_node or persistent")),
+    }
 }
 
 /// `work_order`: `fifo` (the default, Go's) or `random`, in any case.
@@ -1109,6 +1133,11 @@ mod tests {
         );
         assert_eq!(c.work_queue_size, 50_000);
         assert_eq!(c.work_order, WorkOrder::Fifo, "Go's order unless asked");
+        assert_eq!(
+            c.helper_mode,
+            HelperMode::PerNode,
+            "Go's contract unless asked"
+        );
         assert_eq!(c.release_delay, Duration::from_secs(60));
         assert_eq!(c.rpc_timeout, None);
         assert_eq!(c.audit_file, None, "no audit trail unless asked");
@@ -1151,6 +1180,7 @@ upgrades_repository: https://repo.example.net/choria
 upgrades_optional: true
 work_queue_size: 10
 work_order: Random
+helper_mode: Persistent
 release_delay: 5s
 rpc_timeout: 3s
 audit_file: /var/log/choria-provisioner-audit.jsonl
@@ -1162,6 +1192,7 @@ features:
         let (c, warnings) = parse(text).unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(c.work_order, WorkOrder::Random, "any case");
+        assert_eq!(c.helper_mode, HelperMode::Persistent, "any case");
         assert_eq!(c.workers, 4);
         assert_eq!(c.interval, Duration::from_secs(300));
         assert_eq!(
@@ -1467,6 +1498,10 @@ features:
             (
                 "helper: h\nworkers: four",
                 &["workers", "whole number", "four"],
+            ),
+            (
+                "helper: h\nhelper_mode: pooled",
+                &["helper_mode", "per_node or persistent"],
             ),
             (
                 "helper: h\nwork_order: lifo",

@@ -329,6 +329,8 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
         rpc = rpc.with_ddl_timeout(timeout);
     }
     let grace_end = Arc::new(GraceEnd::new().map_err(DaemonError::Threads)?);
+    // Persistent helpers are closed after the workers (`Helper::close`).
+    let helper = cycle_settings.helper.clone();
     let mut cycle = Cycle::new(cycle_settings, Arc::new(rpc), metrics.clone())
         .speaking(settings.protocol.name())
         .with_grace_end(grace_end.clone());
@@ -430,6 +432,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     if let Some(election) = election {
         election.stop();
     }
+    let stopping = std::time::Instant::now();
     let stuck = threads.shutdown(&fleet, SHUTDOWN_GRACE, &|| {
         log::warn!(
             "the shutdown grace ({SHUTDOWN_GRACE:?}) is over: killing the helpers still running, ending restarts"
@@ -442,6 +445,9 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
             stuck.join(", ")
         );
     }
+    // Persistent helpers: stdin closed, the rest of the grace (at least a second) to end.
+    helper
+        .close((stopping + SHUTDOWN_GRACE).max(std::time::Instant::now() + Duration::from_secs(1)));
     conn.close();
     if let Some(server) = metrics_server {
         server.stop();

@@ -18,9 +18,7 @@ use serde_json::{json, Map, Value};
 use crate::cli::{Format, HelperTestArgs};
 use crate::config::Config;
 use crate::provision::decision::{decide, Decision, NodeFacts, Pairing, Plan, Upgrade};
-use crate::provision::helper::{
-    CsrReply, Ed25519Reply, Exchange, Helper, HelperAbort, HelperError,
-};
+use crate::provision::helper::{CsrReply, Ed25519Reply, Exchange, HelperAbort, HelperError};
 use crate::provision::{
     ask_helper, check_node_csr, failure_reason, new_nonce, take_inventory, verify_node_jwt,
     CycleSettings,
@@ -175,12 +173,12 @@ fn rehearse(args: &HelperTestArgs) -> Result<Report, Usage> {
     let identity = Identity::parse(&args.identity)
         .map_err(|e| format!("--identity {}: {e}", escape(&args.identity)))?;
     let now = choria_broker::clock::unix_now().max(0) as u64;
-    let (helper, helper_mode, timeout) = match &rules.helper {
-        // The program only, as the daemon's messages name it: arguments may hold secrets.
-        Helper::PerNode { command, timeout } => {
-            (command.program().to_string(), "per_node", *timeout)
-        }
-    };
+    // The program only, as the daemon's messages name it: arguments may hold secrets.
+    let (helper, helper_mode, timeout) = (
+        rules.helper.program().to_string(),
+        rules.helper.mode_name(),
+        rules.helper.timeout(),
+    );
     let mut report = Report {
         identity: args.identity.clone(),
         config: args.config.display().to_string(),
@@ -214,6 +212,11 @@ fn rehearse(args: &HelperTestArgs) -> Result<Report, Usage> {
         eprintln!("warning: could not watch for Ctrl-C ({err}); the helper runs unwatched");
     }
     let exchange = ask_helper(&rules.helper, &node, Some(&abort));
+    // A persistent helper is told to finish as the daemon tells it (stdin closed), with a
+    // short grace: the rehearsal has nothing left for it.
+    rules
+        .helper
+        .close(std::time::Instant::now() + std::time::Duration::from_secs(2));
     report.helper_run = Some(helper_run(&exchange));
     let (decision, exit_code) = match exchange.answer {
         Err(err) => (fail_on_helper(err), EXIT_FAILED),

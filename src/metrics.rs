@@ -1,7 +1,7 @@
 //! The Prometheus registry with every metric of the Go daemon (provisioner config/stats.go,
 //! host/stats.go, hosts/stats.go), the election metrics of go-choria
-//! (providers/election/streams/stats.go), `choria_provisioner_work_queue_dropped` and
-//! `choria_provisioner_audit_errors` (ours), the `process_*` metrics Go's default registry
+//! (providers/election/streams/stats.go), `choria_provisioner_work_queue_dropped`,
+//! `choria_provisioner_helper_restarts` and `choria_provisioner_audit_errors` (ours), the `process_*` metrics Go's default registry
 //! carries; and the tiny HTTP listener that serves them at `/metrics`.
 //!
 //! Every metric is created at start, at zero, for our `site`, so dashboards see the full set
@@ -125,6 +125,8 @@ pub struct Metrics {
     pub discover_cycles: IntCounter,
     pub rpc_errors: IntCounterVec,
     pub helper_errors: IntCounter,
+    /// Persistent helpers started again after one failed (ours; not in Go).
+    pub helper_restarts: IntCounter,
     pub discovery_errors: IntCounter,
     pub provision_errors: IntCounter,
     pub paused: Gauge,
@@ -295,6 +297,10 @@ impl Metrics {
             helper_errors: counter(
                 "choria_provisioner_helper_errors",
                 "Number of helper errors",
+            ),
+            helper_restarts: counter(
+                "choria_provisioner_helper_restarts",
+                "Persistent helpers started again after one exited, answered out of step or timed out",
             ),
             discovery_errors: counter(
                 "choria_provisioner_discovery_errors",
@@ -478,6 +484,7 @@ mod tests {
             "choria_provisioner_paused{site=\"testsite\"} 0",
             "choria_provisioner_work_queue_dropped{site=\"testsite\"} 0",
             "choria_provisioner_audit_errors{site=\"testsite\"} 0",
+            "choria_provisioner_helper_restarts{site=\"testsite\"} 0",
             "choria_provisioner_helper_time_sum{site=\"testsite\"} 0",
             "choria_provisioner_helper_time_count{site=\"testsite\"} 0",
             "choria_provisioner_rpc_time_count{rpc=\"rpcutil#inventory\",site=\"testsite\"} 0",

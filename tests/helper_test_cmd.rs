@@ -652,3 +652,49 @@ fn running(pid: i32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     !stat.is_empty() && !stat.contains(") Z ")
 }
+
+#[test]
+fn helper_test_runs_a_persistent_helper_when_the_config_says_so() {
+    let scratch = Scratch::new();
+    let ca = scratch.path("ca");
+    make_ca(&ca);
+    let helper = format!(
+        "python3 {} --serve --ca-dir {}",
+        project_file("etc/helpers/x509-helper.py"),
+        ca.display()
+    );
+    let config = scratch.config(&helper, "helper_mode: persistent\nfeatures:\n  pki: true\n");
+    let (code, report) = rehearse(&config, &[]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["helper_mode"], "persistent");
+    let run = &report["helper_run"];
+    // The request line: the per-node object with the id first, then the answer echoing it.
+    let stdin = run["stdin"].as_str().unwrap();
+    assert!(
+        stdin.starts_with("{\"id\":\"") && stdin.ends_with("}\n"),
+        "{stdin}"
+    );
+    let request: Value = serde_json::from_str(stdin).expect("stdin JSON");
+    let answer: Value = serde_json::from_str(run["stdout"].as_str().unwrap()).expect("stdout");
+    assert_eq!(answer["id"], request["id"]);
+    assert_eq!(request["identity"], IDENTITY);
+    assert!(
+        run["exit"]
+            .as_str()
+            .unwrap()
+            .contains("persistent helper runs on"),
+        "{run:#}"
+    );
+    assert_eq!(report["decision"]["kind"], "configure", "{report:#}");
+    assert_eq!(
+        report["decision"]["certificate"]["subject"],
+        "CN=n1.example.net"
+    );
+
+    // Per node, the same helper without --serve in the default mode.
+    let per_node = helper.replace(" --serve", "");
+    let config = scratch.config(&per_node, "features:\n  pki: true\n");
+    let (code, report) = rehearse(&config, &[]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["helper_mode"], "per_node");
+}

@@ -5,7 +5,9 @@ Use with `features: {ed25519: true}` (which turns on `jwt`), e.g.
 
     helper: /etc/choria-provisioner/helpers/ed25519-helper.py --issuer 3899a8bb...67730 --brokers nats://broker.example.net:4222
 
-The provisioner runs this program once per node and talks to it over stdin and stdout.
+The provisioner runs this program once per node and talks to it over stdin and stdout. With
+`--serve` (for `helper_mode: persistent`) it runs on instead, reading one request per line
+and writing one answer per line: the same objects, each with the request's "id" echoed.
 
 stdin: one JSON object describing the node
     identity        the node's identity (string)
@@ -124,13 +126,44 @@ def answer(node, opts):
     return reply
 
 
+def reply_for(node, opts):
+    try:
+        return answer(node, opts)
+    except Exception as err:  # any surprise defers the node with the reason in the log
+        return defer("unexpected failure in the ed25519 helper: %s: %s" % (type(err).__name__, err))
+
+
+def serve(opts):
+    """helper_mode: persistent: one JSON request per line, one JSON answer per line echoing
+    its "id", until stdin closes."""
+    for line in sys.stdin:
+        try:
+            node = json.loads(line)
+            request_id = node["id"]
+        except (ValueError, KeyError, TypeError) as err:
+            # Without the id there is no answer to give: exit, the provisioner restarts us.
+            log("unreadable request line (%s); exiting" % err)
+            sys.exit(1)
+        reply = reply_for(node, opts)
+        reply["id"] = request_id
+        sys.stdout.write(json.dumps(reply, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+
+
 def main():
-    opts = settings(sys.argv[1:])
+    argv = sys.argv[1:]
+    if "--serve" in argv:
+        argv.remove("--serve")
+        serve(settings(argv))
+        return
+    opts = settings(argv)
     try:
         node = json.load(sys.stdin)
-        reply = answer(node, opts)
-    except Exception as err:  # any surprise defers the node with the reason in the log
+    except ValueError as err:
+        node = None
         reply = defer("unexpected failure in the ed25519 helper: %s: %s" % (type(err).__name__, err))
+    if node is not None:
+        reply = reply_for(node, opts)
     json.dump(reply, sys.stdout)
     sys.stdout.write("\n")
 

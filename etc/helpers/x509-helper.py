@@ -11,7 +11,9 @@ key, readable only by the provisioner's user). Signing uses the `openssl` comman
 
     openssl req -x509 -newkey rsa:2048 -nodes -keyout ca-key.pem -out ca.pem -days 3650 -subj "/CN=Choria Test CA"
 
-The provisioner runs this program once per node and talks to it over stdin and stdout.
+The provisioner runs this program once per node and talks to it over stdin and stdout. With
+`--serve` (for `helper_mode: persistent`) it runs on instead, reading one request per line
+and writing one answer per line: the same objects, each with the request's "id" echoed.
 
 stdin: one JSON object describing the node
     identity        the node's identity (string)
@@ -179,13 +181,44 @@ def answer(node, opts):
     }
 
 
+def reply_for(node, opts):
+    try:
+        return answer(node, opts)
+    except Exception as err:  # any surprise defers the node with the reason in the log
+        return defer("unexpected failure in the x509 helper: %s: %s" % (type(err).__name__, err))
+
+
+def serve(opts):
+    """helper_mode: persistent: one JSON request per line, one JSON answer per line echoing
+    its "id", until stdin closes."""
+    for line in sys.stdin:
+        try:
+            node = json.loads(line)
+            request_id = node["id"]
+        except (ValueError, KeyError, TypeError) as err:
+            # Without the id there is no answer to give: exit, the provisioner restarts us.
+            log("unreadable request line (%s); exiting" % err)
+            sys.exit(1)
+        reply = reply_for(node, opts)
+        reply["id"] = request_id
+        sys.stdout.write(json.dumps(reply, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+
+
 def main():
-    opts = settings(sys.argv[1:])
+    argv = sys.argv[1:]
+    if "--serve" in argv:
+        argv.remove("--serve")
+        serve(settings(argv))
+        return
+    opts = settings(argv)
     try:
         node = json.load(sys.stdin)
-        reply = answer(node, opts)
-    except Exception as err:  # any surprise defers the node with the reason in the log
+    except ValueError as err:
+        node = None
         reply = defer("unexpected failure in the x509 helper: %s: %s" % (type(err).__name__, err))
+    if node is not None:
+        reply = reply_for(node, opts)
     json.dump(reply, sys.stdout)
     sys.stdout.write("\n")
 

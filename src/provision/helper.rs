@@ -23,6 +23,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -277,6 +278,9 @@ pub enum HelperErrorKind {
     TooLarge,
     /// The output is not an answer Go's decoder would take.
     Decode(String),
+    /// A persistent helper's answer line is out of step: not a JSON object, or not for the
+    /// request's id. The helper was killed with its process group, to be restarted.
+    Protocol(String),
     /// Stopped before it finished (the end of the daemon's shutdown grace, or `helper-test`
     /// interrupted): killed with its process group.
     Aborted,
@@ -319,6 +323,9 @@ impl HelperError {
             HelperErrorKind::Decode(reason) => {
                 format!("cannot decode the output of helper {helper}{node}: {reason}")
             }
+            HelperErrorKind::Protocol(reason) => format!(
+                "persistent helper {helper}{node} answered out of step and was restarted: {reason}"
+            ),
             HelperErrorKind::Aborted => format!(
                 "helper {helper}{node} was stopped before it finished and killed with its process group"
             ),
@@ -342,10 +349,10 @@ impl std::error::Error for HelperError {
     }
 }
 
-/// How the configured helper is run. One mode today: a process per node, Go's contract
-/// (`run_helper`). A long-lived helper answering one line per node would be a second variant
-/// here, behind the same [`Helper::ask`], so the cycle and `helper-test` both run whichever
-/// mode the configuration sets without knowing which.
+/// How the configured helper is run: a process per node, Go's contract (`run_helper`), or
+/// long-lived processes answering one line per node ([`HelperPool`]), both behind the same
+/// [`Helper::ask`], so the cycle and `helper-test` run whichever mode the configuration sets
+/// without knowing which.
 #[derive(Clone)]
 pub enum Helper {
     /// A fresh process per node, killed with its process group after `timeout`.
@@ -353,6 +360,8 @@ pub enum Helper {
         command: HelperCommand,
         timeout: Duration,
     },
+    /// `helper_mode: persistent`: one long-lived process per worker.
+    Persistent(Arc<HelperPool>),
 }
 
 // The arguments may hold secrets: only the program and how many arguments follow.
@@ -365,6 +374,7 @@ impl fmt::Debug for Helper {
                 .field("arguments", &command.args().len())
                 .field("timeout", timeout)
                 .finish(),
+            Helper::Persistent(pool) => pool.fmt(f),
         }
     }
 }
@@ -375,6 +385,42 @@ impl Helper {
         Helper::PerNode {
             command: command.clone(),
             timeout,
+        }
+    }
+
+    /// Persistent helpers, `size` of them (one per worker), started at their first node.
+    pub fn persistent(command: &HelperCommand, timeout: Duration, size: usize) -> Helper {
+        Helper::Persistent(Arc::new(HelperPool::new(command, timeout, size)))
+    }
+
+    /// The program (messages name the helper by it: its arguments may hold secrets).
+    pub fn program(&self) -> &str {
+        match self {
+            Helper::PerNode { command, .. } => command.program(),
+            Helper::Persistent(pool) => pool.command().program(),
+        }
+    }
+
+    pub fn timeout(&self) -> Duration {
+        match self {
+            Helper::PerNode { timeout, .. } => *timeout,
+            Helper::Persistent(pool) => pool.timeout(),
+        }
+    }
+
+    /// `per_node` or `persistent`, as `helper_mode` spells it.
+    pub fn mode_name(&self) -> &'static str {
+        match self {
+            Helper::PerNode { .. } => "per_node",
+            Helper::Persistent(_) => "persistent",
+        }
+    }
+
+    /// Shutdown: persistent helpers get their stdin closed and until `deadline` to end, then
+    /// are killed with their process group. Nothing to do per node.
+    pub fn close(&self, deadline: Instant) {
+        if let Helper::Persistent(pool) = self {
+            pool.close(deadline);
         }
     }
 
@@ -390,6 +436,7 @@ impl Helper {
             Helper::PerNode { command, timeout } => {
                 run_helper_exchange(command, input, *timeout, identity, abort)
             }
+            Helper::Persistent(pool) => pool.ask(input, identity, abort),
         }
     }
 }
@@ -450,6 +497,10 @@ pub struct Exchange {
     /// From the start of the process to the end of the exchange.
     pub duration: Duration,
     pub answer: Result<HelperOutput, HelperError>,
+    /// Persistent helpers restarted for this exchange (0 or 1).
+    pub restarts: u32,
+    /// The persistent helper's pid that served it; `None` per node.
+    pub served_by: Option<u32>,
 }
 
 impl fmt::Debug for Exchange {
@@ -461,6 +512,8 @@ impl fmt::Debug for Exchange {
             .field("exit", &self.exit)
             .field("duration", &self.duration)
             .field("answer", &self.answer)
+            .field("restarts", &self.restarts)
+            .field("served_by", &self.served_by)
             .finish()
     }
 }
@@ -474,6 +527,8 @@ impl Exchange {
             exit: None,
             duration: started.elapsed(),
             answer: Err(error),
+            restarts: 0,
+            served_by: None,
         }
     }
 
@@ -490,6 +545,12 @@ impl Exchange {
             }
             (None, Err(err)) if matches!(err.kind, HelperErrorKind::Aborted) => {
                 "killed when stopped".to_string()
+            }
+            (None, Err(err)) if matches!(err.kind, HelperErrorKind::Protocol(_)) => {
+                "killed for answering out of step".to_string()
+            }
+            (None, Ok(_)) if self.served_by.is_some() => {
+                "answered; the persistent helper runs on".to_string()
             }
             (None, _) => "did not run to its end".to_string(),
         }
@@ -588,6 +649,8 @@ pub fn run_helper_exchange(
         exit,
         duration: started.elapsed(),
         answer,
+        restarts: 0,
+        served_by: None,
     }
 }
 
@@ -903,6 +966,11 @@ impl<'a> StderrLines<'a> {
     }
 }
 
+mod pool;
+pub use pool::HelperPool;
+
+#[cfg(test)]
+mod persistent_tests;
 #[cfg(test)]
 mod process_tests;
 #[cfg(test)]

@@ -35,7 +35,7 @@ use serde_json::{json, Value};
 use crate::audit::{
     AuditLine, AuditLog, CertificateRecord, Decided, HelperRecord, Instance, ServerJwtRecord, Trail,
 };
-use crate::config::{Config, JwtCheck, Secret, ServerJwtIssuing, Upgrades};
+use crate::config::{Config, HelperMode, JwtCheck, Secret, ServerJwtIssuing, Upgrades};
 use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
 use crate::metrics::Metrics;
 use choria_broker::gate::Gate;
@@ -129,7 +129,12 @@ impl CycleSettings {
             })?;
         }
         Ok(CycleSettings {
-            helper: Helper::per_node(&config.helper, config.helper_timeout),
+            helper: match config.helper_mode {
+                HelperMode::PerNode => Helper::per_node(&config.helper, config.helper_timeout),
+                HelperMode::Persistent => {
+                    Helper::persistent(&config.helper, config.helper_timeout, config.workers)
+                }
+            },
             deny_list: config.cert_deny_list.clone(),
             token: config.token.clone(),
             pki: config.features.pki,
@@ -703,6 +708,9 @@ impl Cycle {
         self.not_provisioned_elsewhere(&node.identity)?;
         let abort = self.grace.as_ref().map(|grace| &grace.helpers);
         let exchange = ask_helper(&self.settings.helper, node, abort);
+        self.metrics
+            .helper_restarts
+            .inc_by(u64::from(exchange.restarts));
         self.metrics
             .helper_time
             .observe(&[], exchange.duration.as_secs_f64());

@@ -449,3 +449,77 @@ fn ed25519_helper_defers_what_it_cannot_configure() {
         assert!(out.msg.contains(want), "{want}: {}", out.msg);
     }
 }
+
+/// `--serve` (`helper_mode: persistent`): one process answers node after node, each answer
+/// the one the per-node run gives (but for what changes per call: serials, times), and it
+/// ends when its stdin closes.
+#[test]
+fn both_samples_serve_the_line_protocol_with_the_per_node_answers() {
+    use super::{Helper, HelperErrorKind};
+    let ca = test_ca();
+    let x509 = format!(
+        "{} --serve --ca-dir '{}'",
+        sample("x509-helper.py").display(),
+        ca.path().display()
+    );
+    let ed25519 = format!(
+        "{} --issuer {ORG_ISSUER} --serve",
+        sample("ed25519-helper.py").display()
+    );
+    let node_dir = tempfile::tempdir().expect("tempdir");
+    let mut pids = Vec::new();
+    for (command, identities) in [
+        (&x509, ["a.example.net", "b.example.net", "c.example.net"]),
+        (
+            &ed25519,
+            ["d.example.net", "e.example.net", "f.example.net"],
+        ),
+    ] {
+        let words = HelperCommand::parse(command).expect("split");
+        let helper = Helper::persistent(&words, Duration::from_secs(60), 1);
+        let per_node_command = command.replace(" --serve", "");
+        for identity in identities {
+            let input = if command.contains("x509") {
+                csr_input(
+                    identity,
+                    openssl_csr(
+                        node_dir.path(),
+                        &format!("/CN={identity}"),
+                        &format!("DNS:{identity}"),
+                    ),
+                )
+            } else {
+                HelperInput {
+                    identity: identity.into(),
+                    ed25519_pubkey: Some(Ed25519Reply {
+                        public_key: "ab".repeat(32),
+                        directory: "/etc/choria".into(),
+                        signature: "cd".repeat(64),
+                    }),
+                    inventory: inventory(),
+                    ..HelperInput::default()
+                }
+            };
+            let exchange = helper.ask(&input, identity, None);
+            let served = exchange.answer.unwrap_or_else(|e| panic!("{command}: {e}"));
+            assert!(!served.defer, "{identity}: deferred: {}", served.msg);
+            let per_node = run(&per_node_command, &input);
+            assert_eq!(served.configuration, per_node.configuration, "{identity}");
+            assert_eq!(served.msg, per_node.msg);
+            assert_eq!(
+                served.certificate.is_empty(),
+                per_node.certificate.is_empty()
+            );
+            assert_eq!(exchange.restarts, 0);
+            pids.push((command.clone(), exchange.served_by));
+        }
+        helper.close(std::time::Instant::now() + Duration::from_secs(10));
+        let after = helper.ask(&HelperInput::default(), "h.example.net", None);
+        assert!(matches!(after.answer, Err(e) if matches!(e.kind, HelperErrorKind::Aborted)));
+    }
+    for window in pids.windows(2) {
+        if window[0].0 == window[1].0 {
+            assert_eq!(window[0].1, window[1].1, "one process per helper");
+        }
+    }
+}

@@ -1,0 +1,650 @@
+//! Persistent helpers (`helper_mode: persistent`, ours): long-lived helper processes, one per
+//! worker, each answering one JSON line per node instead of a process started per node.
+//!
+//! The line protocol (README, "Persistent helpers"): per node we write the per-node contract's
+//! JSON object as one line with an `"id"` string first, and read one line back: the per-node
+//! answer with the same `"id"`. A helper that exits, writes a line that is not a JSON object,
+//! answers with another id or passes `helper_timeout` is out of step: it is killed with its
+//! process group, that node fails as a helper error, and the slot starts a new process for its
+//! next node after a backoff (100 ms doubling to 5 s, reset by an answer), so a helper that
+//! dies at once does not spin. Processes start lazily, at a slot's first node.
+//!
+//! The exchange is the per-node mode's poll loop reshaped: one `poll(2)` over the abort pipe
+//! and the helper's three pipes until the answer's newline or the deadline; stderr is logged
+//! tagged with the node being served (what a helper writes between nodes is logged with the
+//! next one).
+
+use std::io::{ErrorKind, Write};
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use serde_json::Value;
+
+use super::{
+    describe_status, kill_group, pollfd, read_some, set_nonblocking, Exchange, HelperAbort,
+    HelperError, HelperErrorKind, HelperInput, HelperOutput, ReadResult, StderrLines, MAX_OUTPUT,
+    MAX_STDERR_KEPT,
+};
+use crate::config::HelperCommand;
+
+/// The first restart's delay after a failure; it doubles per failure in a row.
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// The longest delay between restarts.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The backoff before the start that follows `failures` failures in a row.
+fn backoff(failures: u32) -> Duration {
+    if failures == 0 {
+        return Duration::ZERO;
+    }
+    let doublings = failures.saturating_sub(1).min(16);
+    FIRST_BACKOFF
+        .saturating_mul(1 << doublings)
+        .min(MAX_BACKOFF)
+}
+
+/// The long-lived helpers, one slot per worker. Slots wait on a channel: a worker takes one for
+/// a node and gives it back, so a slot serves one node at a time.
+pub struct HelperPool {
+    command: HelperCommand,
+    timeout: Duration,
+    size: usize,
+    idle: Sender<Slot>,
+    take: Receiver<Slot>,
+    next_id: AtomicU64,
+    closed: AtomicBool,
+}
+
+struct Slot {
+    process: Option<Running>,
+    /// Failures in a row; the next start waits [`backoff`] of it after `failed_at`.
+    failures: u32,
+    failed_at: Option<Instant>,
+    /// A process ran here before: the next start is a restart.
+    started_before: bool,
+}
+
+/// A running helper and its pipes (non-blocking).
+struct Running {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: ChildStdout,
+    stderr: ChildStderr,
+    reaped: bool,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.reaped {
+            // Never left behind: a pool dropped without `close` (helper-test, tests).
+            kill_group(&mut self.child);
+        }
+    }
+}
+
+impl Running {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the helper with its process group and reaps it; its status if it had already
+    /// ended by itself.
+    fn kill(mut self) -> Option<ExitStatus> {
+        let ended = self.has_exited();
+        // kill_group reaps it: its own status if it had ended by itself.
+        kill_group(&mut self.child);
+        self.reaped = true;
+        if !ended {
+            return None;
+        }
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Whether the helper has exited, without reaping it: unreaped, its pid (its group's id)
+    /// cannot be handed out again, so the group kill that follows reaches only its group.
+    fn has_exited(&self) -> bool {
+        let pid: libc::id_t = self.child.id();
+        // SAFETY: waitid on our own child with a zeroed siginfo_t it fills; WNOWAIT leaves
+        // it unreaped.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let done = libc::waitid(
+                libc::P_PID,
+                pid,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            );
+            done == 0 && info.si_pid() != 0
+        }
+    }
+}
+
+/// Why an exchange with a persistent helper ended without an answer line.
+enum LineEnd {
+    Timeout,
+    TooLarge,
+    Aborted,
+    /// stdout closed: the helper ended (or closed it) before answering.
+    Closed,
+    Io(std::io::Error),
+}
+
+impl std::fmt::Debug for HelperPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HelperPool")
+            .field("program", &self.command.program())
+            .field("arguments", &self.command.args().len())
+            .field("timeout", &self.timeout)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl HelperPool {
+    /// A pool of `size` slots (at least 1); no process starts before its first node.
+    pub fn new(command: &HelperCommand, timeout: Duration, size: usize) -> HelperPool {
+        let size = size.max(1);
+        let (idle, take) = bounded(size);
+        for _ in 0..size {
+            // Cannot fail: the channel holds exactly `size`.
+            let _ = idle.try_send(Slot {
+                process: None,
+                failures: 0,
+                failed_at: None,
+                started_before: false,
+            });
+        }
+        HelperPool {
+            command: command.clone(),
+            timeout,
+            size,
+            idle,
+            take,
+            next_id: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn command(&self) -> &HelperCommand {
+        &self.command
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// One node's exchange: a request line, an answer line. Failures are the per-node mode's
+    /// [`HelperError`]s; [`HelperErrorKind::Protocol`] for an answer out of step.
+    pub fn ask(
+        &self,
+        input: &HelperInput,
+        identity: &str,
+        abort: Option<&HelperAbort>,
+    ) -> Exchange {
+        let started = Instant::now();
+        let helper = self.command.program().to_string();
+        let fail = |kind| HelperError::new(&helper, identity, kind);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed).to_string();
+        let line = match input.to_json() {
+            // `{"id":"7",` then the per-node object's fields: the id first, for easy framing.
+            Ok(json) if json.starts_with('{') && json.len() > 2 => {
+                format!("{{\"id\":\"{id}\",{}\n", &json[1..])
+            }
+            Ok(_) => {
+                return Exchange::failed(String::new(), started, fail(HelperErrorKind::NoOutput))
+            }
+            Err(err) => {
+                return Exchange::failed(String::new(), started, fail(HelperErrorKind::Input(err)))
+            }
+        };
+        if self.closed.load(Ordering::Acquire) || abort.is_some_and(HelperAbort::is_fired) {
+            return Exchange::failed(line, started, fail(HelperErrorKind::Aborted));
+        }
+        // A slot is free for every worker (the pool is sized by them); the bound covers a
+        // caller beyond that.
+        let Ok(mut slot) = self.take.recv_timeout(self.timeout) else {
+            return Exchange::failed(line, started, fail(HelperErrorKind::Timeout(self.timeout)));
+        };
+        let mut exchange = self.exchange(&mut slot, line, &id, identity, abort, started);
+        exchange.duration = started.elapsed();
+        // Cannot fail: the slot came from this channel, which has room for every slot.
+        let _ = self.idle.try_send(slot);
+        exchange
+    }
+
+    fn exchange(
+        &self,
+        slot: &mut Slot,
+        line: String,
+        id: &str,
+        identity: &str,
+        abort: Option<&HelperAbort>,
+        started: Instant,
+    ) -> Exchange {
+        let helper = self.command.program().to_string();
+        let fail = |kind| HelperError::new(&helper, identity, kind);
+        let mut restarts = 0u32;
+        // One that ended between nodes (its own choice, or a crash after its last answer)
+        // is replaced before this node's request is written to nobody.
+        if slot.process.as_ref().is_some_and(Running::has_exited) {
+            if let Some(ended) = slot.process.take().and_then(Running::kill) {
+                log::info!(
+                    "persistent helper {helper} ended between nodes ({}); starting another",
+                    describe_status(ended)
+                );
+            }
+        }
+        if slot.process.is_none() {
+            // The backoff after failures in a row; an abort ends it at once.
+            if let Some(failed_at) = slot.failed_at {
+                let until = failed_at + backoff(slot.failures);
+                if wait_until(until, abort) {
+                    return Exchange::failed(line, started, fail(HelperErrorKind::Aborted));
+                }
+            }
+            match self.spawn() {
+                Ok(running) => {
+                    if slot.started_before {
+                        restarts = 1;
+                        log::info!(
+                            "{identity}: restarted persistent helper {helper} (pid {}) after {} failure(s) in a row",
+                            running.pid(),
+                            slot.failures
+                        );
+                    }
+                    slot.started_before = true;
+                    slot.process = Some(running);
+                }
+                Err(err) => {
+                    slot.failures = slot.failures.saturating_add(1);
+                    slot.failed_at = Some(Instant::now());
+                    let mut exchange =
+                        Exchange::failed(line, started, fail(HelperErrorKind::Start(err)));
+                    exchange.restarts = restarts;
+                    return exchange;
+                }
+            }
+        }
+        let Some(running) = slot.process.as_mut() else {
+            return Exchange::failed(line, started, fail(HelperErrorKind::NoOutput));
+        };
+        let pid = running.pid();
+        let deadline = Instant::now() + self.timeout;
+        let mut stdout = Vec::new();
+        let mut stderr = Vec::new();
+        let ended = read_answer(
+            running,
+            line.as_bytes(),
+            &helper,
+            identity,
+            deadline,
+            abort,
+            &mut stdout,
+            &mut stderr,
+        );
+        let mut exit = None;
+        let answer = match ended {
+            Ok(rest) => {
+                let judged = judge(&stdout, id);
+                // A JSON object with our id whose fields Go's decoder refuses is a wrong
+                // answer from a helper still in step; anything else is out of step.
+                let in_step = !matches!(judged, Err(HelperErrorKind::Protocol(_)));
+                if in_step && rest > 0 {
+                    log::warn!(
+                        "{identity}: persistent helper {helper} wrote more than one line for one node; restarting it"
+                    );
+                }
+                if !in_step || rest > 0 {
+                    self.retire(slot);
+                } else {
+                    slot.failures = 0;
+                    slot.failed_at = None;
+                }
+                judged.map_err(fail)
+            }
+            Err(end) => {
+                let status = self.retire(slot);
+                let kind = match end {
+                    LineEnd::Timeout => HelperErrorKind::Timeout(self.timeout),
+                    LineEnd::TooLarge => HelperErrorKind::TooLarge,
+                    LineEnd::Aborted => HelperErrorKind::Aborted,
+                    LineEnd::Io(err) => HelperErrorKind::Io(err),
+                    LineEnd::Closed => {
+                        exit = status;
+                        HelperErrorKind::Exit(match status {
+                            Some(status) => format!("{} before answering", describe_status(status)),
+                            None => "closed its stdout before answering".to_string(),
+                        })
+                    }
+                };
+                Err(fail(kind))
+            }
+        };
+        Exchange {
+            stdin: line,
+            stdout,
+            stderr,
+            exit,
+            duration: started.elapsed(),
+            answer,
+            restarts,
+            served_by: Some(pid),
+        }
+    }
+
+    /// Kills the slot's helper with its process group (its status if it had ended itself) and
+    /// starts the backoff.
+    fn retire(&self, slot: &mut Slot) -> Option<ExitStatus> {
+        slot.failures = slot.failures.saturating_add(1);
+        slot.failed_at = Some(Instant::now());
+        slot.process.take().and_then(|running| running.kill())
+    }
+
+    fn spawn(&self) -> std::io::Result<Running> {
+        let mut child = crate::notify::scrub(&mut Command::new(self.command.program()))
+            .args(self.command.args())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // As per node: its own group, so a kill reaches what it started too.
+            .process_group(0)
+            .spawn()?;
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            kill_group(&mut child);
+            return Err(std::io::Error::other("the helper's pipes were not set up"));
+        };
+        let running = Running {
+            child,
+            stdin: Some(stdin),
+            stdout,
+            stderr,
+            reaped: false,
+        };
+        for fd in [running.stdout.as_raw_fd(), running.stderr.as_raw_fd()] {
+            set_nonblocking(fd)?;
+        }
+        if let Some(stdin) = &running.stdin {
+            set_nonblocking(stdin.as_raw_fd())?;
+        }
+        Ok(running)
+    }
+
+    /// Shutdown: no node is asked for any more; every idle helper's stdin is closed (its
+    /// signal to finish), and those still running at `deadline` are killed with their process
+    /// group. Helpers busy with a node are ended by the grace's [`HelperAbort`].
+    pub fn close(&self, deadline: Instant) {
+        self.closed.store(true, Ordering::Release);
+        let mut running = Vec::new();
+        while let Ok(mut slot) = self.take.try_recv() {
+            if let Some(mut process) = slot.process.take() {
+                process.stdin = None;
+                running.push(process);
+            }
+        }
+        let mut poll = Duration::from_millis(1);
+        while !running.is_empty() {
+            running.retain_mut(|process| match process.child.try_wait() {
+                Ok(Some(_)) | Err(_) => {
+                    process.reaped = true;
+                    false
+                }
+                Ok(None) => true,
+            });
+            let now = Instant::now();
+            if running.is_empty() || now >= deadline {
+                break;
+            }
+            std::thread::sleep(poll.min(deadline - now));
+            poll = (poll * 2).min(Duration::from_millis(50));
+        }
+        for process in running {
+            log::warn!(
+                "persistent helper {} (pid {}) still running at the end of the shutdown grace: killed with its process group",
+                self.command.program(),
+                process.pid()
+            );
+            // Dropping an unreaped process kills its group.
+            drop(process);
+        }
+    }
+}
+
+/// Waits until `until` unless `abort` fires first (true then).
+fn wait_until(until: Instant, abort: Option<&HelperAbort>) -> bool {
+    loop {
+        if abort.is_some_and(HelperAbort::is_fired) {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= until {
+            return false;
+        }
+        let millis = (until - now).as_millis().clamp(1, i32::MAX as u128) as i32;
+        match abort {
+            Some(abort) => {
+                let mut fds = [pollfd(abort.fd(), libc::POLLIN)];
+                // SAFETY: `fds` is a live array of one pollfd for the call.
+                unsafe { libc::poll(fds.as_mut_ptr(), 1, millis) };
+            }
+            None => std::thread::sleep(until - now),
+        }
+    }
+}
+
+/// The answer line judged: a JSON object whose `id` is the request's, decoded as the per-node
+/// answer (the `id` key is not one of its fields).
+fn judge(line: &[u8], id: &str) -> Result<HelperOutput, HelperErrorKind> {
+    let document: Value = serde_json::from_slice(line)
+        .map_err(|err| HelperErrorKind::Protocol(format!("the answer line is not JSON: {err}")))?;
+    let Value::Object(object) = &document else {
+        return Err(HelperErrorKind::Protocol(
+            "the answer line is not a JSON object".to_string(),
+        ));
+    };
+    match object.get("id") {
+        Some(Value::String(answered)) if answered == id => {}
+        Some(other) => {
+            let shown = choria_wire::text::one_line(&other.to_string()).into_owned();
+            let shown: String = shown.chars().take(64).collect();
+            return Err(HelperErrorKind::Protocol(format!(
+                "the answer is for id {shown}, not for id \"{id}\""
+            )));
+        }
+        None => {
+            return Err(HelperErrorKind::Protocol(format!(
+                "the answer has no id (want \"{id}\")"
+            )))
+        }
+    }
+    HelperOutput::from_json(line).map_err(HelperErrorKind::Decode)
+}
+
+/// Cuts `output` at its first newline at or after `start` (bytes before it were searched);
+/// how many bytes followed it.
+fn cut_line(output: &mut Vec<u8>, start: usize) -> Option<usize> {
+    let at = output[start..].iter().position(|&b| b == b'\n')?;
+    let end = start + at;
+    let rest = output.len() - end - 1;
+    output.truncate(end);
+    Some(rest)
+}
+
+/// Writes the request line and reads stdout up to the first newline (left out of `output`),
+/// logging stderr as it comes. Ok: how many bytes followed the newline (a helper in step
+/// writes none).
+#[allow(clippy::too_many_arguments)]
+fn read_answer(
+    running: &mut Running,
+    request: &[u8],
+    helper: &str,
+    identity: &str,
+    deadline: Instant,
+    abort: Option<&HelperAbort>,
+    output: &mut Vec<u8>,
+    kept: &mut Vec<u8>,
+) -> Result<usize, LineEnd> {
+    let mut written = 0usize;
+    let mut writing = running.stdin.is_some();
+    let mut stderr_open = true;
+    let mut stderr_lines = StderrLines::new(helper, identity);
+    let mut chunk = vec![0u8; 64 * 1024];
+    // A helper that exits while something it started holds its stdout gives no EOF: its exit
+    // is watched too, every 50 ms at most (an answer wakes the poll at once).
+    let mut exited = false;
+    let result = loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break Err(LineEnd::Timeout);
+        }
+        if exited {
+            // What it wrote before it exited is still in the pipe.
+            let mut answered = None;
+            while let ReadResult::Data(n) = read_some(&mut running.stdout, &mut chunk) {
+                let start = output.len();
+                output.extend_from_slice(&chunk[..n]);
+                answered = cut_line(output, start);
+                if answered.is_some() || output.len() > MAX_OUTPUT {
+                    break;
+                }
+            }
+            break answered.ok_or(LineEnd::Closed);
+        }
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(4);
+        if let Some(abort) = abort {
+            fds.push(pollfd(abort.fd(), libc::POLLIN));
+        }
+        let stdin_at = fds.len();
+        if writing {
+            if let Some(stdin) = &running.stdin {
+                fds.push(pollfd(stdin.as_raw_fd(), libc::POLLOUT));
+            }
+        }
+        let stdout_at = fds.len();
+        fds.push(pollfd(running.stdout.as_raw_fd(), libc::POLLIN));
+        let stderr_at = fds.len();
+        if stderr_open {
+            fds.push(pollfd(running.stderr.as_raw_fd(), libc::POLLIN));
+        }
+        let wait = (deadline - now).min(Duration::from_millis(50));
+        let millis = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a live, correctly sized array of pollfd for the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
+        if ready < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            break Err(LineEnd::Io(err));
+        }
+        if ready == 0 {
+            // Read what it wrote before it exited on the next round, then stop.
+            exited = running.has_exited();
+            continue;
+        }
+        if abort.is_some() && fds[0].revents != 0 {
+            break Err(LineEnd::Aborted);
+        }
+        if writing && stdin_at < stdout_at && fds[stdin_at].revents != 0 {
+            if let Some(stdin) = running.stdin.as_mut() {
+                match stdin.write(&request[written..]) {
+                    Ok(n) => {
+                        written += n;
+                        writing = written < request.len();
+                    }
+                    Err(err)
+                        if err.kind() == ErrorKind::WouldBlock
+                            || err.kind() == ErrorKind::Interrupted => {}
+                    // EPIPE: it stopped reading; its stdout says the rest.
+                    Err(_) => {
+                        writing = false;
+                        running.stdin = None;
+                    }
+                }
+            }
+        }
+        if stderr_open && fds[stderr_at].revents != 0 {
+            match read_some(&mut running.stderr, &mut chunk) {
+                ReadResult::Data(n) => {
+                    let room = MAX_STDERR_KEPT.saturating_sub(kept.len());
+                    kept.extend_from_slice(&chunk[..n.min(room)]);
+                    stderr_lines.feed(&chunk[..n]);
+                }
+                ReadResult::Again => {}
+                ReadResult::Closed | ReadResult::Failed(_) => stderr_open = false,
+            }
+        }
+        if fds[stdout_at].revents != 0 {
+            match read_some(&mut running.stdout, &mut chunk) {
+                ReadResult::Data(n) => {
+                    let start = output.len();
+                    output.extend_from_slice(&chunk[..n]);
+                    if let Some(rest) = cut_line(output, start) {
+                        break Ok(rest);
+                    }
+                    if output.len() > MAX_OUTPUT {
+                        break Err(LineEnd::TooLarge);
+                    }
+                }
+                ReadResult::Again => {}
+                ReadResult::Closed => break Err(LineEnd::Closed),
+                ReadResult::Failed(err) => break Err(LineEnd::Io(err)),
+            }
+        }
+    };
+    // What it wrote on stderr with the answer is this node's too.
+    while stderr_open {
+        match read_some(&mut running.stderr, &mut chunk) {
+            ReadResult::Data(n) => {
+                let room = MAX_STDERR_KEPT.saturating_sub(kept.len());
+                kept.extend_from_slice(&chunk[..n.min(room)]);
+                stderr_lines.feed(&chunk[..n]);
+            }
+            _ => stderr_open = false,
+        }
+    }
+    stderr_lines.finish();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_from_100ms_to_5s() {
+        assert_eq!(backoff(0), Duration::ZERO);
+        assert_eq!(backoff(1), Duration::from_millis(100));
+        assert_eq!(backoff(2), Duration::from_millis(200));
+        assert_eq!(backoff(6), Duration::from_millis(3200));
+        assert_eq!(backoff(7), MAX_BACKOFF);
+        assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn an_answer_must_be_an_object_echoing_the_id() {
+        assert!(judge(br#"{"id":"7","defer":true}"#, "7").is_ok_and(|o| o.defer));
+        let cases: &[(&[u8], &str)] = &[
+            (b"not json", "not JSON"),
+            (b"[1]", "not a JSON object"),
+            (br#"{"defer":true}"#, "no id"),
+            (br#"{"id":"8"}"#, "for id \"8\", not for id \"7\""),
+            (br#"{"id":7}"#, "for id 7,"),
+        ];
+        for (line, want) in cases {
+            match judge(line, "7") {
+                Err(HelperErrorKind::Protocol(text)) => assert!(text.contains(want), "{text}"),
+                other => panic!("{:?}: {other:?}", String::from_utf8_lossy(line)),
+            }
+        }
+        assert!(matches!(
+            judge(br#"{"id":"7","defer":"yes"}"#, "7"),
+            Err(HelperErrorKind::Decode(_))
+        ));
+    }
+}
