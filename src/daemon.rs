@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, never, select, Receiver, Sender};
 
-use choria_broker::announce::announce_startup;
+use choria_broker::announce::TwinWatch;
 use choria_broker::connection::{Connection, ConnectionError};
 use choria_broker::discovery::Discovery;
 use choria_broker::election::{Election, ElectionEvent, ElectionSettings};
@@ -319,10 +319,6 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
         settings.caller_id,
         settings.protocol.name()
     );
-    if let Err(err) = announce_startup(&conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
-        log::warn!("could not publish our startup event: {err}");
-    }
-
     conn.observe(metrics.clone());
     let mut rpc = RpcClient::new(conn.clone(), metrics.clone());
     if let Some(timeout) = config.rpc_timeout {
@@ -379,6 +375,15 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     )
     .map_err(DaemonError::Listener)?;
     health.set_subscribed(true);
+    // Our startup event, and the watch for another process announcing our identity (which
+    // would defeat the nodes' locks and the election alike).
+    let twins = match TwinWatch::start(&conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
+        Ok(watch) => Some(watch),
+        Err(err) => {
+            log::warn!("could not publish our startup event: {err}");
+            None
+        }
+    };
 
     let (election, election_events) = if config.leader_election {
         // Events wait in the election thread until main takes them; none is ever dropped.
@@ -429,6 +434,9 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     notify::stopping(&health.status_line());
     gate.stop();
     listener.stop();
+    if let Some(twins) = twins {
+        twins.stop();
+    }
     if let Some(election) = election {
         election.stop();
     }

@@ -233,6 +233,12 @@ fn check_shared_fleet(report: &Report, instances: &[Instance], nodes: usize) {
         );
         // Every instance takes part.
         assert!(!mine.is_empty(), "{caller} provisioned nothing");
+        // Each heard the others announce themselves, and took none of them for a twin.
+        assert!(
+            !p.log().contains("another provisioner announced itself"),
+            "{caller}\n{}",
+            p.logs()
+        );
         let refusals = metrics.sum("choria_provisioner_lock_refusals");
         assert_eq!(
             refusals,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crossbeam_channel::{unbounded, Receiver};
 use serde_json::Value;
 
-use choria_broker::announce::announce_startup;
+use choria_broker::announce::TwinWatch;
 use choria_broker::connection::Connection;
 use choria_broker::gate::Gate;
 use choria_broker::listener::{EventListener, MALFORMED_EVENT};
@@ -204,7 +204,8 @@ fn the_provisioner_announces_its_own_startup_in_choria_format() {
     watcher.flush(WAIT).expect("flush");
     let provisioner = connect(&server, "provisioner.example.net");
 
-    announce_startup(&provisioner, "provisioner.example.net", "0.1.0").expect("publish");
+    let twins =
+        TwinWatch::start(&provisioner, "provisioner.example.net", "0.1.0").expect("publish");
 
     let bytes = sub.next_timeout(WAIT).expect("the startup event arrives");
     let raw: Value = serde_json::from_slice(&bytes).expect("JSON");
@@ -218,8 +219,57 @@ fn the_provisioner_announces_its_own_startup_in_choria_format() {
     assert_eq!(event.identity, "provisioner.example.net");
     assert_eq!(event.component, "provisioner");
     assert_eq!(event.version.as_deref(), Some("0.1.0"));
+    assert_eq!(twins.twins_heard(), 0, "our own announcement is no twin");
+    twins.stop();
     provisioner.close();
     watcher.close();
+}
+
+/// Two processes announcing one identity each hear of the other (the first through the
+/// second's announcement, the second through the first's answer); a third with an identity of
+/// its own hears of no twin, and junk or another provisioner on the subject is no twin.
+#[test]
+fn two_provisioners_with_one_identity_each_hear_of_the_other() {
+    let server = NatsServer::start().expect("nats-server");
+    let conns: Vec<Connection> = ["p-first", "p-second", "p-other"]
+        .iter()
+        .map(|name| connect(&server, name))
+        .collect();
+    let first = TwinWatch::start(&conns[0], "twin.example.net", "0.1.0").expect("first");
+    let other = TwinWatch::start(&conns[2], "other.example.net", "0.1.0").expect("other");
+    // Junk and a forged event without our identity on the subject.
+    let subject = lifecycle::event_subject("startup", "provisioner");
+    conns[2].publish(&subject, b"{nope").expect("publish");
+    let second = TwinWatch::start(&conns[1], "twin.example.net", "0.1.0").expect("second");
+    support::wait_for(
+        "both twins to hear of each other",
+        WAIT,
+        || (first.twins_heard() >= 1 && second.twins_heard() >= 1).then_some(()),
+        || {
+            format!(
+                "first {}, second {}",
+                first.twins_heard(),
+                second.twins_heard()
+            )
+        },
+    );
+    // The first answered once; the exchange ends (first: the second's two announcements).
+    support::wait_for(
+        "the first to hear the second's answer",
+        WAIT,
+        || (first.twins_heard() == 2).then_some(()),
+        || format!("first {}", first.twins_heard()),
+    );
+    // Everything sent so far has arrived everywhere once this round trip is done.
+    conns[2].flush(WAIT).expect("flush");
+    assert_eq!(other.twins_heard(), 0);
+    assert_eq!(second.twins_heard(), 1);
+    for watch in [first, second, other] {
+        watch.stop();
+    }
+    for conn in conns {
+        conn.close();
+    }
 }
 
 #[test]
