@@ -206,7 +206,7 @@ pub fn check(args: &CheckConfigArgs) -> Report {
             // The brokers as run finds them: an SRV lookup when none is configured.
             let brokers = client_config::find_brokers(client, &client_config::Dns::system());
             match (&brokers.source, brokers.describe()) {
-                (client_config::BrokerSource::Srv(record), _) => {
+                (client_config::BrokerSource::Srv { record, .. }, _) => {
                     report.client_settings.push(Setting {
                         key: "brokers found by SRV".into(),
                         value: record.clone(),

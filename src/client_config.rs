@@ -119,8 +119,8 @@ fn apply_environment(client: &mut ClientConfig, var: &dyn Fn(&str) -> Option<Str
 pub(crate) enum BrokerSource {
     /// `plugin.choria.middleware_hosts`.
     Configured,
-    /// The SRV record that named them.
-    Srv(String),
+    /// The SRV record that named them, and the records tried before it (why each failed).
+    Srv { record: String, tried: Vec<String> },
     /// Nothing configured or found: go-choria's `puppet:4222`, and what was tried.
     Fallback(Vec<String>),
 }
@@ -144,11 +144,17 @@ impl Brokers {
     pub(crate) fn describe(&self) -> Option<(log::Level, String)> {
         match &self.source {
             BrokerSource::Configured => None,
-            BrokerSource::Srv(record) => Some((
+            BrokerSource::Srv { record, tried } => Some((
                 log::Level::Info,
                 format!(
-                    "plugin.choria.middleware_hosts is unset: brokers {} from the SRV record {record}",
-                    self.urls.join(", ")
+                    "plugin.choria.middleware_hosts is unset: brokers {} from the SRV record \
+                     {record}{}",
+                    self.urls.join(", "),
+                    if tried.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (tried first: {})", tried.join("; "))
+                    }
                 ),
             )),
             BrokerSource::Fallback(tried) => Some((
@@ -218,7 +224,10 @@ pub(crate) fn find_brokers(client: &ClientConfig, dns: &Dns) -> Brokers {
                                 .iter()
                                 .map(|t| format!("nats://{}:{}", t.host, t.port))
                                 .collect(),
-                            source: BrokerSource::Srv(name),
+                            source: BrokerSource::Srv {
+                                record: name,
+                                tried,
+                            },
                         }
                     }
                     Ok(_) => tried.push(format!("{name}: {}", SrvError::NotFound)),
@@ -953,13 +962,19 @@ mod tests {
             },
             resolver: Resolver::with_nameservers(vec![dns.address]),
         };
-        let srv = |name: &str| BrokerSource::Srv(name.into());
+        let srv = |name: &str, tried: &[&str]| BrokerSource::Srv {
+            record: name.into(),
+            tried: tried.iter().map(|t| t.to_string()).collect(),
+        };
         // (choria.cfg, the host's domain, brokers, where from)
         let cases: Vec<(&str, &'static str, Vec<&str>, BrokerSource)> = vec![
             ("plugin.choria.middleware_hosts = b:4222\n", "example.net", vec!["nats://b:4222"], BrokerSource::Configured),
-            ("", "example.net", vec!["nats://nats1.example.net:4222"], srv("_mcollective-server._tcp.example.net")),
-            ("plugin.choria.srv_domain = legacy.example.net\n", "example.net", vec!["nats://old.example.net:61613", "nats://old2.example.net:61613"], srv("_x-puppet-mcollective._tcp.legacy.example.net")),
-            ("plugin.choria.srv_domain = example.net\n", "", vec!["nats://nats1.example.net:4222"], srv("_mcollective-server._tcp.example.net")),
+            ("", "example.net", vec!["nats://nats1.example.net:4222"], srv("_mcollective-server._tcp.example.net", &[])),
+            ("plugin.choria.srv_domain = legacy.example.net\n", "example.net", vec!["nats://old.example.net:61613", "nats://old2.example.net:61613"], srv(
+                    "_x-puppet-mcollective._tcp.legacy.example.net",
+                    &["_mcollective-server._tcp.legacy.example.net: no such record"],
+                )),
+            ("plugin.choria.srv_domain = example.net\n", "", vec!["nats://nats1.example.net:4222"], srv("_mcollective-server._tcp.example.net", &[])),
             ("", "elsewhere.example.net", vec![FALLBACK_BROKER], BrokerSource::Fallback(vec![
                 "_mcollective-server._tcp.elsewhere.example.net: no such record".into(),
                 "_x-puppet-mcollective._tcp.elsewhere.example.net: no such record".into(),
@@ -987,8 +1002,10 @@ mod tests {
             let said = brokers.describe().map(|(_, line)| line).unwrap_or_default();
             match &brokers.source {
                 BrokerSource::Configured => assert_eq!(said, ""),
-                BrokerSource::Srv(record) => assert!(
-                    said.contains(record.as_str()) && said.contains(urls[0]),
+                BrokerSource::Srv { record, tried } => assert!(
+                    said.contains(record.as_str())
+                        && said.contains(urls[0])
+                        && tried.iter().all(|t| said.contains(t.as_str())),
                     "{said}"
                 ),
                 BrokerSource::Fallback(tried) => assert!(
