@@ -198,6 +198,48 @@ fn configuration_errors_exit_78_with_every_problem_named() {
     );
 }
 
+/// The YAML as Go reads it, through the binary: a YAML 1.1 boolean for a boolean key is
+/// taken with a warning, keys match in any case, and `site: no` is refused with a hint.
+#[test]
+fn yaml_is_read_as_go_reads_it() {
+    let dir = Dir::new();
+    let cfg = insecure_cfg(&dir, "nats://127.0.0.1:4999");
+    let config = dir.write(
+        "p.yaml",
+        "helper: /bin/true\nChoria_Insecure: yes\nWorkers: 3\nfeatures: {PKI: on}\n",
+    );
+    let (code, out, err) = check(&["--config", &config, "--choria-config", &cfg]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(setting_line(&out, "workers").contains(" 3"), "{out}");
+    assert!(
+        setting_line(&out, "choria_insecure").contains("true"),
+        "{out}"
+    );
+    assert!(setting_line(&out, "features.pki").contains("true"), "{out}");
+    assert!(
+        out.contains(
+            "key choria_insecure: yes is read as true, as Go's YAML 1.1 reads it; write true"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("key features.pki: on is read as true"),
+        "{out}"
+    );
+
+    let config = dir.write(
+        "q.yaml",
+        "helper: /bin/true\nchoria_insecure: true\nsite: no\n",
+    );
+    let (code, out, err) = check(&["--config", &config, "--choria-config", &cfg]);
+    assert_eq!(code, 78, "{out}{err}");
+    assert!(out.contains("key site: expected a string"), "{out}");
+    assert!(
+        out.contains("quote it to mean the text: site: \"no\""),
+        "{out}"
+    );
+}
+
 #[test]
 fn usage_errors_exit_2() {
     for args in [
