@@ -989,6 +989,21 @@ fn client_settings(client: &ClientConfig) -> Vec<Setting> {
             });
         }
     }
+    if set("plugin.choria.use_srv") || set("plugin.choria.srv_domain") {
+        out.push(Setting {
+            key: "plugin.choria.use_srv".into(),
+            value: client.use_srv.to_string(),
+            default: !set("plugin.choria.use_srv"),
+        });
+        out.push(Setting {
+            key: "plugin.choria.srv_domain".into(),
+            value: client
+                .srv_domain
+                .clone()
+                .unwrap_or_else(|| "(unset: the host's domain)".into()),
+            default: !set("plugin.choria.srv_domain"),
+        });
+    }
     if let Some(user) = &client.nats_user {
         out.push(Setting {
             key: "plugin.nats.user".into(),

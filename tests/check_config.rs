@@ -186,6 +186,10 @@ fn configuration_errors_exit_78_with_every_problem_named() {
     assert_eq!(code, 78, "{out}");
     assert!(out.contains("nats://puppet:4222"), "{out}");
     assert!(out.contains("plugin.choria.use_srv is false"), "{out}");
+    assert!(
+        setting_line(&out, "plugin.choria.use_srv").contains("false"),
+        "{out}"
+    );
     // A client key we do not read is named; a broker's key is not.
     assert!(
         out.contains("empty.cfg:4: plugin.nats.credentials is not read by this provisioner"),
