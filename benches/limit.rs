@@ -1,0 +1,365 @@
+//! The pipeline against the most this machine can do (issue 16): for each helper mode, a
+//! *limit* program doing only the unavoidable work, then the real provisioner, in the same
+//! run, on the same broker, with fleets of the same simulator; prints the nodes/min of both
+//! and their ratio.
+//!
+//! The limit (kept minimal so that it cannot be made slow on purpose): one broadcast
+//! discovery, then W threads (the best of 8, 16 and 32) each taking node identities from a
+//! shared list and doing per node exactly what the provisioner does for this feature set
+//! (insecure, no features): `rpcutil#inventory`, the helper, `choria_provision#configure`,
+//! `choria_provision#restart`, directed requests over one connection (`choria-broker`'s
+//! RPC client, the transport itself); the helper spawned per node (`per_node`) or one line
+//! exchange with a helper per thread (`persistent`). No scheduler, no metrics, no logging.
+//! The provisioner then runs with the best W as `workers` against a fresh fleet, timed from
+//! its start to `choria_provisioner_provisioned` reaching the fleet (polled every 20 ms).
+//! Both include one discovery window (`discovery_timeout` 1 s, ended early as replies stop).
+//!
+//! Run (release binaries, as `cargo bench` builds the bench):
+//!   cargo build --release --workspace --bins && cargo bench --bench limit
+//! `rpc_only` is the limit with no helper at all, which persistent mode is also compared to.
+//! Arguments after `--`: NODES (default 2000). Prints figures; asserts only correctness.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use choria_broker::connection::Connection;
+use choria_broker::discovery::Discovery;
+use choria_broker::gate::Gate;
+use choria_broker::observe::Observer;
+use choria_broker::rpc::{Action, NodeRpc, RpcClient, RpcOutcome};
+use choria_testkit::harness::{
+    insecure_settings, yaml_helper, Provisioner, ProvisionerSetup, Sim, World,
+};
+use serde_json::{json, Value};
+
+const TOKEN: &str = "bench-limit";
+const CONFIGURATION: &str = r#""configuration":{"plugin.choria.server.provision":"false"}"#;
+
+/// Counts nothing: the limit keeps no metrics.
+struct Nothing;
+impl Observer for Nothing {}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    PerNode,
+    Persistent,
+    /// The limit without any helper (the same configuration every time): what persistent
+    /// mode is measured against.
+    RpcOnly,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::PerNode => "per_node",
+            Mode::Persistent => "persistent",
+            Mode::RpcOnly => "rpc_only",
+        }
+    }
+}
+
+/// The trivial helpers, one process per node (reads its input with the shell's builtin, no
+/// `cat`) or one per worker.
+fn helpers(world: &World) -> (String, String) {
+    let per_node = world.write_executable(
+        "per-node.sh",
+        &format!("#!/bin/sh\nread -r line\necho '{{{CONFIGURATION}}}'\n"),
+    );
+    let persistent = world.write_executable(
+        "serve.sh",
+        &format!(
+            "#!/bin/sh\nwhile IFS= read -r line; do\n  id=${{line#\\{{\\\"id\\\":\\\"}}; id=${{id%%\\\"*}}\n  printf '{{\"id\":\"%s\",{}}}\\n' \"$id\"\ndone\n",
+            CONFIGURATION.replace('%', "%%")
+        ),
+    );
+    (per_node, persistent)
+}
+
+fn helper_input(identity: &str, inventory: &Value) -> String {
+    json!({
+        "identity": identity,
+        "csr": null,
+        "ed25519_pubkey": null,
+        "inventory": inventory.to_string(),
+        "jwt": null,
+    })
+    .to_string()
+}
+
+fn configuration_of(answer: &[u8]) -> Value {
+    let value: Value = serde_json::from_slice(answer).expect("the helper's answer is JSON");
+    value["configuration"].clone()
+}
+
+struct Served {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+fn serve(program: &str) -> Served {
+    let mut child = Command::new(program)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the helper starts");
+    let stdin = child.stdin.take().expect("stdin");
+    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    Served {
+        child,
+        stdin,
+        stdout,
+    }
+}
+
+/// The limit with `threads` workers over a fleet just booted (prefix `prefix`); nodes/min.
+fn limit(
+    world: &World,
+    nodes: usize,
+    threads: usize,
+    mode: Mode,
+    helper: &str,
+    prefix: &str,
+) -> f64 {
+    let sim = Sim::start_booted_as(
+        world,
+        prefix,
+        prefix,
+        nodes,
+        &[
+            "--token",
+            TOKEN,
+            "--keygen-threads",
+            "0",
+            "--deadline",
+            "600s",
+        ],
+    );
+    let conn = Connection::connect(
+        &insecure_settings(
+            &world.broker.url(),
+            "limit.example.net",
+            Duration::from_secs(1),
+        ),
+        "limit",
+    )
+    .expect("connect");
+    let gate = Arc::new(Gate::new(false));
+    let started = Instant::now();
+    let found = Discovery::new(conn.clone(), Arc::new(Nothing))
+        .discover(&gate)
+        .expect("discovery");
+    assert_eq!(found.len(), nodes, "every node discovered");
+    let found = Arc::new(found);
+    let rpc = Arc::new(RpcClient::new(conn.clone(), Arc::new(Nothing)));
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (found, rpc, next, gate) = (found.clone(), rpc.clone(), next.clone(), gate.clone());
+            let helper = helper.to_string();
+            std::thread::Builder::new()
+                .name(format!("limit-{t}"))
+                .spawn(move || {
+                    let mut served = (mode == Mode::Persistent).then(|| serve(&helper));
+                    let mut line = String::new();
+                    loop {
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(identity) = found.get(index) else {
+                            break;
+                        };
+                        let RpcOutcome::Ok(inventory) =
+                            rpc.call(identity, &Action::INVENTORY, json!({}), &gate)
+                        else {
+                            panic!("{identity}: inventory failed");
+                        };
+                        let input = helper_input(identity.as_str(), &inventory);
+                        let configuration = match served.as_mut() {
+                            None if mode == Mode::RpcOnly => {
+                                configuration_of(format!("{{{CONFIGURATION}}}").as_bytes())
+                            }
+                            None => {
+                                let mut child = Command::new(&helper)
+                                    .stdin(Stdio::piped())
+                                    .stdout(Stdio::piped())
+                                    .spawn()
+                                    .expect("the helper starts");
+                                let mut stdin = child.stdin.take().expect("stdin");
+                                stdin.write_all(input.as_bytes()).expect("write");
+                                drop(stdin);
+                                let mut out = Vec::new();
+                                child
+                                    .stdout
+                                    .take()
+                                    .expect("stdout")
+                                    .read_to_end(&mut out)
+                                    .expect("read");
+                                assert!(child.wait().expect("wait").success());
+                                configuration_of(&out)
+                            }
+                            Some(served) => {
+                                let request = format!("{{\"id\":\"{index}\",{}\n", &input[1..]);
+                                served.stdin.write_all(request.as_bytes()).expect("write");
+                                line.clear();
+                                served.stdout.read_line(&mut line).expect("read");
+                                configuration_of(line.as_bytes())
+                            }
+                        };
+                        let config = configuration.to_string();
+                        let data = json!({
+                            "token": TOKEN, "config": config, "certificate": "", "ca": "",
+                            "ssldir": "", "key": "", "ecdh_public": "",
+                            "action_policies": {}, "opa_policies": {}, "server_jwt": "",
+                        });
+                        for (action, data) in [
+                            (&Action::CONFIGURE, data),
+                            (&Action::RESTART, json!({"token": TOKEN, "splay": 1})),
+                        ] {
+                            let outcome = rpc.call(identity, action, data, &gate);
+                            assert!(
+                                matches!(outcome, RpcOutcome::Ok(_)),
+                                "{identity}: {}: {outcome:?}",
+                                action.label
+                            );
+                        }
+                    }
+                    if let Some(mut served) = served {
+                        drop(served.stdin);
+                        let _ = served.child.wait();
+                    }
+                })
+                .expect("thread")
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("a limit worker");
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    conn.close();
+    let _ = sim.stop();
+    nodes as f64 * 60.0 / seconds
+}
+
+/// The provisioner with `workers` over a fleet just booted; nodes/min.
+fn provisioner(
+    world: &World,
+    nodes: usize,
+    workers: usize,
+    mode: Mode,
+    helper: &str,
+    prefix: &str,
+) -> f64 {
+    let sim = Sim::start_booted_as(
+        world,
+        prefix,
+        prefix,
+        nodes,
+        &[
+            "--token",
+            TOKEN,
+            "--keygen-threads",
+            "0",
+            "--deadline",
+            "600s",
+        ],
+    );
+    let started = Instant::now();
+    let provisioner = Provisioner::start(
+        world,
+        ProvisionerSetup {
+            identity: format!("{prefix}-provisioner.example.net"),
+            yaml: format!(
+                "{}helper_mode: {}\ntoken: {TOKEN}\nworkers: {workers}\nrelease_delay: 10m\nhelper_timeout: 30s\n",
+                yaml_helper(helper),
+                mode.name()
+            ),
+            discovery_timeout: 1,
+            ..Default::default()
+        },
+    );
+    let deadline = started + Duration::from_secs(600);
+    let seconds = loop {
+        if let Ok(metrics) = provisioner.try_metrics() {
+            let done = metrics.get("choria_provisioner_provisioned");
+            if done >= nodes as f64 {
+                break started.elapsed().as_secs_f64();
+            }
+            assert_eq!(metrics.get("choria_provisioner_provision_errors"), 0.0);
+        }
+        assert!(Instant::now() < deadline, "the provisioner did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    provisioner.stop();
+    let _ = sim.stop();
+    nodes as f64 * 60.0 / seconds
+}
+
+fn main() {
+    let nodes: usize = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2000);
+    println!("limit harness: {nodes} nodes per run, insecure, no features, a trivial sh helper");
+    let world = World::new();
+    let mut rpc_only = 0f64;
+    for threads in [8, 16, 32] {
+        let rate = limit(
+            &world,
+            nodes,
+            threads,
+            Mode::RpcOnly,
+            "",
+            &format!("r{threads}-"),
+        );
+        println!("  rpc_only   limit, {threads:>2} threads: {rate:>9.0} nodes/min");
+        rpc_only = rpc_only.max(rate);
+    }
+    println!("rpc_only   limit {rpc_only:>9.0} nodes/min (no helper at all)");
+    drop(world);
+    for mode in [Mode::PerNode, Mode::Persistent] {
+        let world = World::new();
+        let (per_node, persistent) = helpers(&world);
+        let helper = if mode == Mode::PerNode {
+            per_node
+        } else {
+            persistent
+        };
+        let mut best = (0usize, 0f64);
+        for threads in [8, 16, 32] {
+            let rate = limit(
+                &world,
+                nodes,
+                threads,
+                mode,
+                &helper,
+                &format!("l{threads}-"),
+            );
+            println!(
+                "  {:<10} limit, {threads:>2} threads: {rate:>9.0} nodes/min",
+                mode.name()
+            );
+            if rate > best.1 {
+                best = (threads, rate);
+            }
+        }
+        let ours = provisioner(&world, nodes, best.0, mode, &helper, "prov-");
+        println!(
+            "{:<10} limit {:>9.0} nodes/min ({} threads), provisioner {:>9.0} nodes/min ({} workers), ratio {:.2}",
+            mode.name(),
+            best.1,
+            best.0,
+            ours,
+            best.0,
+            ours / best.1
+        );
+        if mode == Mode::Persistent {
+            println!(
+                "persistent provisioner against the rpc_only limit: ratio {:.2}",
+                ours / rpc_only
+            );
+        }
+    }
+}
