@@ -187,6 +187,19 @@ impl ElectionWorld {
     /// `extra_yaml` is appended to its config; `discovery_timeout` in seconds goes to
     /// `choria.cfg` (a broadcast discovery's longest window).
     fn provisioner(&self, identity: &str, extra_yaml: &str, discovery_timeout: u64) -> Provisioner {
+        self.provisioner_with_cfg(identity, extra_yaml, discovery_timeout, "")
+    }
+
+    /// As `provisioner`, with `choria_cfg` lines added to its `choria.cfg` (its files are
+    /// still named after `identity`, so an `identity = ...` line there can give two
+    /// instances one identity).
+    fn provisioner_with_cfg(
+        &self,
+        identity: &str,
+        extra_yaml: &str,
+        discovery_timeout: u64,
+        choria_cfg: &str,
+    ) -> Provisioner {
         Provisioner::start(
             &self.world,
             ProvisionerSetup {
@@ -205,6 +218,7 @@ impl ElectionWorld {
                 discovery_timeout,
                 // The config's default: the locked-nodes scenario waits for the next discovery.
                 interval: "1m".to_string(),
+                choria_cfg: choria_cfg.to_string(),
                 ..Default::default()
             },
         )
@@ -846,6 +860,48 @@ fn a_lost_won_flap_during_slow_helpers_runs_each_nodes_helper_once() {
             .contains("with a cycle still running stay known"),
         "{context}"
     );
+    cluster.stop_all();
+}
+
+/// Two instances configured with one identity (the second `identity` line of their
+/// `choria.cfg` wins): one leads and provisions the fleet; the other sees the leader write its
+/// identity, refuses to campaign and says why in an error; it never works.
+#[test]
+fn two_instances_sharing_an_identity_one_refuses_to_campaign() {
+    let stage = ElectionWorld::start(Account::Provisioning);
+    stage.create_bucket();
+    let shared = "identity = twin.example.net\n";
+    let mut cluster = Cluster {
+        members: ["twin-a.example.net", "twin-b.example.net"]
+            .iter()
+            .map(|files| stage.provisioner_with_cfg(files, "", 1, shared))
+            .collect(),
+    };
+    let sampler = LeaderSampler::start(cluster.members.iter().map(|m| m.monitor_port).collect());
+    let leader = cluster.wait_for_one_leader("one of the twins to lead");
+    let twin = 1 - leader;
+    wait_for(
+        "the other to refuse to campaign",
+        PATIENCE,
+        || {
+            let log = cluster.members[twin].log();
+            (log.contains("must not share an identity")
+                && log.contains("this one does not campaign"))
+            .then_some(())
+        },
+        || cluster.logs(),
+    );
+    let fleet = stage.fleet(6, &[]);
+    let report = fleet.wait_within(FLEET_WAIT, || cluster.logs());
+    let context = format!("twins\n{}", cluster.logs());
+    assert_fleet_done_once(&report, 6, &context);
+    assert_eq!(sampler.finish(), 1, "{context}: working leaders at once");
+    assert_eq!(
+        cluster.members[twin].metric("choria_provisioner_provisioned"),
+        Some(0.0),
+        "{context}"
+    );
+    assert!(is_paused(&cluster.members[twin]), "{context}");
     cluster.stop_all();
 }
 
