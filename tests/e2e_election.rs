@@ -117,6 +117,8 @@ struct ElectionWorld {
     world: World,
     account: Account,
     helper: String,
+    /// Instances started from now on log at debug level.
+    debug: bool,
 }
 
 impl ElectionWorld {
@@ -131,6 +133,7 @@ impl ElectionWorld {
             world,
             account,
             helper,
+            debug: false,
         }
     }
 
@@ -146,6 +149,7 @@ impl ElectionWorld {
             world,
             account: Account::Plain,
             helper,
+            debug: false,
         };
         // The cluster elects its JetStream meta leader first; until then creating fails.
         let last = std::cell::RefCell::new(String::new());
@@ -219,6 +223,7 @@ impl ElectionWorld {
                 // The config's default: the locked-nodes scenario waits for the next discovery.
                 interval: "1m".to_string(),
                 choria_cfg: choria_cfg.to_string(),
+                debug: self.debug,
                 ..Default::default()
             },
         )
@@ -604,14 +609,17 @@ fn broker_restart_mid_run_loses_nothing_and_duplicates_nothing() {
 
 /// The leader is frozen (SIGSTOP) for TTL + 3 s while nodes keep booting, then thawed
 /// (SIGCONT). Its lease ended during the freeze: the startup events that queued up for it
-/// reach its listener the moment it runs, yet it sends no node anything more. The one
+/// reach its listener the moment it runs, yet it admits none of them (its debug log) and
+/// sends no node anything more. The one
 /// exception is the `restart` that finishes a node whose `configure` it had delivered (that
 /// node's lock is still ours; unrestarted, it would be configured twice). The standby took
 /// over and finishes the fleet, nobody provisioned twice.
 #[test]
 fn a_leader_frozen_past_its_lease_sends_nothing_when_it_thaws() {
-    let stage = ElectionWorld::start(Account::Provisioning);
+    let mut stage = ElectionWorld::start(Account::Provisioning);
     stage.create_bucket();
+    // At debug level each admission is logged: none may follow the thaw.
+    stage.debug = true;
     // Eight workers: as many as there are events waiting, to be quick to act on them.
     let mut cluster = Cluster::start_with(&stage, 2, "workers: 8\n", 1);
     let first = cluster.wait_for_one_leader("a first leader");
@@ -644,6 +652,9 @@ fn a_leader_frozen_past_its_lease_sends_nothing_when_it_thaws() {
     );
     // TTL + 3 s frozen in all, however long the takeover took to see.
     std::thread::sleep((TTL + Duration::from_secs(3)).saturating_sub(frozen.elapsed()));
+    // Frozen, it writes nothing: what its log says now is all it did before the thaw.
+    let admitted = |member: &Provisioner| member.log().matches(" from Event as ticket ").count();
+    let admitted_before = admitted(&cluster.members[first]);
     let thawed_at = unix_now();
     cluster.members[first].thaw();
     wait_for(
@@ -655,6 +666,11 @@ fn a_leader_frozen_past_its_lease_sends_nothing_when_it_thaws() {
     let report = fleet.wait_within(FLEET_WAIT, || cluster.logs());
     let context = format!("frozen leader\n{}", cluster.logs());
     assert_fleet_done_once(&report, FROZEN_NODES, &context);
+    assert_eq!(
+        admitted(&cluster.members[first]),
+        admitted_before,
+        "{context}\nthe thawed leader admitted startup events that waited for it"
+    );
     let first_caller = cluster.members[first].caller();
     let actions = actions_in_time_order(&report);
     let configured_before = |node: &str| {
