@@ -188,7 +188,9 @@ fn each_failure_kills_the_group_fails_that_node_and_restarts_after_a_backoff() {
         assert_eq!(next.restarts, 1, "{name}: the restart is counted");
         assert_ne!(next.served_by, failed.served_by, "{name}: a new process");
         assert!(
-            waited >= FIRST_BACKOFF - Duration::from_millis(10),
+            // The slack covers this thread being descheduled between the pool's clock
+            // reading and ours on a loaded machine.
+            waited >= FIRST_BACKOFF / 2,
             "{name}: restarted without a backoff ({waited:?})"
         );
         // In step again: the next node needs no restart.

@@ -339,9 +339,11 @@ impl HelperPool {
     /// Kills the slot's helper with its process group (its status if it had ended itself) and
     /// starts the backoff.
     fn retire(&self, slot: &mut Slot) -> Option<ExitStatus> {
+        let status = slot.process.take().and_then(|running| running.kill());
+        // From when it is gone: a slow kill does not eat the backoff.
         slot.failures = slot.failures.saturating_add(1);
         slot.failed_at = Some(Instant::now());
-        slot.process.take().and_then(|running| running.kill())
+        status
     }
 
     fn spawn(&self) -> std::io::Result<Running> {
