@@ -26,10 +26,11 @@
 //!
 //! Instances must not share an identity: a node's provisioning lock is keyed on the caller's
 //! identity, so a leader taking over from a twin would pass every lock the twin holds. The
-//! election watches the key's subject ([`TwinWatch`]); a write of our identity that we did not
-//! make is another live instance using it, and while such writes keep coming a candidate
+//! election watches the key's subject (`KeyWriterWatch`); a write of our identity that we did
+//! not make is another live instance using it, and while such writes keep coming a candidate
 //! refuses to campaign (logged as an error, shown by [`Election::setup_problem`]). A leader
-//! that sees its twin says so and keeps leading: the twin refuses.
+//! that sees its twin says so and keeps leading: the twin refuses. (`announce::TwinWatch`
+//! also hears a twin's startup announcement, in any mode, and logs it.)
 //!
 //! Setup failures (missing bucket, no JetStream, bad TTL) are never silent, unlike Go's discarded
 //! error (provisioner hosts/hosts.go drops `startElection`'s error and stays paused): the thread
@@ -577,7 +578,7 @@ impl Election {
             .as_ref()
             .and_then(|gate| gate.lease_clock())
             .unwrap_or_else(|| Arc::new(SystemBootClock));
-        let twins = TwinWatch::start(&conn, &settings.write_subject(), &settings.identity);
+        let twins = KeyWriterWatch::start(&conn, &settings.write_subject(), &settings.identity);
         let member = Member {
             conn,
             twins,
@@ -691,7 +692,7 @@ impl Complaint {
 /// the subscription (NATS echoes a client's own publishes), so a copy of our identity beyond
 /// the count of our own writes is not ours. A copy lost in a reconnect can hide one foreign
 /// write (the twin writes again within a second); it can never make one up.
-struct TwinWatch {
+struct KeyWriterWatch {
     subscription: Subscription,
     identity: Vec<u8>,
     /// Our writes whose copy has not come back yet.
@@ -700,12 +701,12 @@ struct TwinWatch {
     last_foreign: std::cell::Cell<Option<Instant>>,
 }
 
-impl TwinWatch {
-    fn start(conn: &Connection, subject: &str, identity: &str) -> Option<TwinWatch> {
+impl KeyWriterWatch {
+    fn start(conn: &Connection, subject: &str, identity: &str) -> Option<KeyWriterWatch> {
         match conn.subscribe(subject) {
             Ok(subscription) => {
                 subscription.limit_pending(TWIN_PENDING_LIMIT);
-                Some(TwinWatch {
+                Some(KeyWriterWatch {
                     subscription,
                     identity: identity.as_bytes().to_vec(),
                     own_unseen: std::cell::Cell::new(0),
@@ -765,7 +766,7 @@ enum CampaignEnd {
 struct Member {
     conn: Connection,
     /// Writes of our identity by another instance; `None` where the subject cannot be watched.
-    twins: Option<TwinWatch>,
+    twins: Option<KeyWriterWatch>,
     /// Whether the last look saw a twin (to log the change once).
     twin_seen: bool,
     /// The gate whose lease we grant and end, if any.
