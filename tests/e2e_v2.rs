@@ -101,6 +101,10 @@ impl OrgIssuer {
 
     /// The provisioner's YAML for the ed25519 flow under this issuer: server JWTs chain-issued
     /// under its own client JWT, and the broker's password.
+    ///
+    /// `rpc_timeout: 5s`: on a loaded 2-core CI machine a stall of a few seconds happens; a
+    /// `restart` reply lost to one cannot be retried (the node is already back in service),
+    /// so a shorter try failed a healthy node.
     fn yaml(&self, world: &World, extra: &str) -> String {
         let script = world.write("v2-sh-helper.sh", SH_HELPER);
         let helper = format!(
@@ -108,7 +112,7 @@ impl OrgIssuer {
             self.issuer_public
         );
         format!(
-            "{}token: {TOKEN}\nbroker_provisioning_password: {PASSWORD}\nplain_tcp: true\nhelper_timeout: 30s\nrpc_timeout: 2s\nfeatures:\n  ed25519: true\njwt_verify_cert: {}\njwt_signing_key: {}\njwt_signing_token: {}\n{extra}",
+            "{}token: {TOKEN}\nbroker_provisioning_password: {PASSWORD}\nplain_tcp: true\nhelper_timeout: 30s\nrpc_timeout: 5s\nfeatures:\n  ed25519: true\njwt_verify_cert: {}\njwt_signing_key: {}\njwt_signing_token: {}\n{extra}",
             yaml_helper(&helper),
             self.issuer_public,
             self.provisioner_seed,
