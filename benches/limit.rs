@@ -17,7 +17,8 @@
 //! Run (release binaries, as `cargo bench` builds the bench):
 //!   cargo build --release --workspace --bins && cargo bench --bench limit
 //! `rpc_only` is the limit with no helper at all, which persistent mode is also compared to.
-//! Arguments after `--`: NODES (default 2000). Prints figures; asserts only correctness.
+//! Arguments after `--`: NODES (default 2000); `latency` instead measures one node at a time
+//! (the audit trail's cycle time, p50 and p90, per helper mode). Prints figures; asserts only correctness.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -296,6 +297,79 @@ fn provisioner(
     nodes as f64 * 60.0 / seconds
 }
 
+/// One node at a time (40 nodes booting over 20 s, so each cycle runs alone): the p50 and p90
+/// of the audit trail's cycle time, from the first RPC to the `restart` reply, in ms.
+fn latency(mode: Mode, helper: &str) -> (u64, u64) {
+    const NODES: usize = 40;
+    let world = World::new();
+    let audit = world.path("audit.jsonl");
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!(
+                "{}helper_mode: {}\ntoken: {TOKEN}\nworkers: 4\nrelease_delay: 10m\nhelper_timeout: 30s\naudit_file: {}\n",
+                yaml_helper(helper),
+                mode.name(),
+                audit.display()
+            ),
+            discovery_timeout: 1,
+            ..Default::default()
+        },
+    );
+    let nodes = NODES.to_string();
+    let sim = Sim::start(
+        &world,
+        &[
+            "--nodes",
+            &nodes,
+            "--token",
+            TOKEN,
+            "--keygen-threads",
+            "0",
+            "--boot-spread",
+            "20s",
+            "--deadline",
+            "120s",
+        ],
+    );
+    provisioner.wait_metrics("every node provisioned", |m| {
+        m.get("choria_provisioner_provisioned") == NODES as f64
+    });
+    let _ = sim.stop();
+    provisioner.stop();
+    let lines: Vec<Value> = std::fs::read_to_string(&audit)
+        .expect("the audit trail")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("an audit line"))
+        .collect();
+    assert_eq!(lines.len(), NODES);
+    let p50 = |mut times: Vec<u64>| {
+        times.sort_unstable();
+        times[times.len() / 2]
+    };
+    // Where the time goes: each step's p50.
+    let mut steps: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for line in &lines {
+        for step in line["steps"].as_array().expect("steps") {
+            steps
+                .entry(step["step"].as_str().expect("step").to_string())
+                .or_default()
+                .push(step["duration_ms"].as_u64().expect("duration_ms"));
+        }
+    }
+    let shown: Vec<String> = steps
+        .into_iter()
+        .map(|(step, times)| format!("{step} {} ms", p50(times)))
+        .collect();
+    println!("  {:<10} step p50s: {}", mode.name(), shown.join(", "));
+    let mut times: Vec<u64> = lines
+        .iter()
+        .map(|line| line["duration_ms"].as_u64().expect("duration_ms"))
+        .collect();
+    times.sort_unstable();
+    (times[NODES / 2], times[NODES * 9 / 10])
+}
+
 fn main() {
     let nodes: usize = std::env::args()
         .skip(1)
@@ -303,6 +377,18 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
     println!("limit harness: {nodes} nodes per run, insecure, no features, a trivial sh helper");
+    if std::env::args().any(|a| a == "latency") {
+        let world = World::new();
+        let (per_node, persistent) = helpers(&world);
+        for (mode, helper) in [(Mode::PerNode, per_node), (Mode::Persistent, persistent)] {
+            let (p50, p90) = latency(mode, &helper);
+            println!(
+                "{:<10} one node at a time: cycle p50 {p50} ms, p90 {p90} ms (first RPC to the restart reply)",
+                mode.name()
+            );
+        }
+        return;
+    }
     let world = World::new();
     let mut rpc_only = 0f64;
     for threads in [8, 16, 32] {
