@@ -18,7 +18,9 @@
 //!   cargo build --release --workspace --bins && cargo bench --bench limit
 //! `rpc_only` is the limit with no helper at all, which persistent mode is also compared to.
 //! Arguments after `--`: NODES (default 2000); `latency` instead measures one node at a time
-//! (the audit trail's cycle time, p50 and p90, per helper mode). Prints figures; asserts only correctness.
+//! (the audit trail's cycle time, p50 and p90, per helper mode); `discovery` times one
+//! discovery round (2 s window) over NODES booted nodes; `rss` the provisioner's peak RSS
+//! over a run of NODES. Prints figures; asserts only correctness.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -377,6 +379,99 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
     println!("limit harness: {nodes} nodes per run, insecure, no features, a trivial sh helper");
+    if std::env::args().any(|a| a == "discovery") {
+        // One discovery round over a booted fleet of NODES, Go's 2 s window.
+        let world = World::new();
+        let sim = Sim::start_booted(
+            &world,
+            nodes,
+            &[
+                "--token",
+                TOKEN,
+                "--keygen-threads",
+                "0",
+                "--deadline",
+                "600s",
+            ],
+        );
+        let conn = Connection::connect(
+            &insecure_settings(
+                &world.broker.url(),
+                "limit.example.net",
+                Duration::from_secs(2),
+            ),
+            "discovery",
+        )
+        .expect("connect");
+        let started = Instant::now();
+        let found = Discovery::new(conn.clone(), Arc::new(Nothing))
+            .discover(&Gate::new(false))
+            .expect("discovery");
+        println!(
+            "one discovery of {nodes} booted nodes: {} found in {:.2} s",
+            found.len(),
+            started.elapsed().as_secs_f64()
+        );
+        conn.close();
+        let _ = sim.stop();
+        return;
+    }
+    if std::env::args().any(|a| a == "rss") {
+        // A run of NODES (persistent helper, 32 workers, boots spread over 60 s): the
+        // provisioner's peak RSS from its own process_resident_memory_bytes, sampled each second.
+        let world = World::new();
+        let (_, persistent) = helpers(&world);
+        let provisioner = Provisioner::start(
+            &world,
+            ProvisionerSetup {
+                yaml: format!(
+                    "{}helper_mode: persistent\ntoken: {TOKEN}\nworkers: 32\nrelease_delay: 10s\nhelper_timeout: 30s\n",
+                    yaml_helper(&persistent)
+                ),
+                discovery_timeout: 2,
+                ..Default::default()
+            },
+        );
+        let nodes_arg = nodes.to_string();
+        let sim = Sim::start(
+            &world,
+            &[
+                "--nodes",
+                &nodes_arg,
+                "--token",
+                TOKEN,
+                "--keygen-threads",
+                "0",
+                "--boot-spread",
+                "60s",
+                "--deadline",
+                "900s",
+            ],
+        );
+        let started = Instant::now();
+        let mut peak = 0f64;
+        loop {
+            if let Ok(metrics) = provisioner.try_metrics() {
+                peak = peak.max(metrics.get("process_resident_memory_bytes"));
+                if metrics.get("choria_provisioner_provisioned") >= nodes as f64 {
+                    break;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(900),
+                "the run did not finish"
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        println!(
+            "{nodes} nodes in {:.0} s (boots spread over 60 s): provisioner peak RSS {:.1} MiB",
+            started.elapsed().as_secs_f64(),
+            peak / (1024.0 * 1024.0)
+        );
+        let _ = sim.stop();
+        provisioner.stop();
+        return;
+    }
     if std::env::args().any(|a| a == "latency") {
         let world = World::new();
         let (per_node, persistent) = helpers(&world);
