@@ -237,6 +237,9 @@ fn two_provisioners_with_one_identity_each_hear_of_the_other() {
         .collect();
     let first = TwinWatch::start(&conns[0], "twin.example.net", "0.1.0").expect("first");
     let other = TwinWatch::start(&conns[2], "other.example.net", "0.1.0").expect("other");
+    // The first's announcement has reached the broker before the second subscribes, or the
+    // second would hear it too (a publish may sit in the client's buffer for a few ms).
+    conns[0].flush(WAIT).expect("flush");
     // Junk and a forged event without our identity on the subject.
     let subject = lifecycle::event_subject("startup", "provisioner");
     conns[2].publish(&subject, b"{nope").expect("publish");
