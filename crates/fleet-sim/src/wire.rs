@@ -83,10 +83,12 @@ pub fn connect(urls: &[String], name: &str, auth: &Auth) -> Result<(Link, Inbox)
             settings.password = Some(password.clone());
         }
     }
-    // A server sends no requests: no reply routing; and it relies on the crate's own
-    // flusher, as go-choria's servers rely on nats.go's.
+    // A server sends no requests: no reply routing. Its replies are flushed promptly, as
+    // nats.go's flusher goroutine writes as soon as a publish kicks it (go-choria's servers
+    // reply that way); the `nats` crate's own flusher would hold each reply up to 5 ms, a
+    // delay no real node has, which the provisioner's benches would then measure.
     let tuning = ConnectOptions {
-        prompt_flush: false,
+        prompt_flush: true,
         reply_routing: false,
     };
     let conn =
