@@ -3,22 +3,13 @@
 //! falls out of step (each killed with its group, restarted after a backoff, only that node
 //! failing), stderr tagged with the node, and shutdown.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::pool::FIRST_BACKOFF;
+use super::process_tests::{ends, script};
 use super::{Exchange, Helper, HelperAbort, HelperErrorKind, HelperInput};
 use crate::config::HelperCommand;
-
-fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, body).expect("write script");
-    let mut perms = std::fs::metadata(&path).expect("stat").permissions();
-    perms.set_mode(0o755);
-    std::fs::set_permissions(&path, perms).expect("chmod");
-    path
-}
 
 fn input(identity: &str) -> HelperInput {
     HelperInput {
@@ -39,23 +30,6 @@ fn ask(helper: &Helper, identity: &str) -> Exchange {
 
 /// The framing in POSIX sh: the id is the first field, so it is cut out without a JSON parser.
 const ID: &str = "id=${line#\\{\\\"id\\\":\\\"}; id=${id%%\\\"*}";
-
-/// Whether `pid` still runs: gone, or a zombie waiting for its (re)parent, is not running.
-fn running(pid: i32) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    !status.is_empty() && !status.contains(") Z ")
-}
-
-/// Waits (bounded) for `pid` to stop running; whether it did.
-fn ends(pid: i32) -> bool {
-    for _ in 0..250 {
-        if !running(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
 
 #[test]
 fn one_process_answers_node_after_node_with_the_id_echoed() {

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use super::{run_helper, CsrReply, HelperError, HelperErrorKind, HelperInput, MAX_OUTPUT};
 use crate::config::HelperCommand;
 
-fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+/// Writes an executable script (shared with `persistent_tests`).
+pub(super) fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, body).expect("write script");
     let mut perms = std::fs::metadata(&path).expect("stat").permissions();
@@ -259,13 +260,13 @@ fn a_slow_helper_and_what_it_started_are_killed_at_the_timeout() {
 }
 
 /// Whether `pid` still runs: gone, or a zombie waiting for its (re)parent, is not running.
-fn running(pid: i32) -> bool {
+pub(super) fn running(pid: i32) -> bool {
     let status = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     !status.is_empty() && !status.contains(") Z ")
 }
 
 /// Waits (bounded) for `pid` to stop running; whether it did.
-fn ends(pid: i32) -> bool {
+pub(super) fn ends(pid: i32) -> bool {
     // SIGKILL is sent; the kernel may take a moment to reap it via init.
     for _ in 0..250 {
         if !running(pid) {
