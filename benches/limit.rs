@@ -39,7 +39,25 @@ use choria_testkit::harness::{
 use serde_json::{json, Value};
 
 const TOKEN: &str = "bench-limit";
+/// The simulator's arguments for a booted fleet the limit and the provisioner both work on.
+const BOOTED_FLEET: &[&str] = &[
+    "--token",
+    TOKEN,
+    "--keygen-threads",
+    "0",
+    "--deadline",
+    "600s",
+];
 const CONFIGURATION: &str = r#""configuration":{"plugin.choria.server.provision":"false"}"#;
+
+/// The limit's own connection to the world's broker, discovering within `window`.
+fn limit_connection(world: &World, window: Duration, name: &str) -> Connection {
+    Connection::connect(
+        &insecure_settings(&world.broker.url(), "limit.example.net", window),
+        name,
+    )
+    .expect("connect")
+}
 
 /// Counts nothing: the limit keeps no metrics.
 struct Nothing;
@@ -127,29 +145,8 @@ fn limit(
     helper: &str,
     prefix: &str,
 ) -> f64 {
-    let sim = Sim::start_booted_as(
-        world,
-        prefix,
-        prefix,
-        nodes,
-        &[
-            "--token",
-            TOKEN,
-            "--keygen-threads",
-            "0",
-            "--deadline",
-            "600s",
-        ],
-    );
-    let conn = Connection::connect(
-        &insecure_settings(
-            &world.broker.url(),
-            "limit.example.net",
-            Duration::from_secs(1),
-        ),
-        "limit",
-    )
-    .expect("connect");
+    let sim = Sim::start_booted_as(world, prefix, prefix, nodes, BOOTED_FLEET);
+    let conn = limit_connection(world, Duration::from_secs(1), "limit");
     let gate = Arc::new(Gate::new(false));
     let started = Instant::now();
     let found = Discovery::new(conn.clone(), Arc::new(Nothing))
@@ -254,20 +251,7 @@ fn provisioner(
     helper: &str,
     prefix: &str,
 ) -> f64 {
-    let sim = Sim::start_booted_as(
-        world,
-        prefix,
-        prefix,
-        nodes,
-        &[
-            "--token",
-            TOKEN,
-            "--keygen-threads",
-            "0",
-            "--deadline",
-            "600s",
-        ],
-    );
+    let sim = Sim::start_booted_as(world, prefix, prefix, nodes, BOOTED_FLEET);
     let started = Instant::now();
     let provisioner = Provisioner::start(
         world,
@@ -382,27 +366,8 @@ fn main() {
     if std::env::args().any(|a| a == "discovery") {
         // One discovery round over a booted fleet of NODES, Go's 2 s window.
         let world = World::new();
-        let sim = Sim::start_booted(
-            &world,
-            nodes,
-            &[
-                "--token",
-                TOKEN,
-                "--keygen-threads",
-                "0",
-                "--deadline",
-                "600s",
-            ],
-        );
-        let conn = Connection::connect(
-            &insecure_settings(
-                &world.broker.url(),
-                "limit.example.net",
-                Duration::from_secs(2),
-            ),
-            "discovery",
-        )
-        .expect("connect");
+        let sim = Sim::start_booted(&world, nodes, BOOTED_FLEET);
+        let conn = limit_connection(&world, Duration::from_secs(2), "discovery");
         let started = Instant::now();
         let found = Discovery::new(conn.clone(), Arc::new(Nothing))
             .discover(&Gate::new(false))
