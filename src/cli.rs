@@ -187,6 +187,43 @@ pub fn default_choria_config(home: Option<&Path>, exists: &dyn Fn(&Path) -> bool
         .unwrap_or_else(|| PathBuf::from("/etc/puppetlabs/mcollective/client.cfg"))
 }
 
+/// The command line one flag at a time: `--flag value` or `--flag=value`.
+struct Flags<'a> {
+    iter: std::slice::Iter<'a, String>,
+}
+
+impl<'a> Flags<'a> {
+    fn new(args: &'a [String]) -> Flags<'a> {
+        Flags { iter: args.iter() }
+    }
+
+    /// The next argument, split into a flag and its inline `=value` (long flags only).
+    fn next_flag(&mut self) -> Option<(&'a str, Option<String>)> {
+        let arg = self.iter.next()?;
+        Some(match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        })
+    }
+
+    /// The value of flag `name`: inline, else the next argument.
+    fn value(&mut self, inline: &Option<String>, name: &str) -> Result<String, CliError> {
+        match inline {
+            Some(v) => Ok(v.clone()),
+            None => self
+                .iter
+                .next()
+                .cloned()
+                .ok_or_else(|| CliError::MissingValue(name.to_string())),
+        }
+    }
+
+    /// Everything not read yet (a subcommand's own arguments).
+    fn rest(self) -> Vec<String> {
+        self.iter.cloned().collect()
+    }
+}
+
 /// Parses the arguments after the program name. `exists` decides whether a file exists.
 pub fn parse(
     args: &[String],
@@ -198,21 +235,9 @@ pub fn parse(
     let mut pid = None;
     let mut debug = false;
     let mut seen_command = false;
-    let mut iter = args.iter();
-    while let Some(arg) = iter.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = |name: &str| -> Result<String, CliError> {
-            match inline.clone() {
-                Some(v) => Ok(v),
-                None => iter
-                    .next()
-                    .cloned()
-                    .ok_or_else(|| CliError::MissingValue(name.to_string())),
-            }
-        };
+    let mut flags = Flags::new(args);
+    while let Some((flag, inline)) = flags.next_flag() {
+        let mut value = |name: &str| flags.value(&inline, name);
         match flag {
             "--help" | "-h" => return Ok(Command::Help),
             "--version" => return Ok(Command::Version),
@@ -227,14 +252,14 @@ pub fn parse(
                 if pid.is_some() {
                     return Err(CliError::UnknownFlag("--pid".into()));
                 }
-                let rest: Vec<String> = iter.cloned().collect();
+                let rest = flags.rest();
                 return parse_helper_test(&rest, config, choria_config, home, exists);
             }
             "check-config" if !seen_command => {
                 if pid.is_some() {
                     return Err(CliError::UnknownFlag("--pid".into()));
                 }
-                let rest: Vec<String> = iter.cloned().collect();
+                let rest = flags.rest();
                 return parse_check_config(&rest, config, choria_config, home, exists);
             }
             other if other.starts_with('-') => {
@@ -278,21 +303,9 @@ fn parse_check_config(
 ) -> Result<Command, CliError> {
     let mut connect = false;
     let mut format = Format::Text;
-    let mut iter = args.iter();
-    while let Some(arg) = iter.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = |name: &str| -> Result<String, CliError> {
-            match inline.clone() {
-                Some(v) => Ok(v),
-                None => iter
-                    .next()
-                    .cloned()
-                    .ok_or_else(|| CliError::MissingValue(name.to_string())),
-            }
-        };
+    let mut flags = Flags::new(args);
+    while let Some((flag, inline)) = flags.next_flag() {
+        let mut value = |name: &str| flags.value(&inline, name);
         match flag {
             "--help" | "-h" => return Ok(Command::Help),
             "--config" => config = Some(PathBuf::from(value("--config")?)),
@@ -341,21 +354,9 @@ fn parse_helper_test(
     let mut ed25519_pubkey = None;
     let mut jwt = None;
     let mut format = Format::Text;
-    let mut iter = args.iter();
-    while let Some(arg) = iter.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = |name: &str| -> Result<String, CliError> {
-            match inline.clone() {
-                Some(v) => Ok(v),
-                None => iter
-                    .next()
-                    .cloned()
-                    .ok_or_else(|| CliError::MissingValue(name.to_string())),
-            }
-        };
+    let mut flags = Flags::new(args);
+    while let Some((flag, inline)) = flags.next_flag() {
+        let mut value = |name: &str| flags.value(&inline, name);
         match flag {
             "--help" | "-h" => return Ok(Command::Help),
             "--config" => config = Some(PathBuf::from(value("--config")?)),
