@@ -3,7 +3,10 @@
 //!
 //! - One acceptor thread hands each connection to a fixed pool of [`WORKERS`] threads, so
 //!   several scrapers are served at once. With [`WORKERS`] connections already open the
-//!   acceptor answers `503` at once (a non-blocking write of a few bytes) and closes.
+//!   acceptor answers `503` at once (a non-blocking write of a few bytes), closes its sending
+//!   side and hands the socket to a drain thread, which reads and discards the request for at
+//!   most [`REFUSED_LINGER`] before closing: closing with the request unread would reset the
+//!   connection, and a client still writing its request would see a broken pipe, not the 503.
 //! - Each connection has one overall deadline, [`CONNECTION_DEADLINE`], for reading the
 //!   request and writing the answer; reading may use all of it but [`WRITE_RESERVE`], and
 //!   every read and write waits at most until its part ends.
@@ -41,6 +44,12 @@ pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
 /// The end of a connection's deadline kept for writing the answer (a 408 to a client that
 /// never finished its request, too).
 pub const WRITE_RESERVE: Duration = Duration::from_secs(1);
+
+/// How long a refused connection is drained before it is closed.
+pub const REFUSED_LINGER: Duration = Duration::from_secs(1);
+
+/// Refused connections drained at once; beyond, a refused socket is closed at once.
+const REFUSED_HELD: usize = 64;
 
 /// What a route answers.
 pub struct Response {
@@ -118,6 +127,12 @@ impl HttpServer {
                     .spawn(move || serve(&queue, routes.as_ref(), &open, &stopping, &busy))?,
             );
         }
+        let (refused, to_drain) = bounded::<TcpStream>(REFUSED_HELD);
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("{name}-drain"))
+                .spawn(move || drain_refused(&to_drain))?,
+        );
         let (accepting, stop_flag) = (listener.clone(), stopping.clone());
         threads.push(
             std::thread::Builder::new()
@@ -125,14 +140,15 @@ impl HttpServer {
                 .spawn(move || loop {
                     let accepted = accepting.accept();
                     if stop_flag.load(Ordering::SeqCst) {
-                        // Dropping `jobs` ends the workers once they finish.
+                        // Dropping `jobs` and `refused` ends the workers and the drain once
+                        // they finish.
                         return;
                     }
                     match accepted {
                         // Counted here, uncounted by the worker once done: the count says
                         // how many connections are open whatever the threads' scheduling.
                         Ok((stream, _)) if busy.load(Ordering::SeqCst) >= WORKERS => {
-                            refuse_busy(stream)
+                            refuse_busy(stream, &refused)
                         }
                         Ok((stream, _)) => {
                             busy.fetch_add(1, Ordering::SeqCst);
@@ -140,7 +156,7 @@ impl HttpServer {
                                 Ok(()) => {}
                                 Err(TrySendError::Full(stream)) => {
                                     busy.fetch_sub(1, Ordering::SeqCst);
-                                    refuse_busy(stream)
+                                    refuse_busy(stream, &refused)
                                 }
                                 Err(TrySendError::Disconnected(_)) => return,
                             }
@@ -195,11 +211,55 @@ impl HttpServer {
     }
 }
 
-/// Every worker busy: say so without waiting on the client, and close.
-fn refuse_busy(mut stream: TcpStream) {
+/// Every worker busy: say so without waiting on the client, end our side, and leave the
+/// request to the drain (or close at once when the drain is full).
+fn refuse_busy(mut stream: TcpStream, drain: &crossbeam_channel::Sender<TcpStream>) {
     let _ = stream.set_nonblocking(true);
     let _ = stream.write(&Response::text(503, "busy, try again\n").bytes());
-    let _ = stream.shutdown(Shutdown::Both);
+    let _ = stream.shutdown(Shutdown::Write);
+    if let Err(TrySendError::Full(stream) | TrySendError::Disconnected(stream)) =
+        drain.try_send(stream)
+    {
+        let _ = stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// Reads and discards what refused clients still send, until each closes or its
+/// [`REFUSED_LINGER`] ends; returns when the acceptor is gone (at `stop`), closing the rest.
+fn drain_refused(refused: &Receiver<TcpStream>) {
+    let mut held: Vec<(TcpStream, Instant)> = Vec::with_capacity(REFUSED_HELD);
+    let mut sink = [0u8; 1024];
+    loop {
+        // Idle, wait for the next refusal; otherwise poll the held sockets every 10 ms.
+        let wait = if held.is_empty() {
+            Duration::from_millis(500)
+        } else {
+            Duration::from_millis(10)
+        };
+        match refused.recv_timeout(wait) {
+            Ok(stream) => held.push((stream, Instant::now() + REFUSED_LINGER)),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        held.retain_mut(|(stream, until)| {
+            if now >= *until {
+                return false;
+            }
+            // A bounded number of reads per pass: a client streaming bytes cannot hold the
+            // drain; its linger still ends it.
+            for _ in 0..16 {
+                match stream.read(&mut sink) {
+                    Ok(0) => return false,
+                    Ok(_) => {}
+                    Err(err) if err.kind() == ErrorKind::WouldBlock => return true,
+                    Err(err) if err.kind() == ErrorKind::Interrupted => {}
+                    Err(_) => return false,
+                }
+            }
+            true
+        });
+    }
 }
 
 /// A worker: serves connections until the acceptor is gone; after `stop`, drops what is

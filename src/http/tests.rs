@@ -118,6 +118,37 @@ fn when_every_worker_is_held_a_new_client_is_told_busy_at_once() {
     server.stop();
 }
 
+/// The busy answer goes out before the client writes its request: the late request is
+/// drained, not met with a reset, so the client still reads the 503 (closing at once made
+/// this client see a broken pipe or a reset instead).
+#[test]
+fn a_client_refused_before_it_writes_still_reads_the_busy_answer() {
+    let server = server();
+    let addr = server.local_addr;
+    let held: Vec<TcpStream> = (0..WORKERS).map(|_| idle_client(addr)).collect();
+    for _ in 0..5 {
+        let mut late = TcpStream::connect(addr).expect("connects");
+        late.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        // Wait for the 503 to arrive before writing anything.
+        let mut first = [0u8; 1];
+        late.peek(&mut first).expect("the busy answer arrives");
+        // In two writes, as a client formatting its request does: a closed socket answers the
+        // first with a reset, and the second then fails.
+        late.write_all(b"GET /metrics HTTP/1.1\r\n")
+            .expect("the request line is written after the refusal");
+        std::thread::sleep(Duration::from_millis(50));
+        late.write_all(b"Host: localhost\r\n\r\n")
+            .expect("the headers are written after the refusal");
+        let mut answer = String::new();
+        late.read_to_string(&mut answer)
+            .expect("read without a reset");
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+    }
+    drop(held);
+    server.stop();
+}
+
 #[test]
 fn stop_never_waits_on_a_stuck_client() {
     let server = server();
