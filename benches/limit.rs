@@ -20,7 +20,12 @@
 //! Arguments after `--`: NODES (default 2000); `latency` instead measures one node at a time
 //! (the audit trail's cycle time, p50 and p90, per helper mode); `discovery` times one
 //! discovery round (2 s window) over NODES booted nodes; `rss` the provisioner's peak RSS
-//! over a run of NODES. Prints figures; asserts only correctness.
+//! over a run of NODES; `only=rpc_only|per_node|persistent` runs one mode alone (to profile
+//! it). Prints figures; asserts only correctness.
+//!
+//! Where the time goes: each run also prints the CPU each process spent per node (from
+//! `/proc/<pid>/stat`): the broker, the fleet, the limit or provisioner itself, and the
+//! helpers it spawned (its reaped children).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -57,6 +62,89 @@ fn limit_connection(world: &World, window: Duration, name: &str) -> Connection {
         name,
     )
     .expect("connect")
+}
+
+/// One process's `/proc/<pid>/stat` fields from field 4 (ppid) on, as numbers.
+fn stat_fields(pid: u32) -> Vec<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command name's closing parenthesis: the state, then fields 4.. of proc(5).
+    stat.rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect()
+}
+
+/// CPU seconds (user + system) of a process: its own, and its reaped children's.
+fn cpu_seconds(pid: u32) -> (f64, f64) {
+    let fields = stat_fields(pid);
+    // SAFETY: sysconf reads a constant of the running system.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let at = |i: usize| fields.get(i).copied().unwrap_or(0.0) / tick;
+    // utime, stime, cutime, cstime are fields 14-17: indices 10-13 here.
+    (at(10) + at(11), at(12) + at(13))
+}
+
+/// The CPU seconds of `parent`'s live children but `except` (persistent helpers still
+/// running when the run is read).
+fn live_children_cpu(parent: u32, except: &[u32]) -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| !except.contains(pid))
+        .filter(|&pid| stat_fields(pid).first().copied() == Some(f64::from(parent)))
+        .map(|pid| cpu_seconds(pid).0)
+        .sum()
+}
+
+/// The CPU of one run's processes, from its start to its end.
+struct CpuAccount {
+    broker: u32,
+    fleet: u32,
+    ours: u32,
+    start: [(f64, f64); 3],
+}
+
+impl CpuAccount {
+    fn start(world: &World, fleet: u32, ours: u32) -> CpuAccount {
+        let broker = world.broker.pid().unwrap_or(0);
+        CpuAccount {
+            broker,
+            fleet,
+            ours,
+            start: [cpu_seconds(broker), cpu_seconds(fleet), cpu_seconds(ours)],
+        }
+    }
+
+    /// "broker a, fleet b, us c + helpers d µs CPU per node", read before the processes end.
+    fn per_node(&self, nodes: usize) -> String {
+        let now = [
+            cpu_seconds(self.broker),
+            cpu_seconds(self.fleet),
+            cpu_seconds(self.ours),
+        ];
+        let live = live_children_cpu(self.ours, &[self.broker, self.fleet]);
+        let micros = |i: usize, children: bool| {
+            let (then, now) = (self.start[i], now[i]);
+            let spent = if children {
+                now.1 - then.1 + live
+            } else {
+                now.0 - then.0
+            };
+            spent * 1e6 / nodes as f64
+        };
+        format!(
+            "CPU per node: broker {:.0} µs, fleet {:.0} µs, itself {:.0} µs, helpers {:.0} µs",
+            micros(0, false),
+            micros(1, false),
+            micros(2, false),
+            micros(2, true)
+        )
+    }
 }
 
 /// Counts nothing: the limit keeps no metrics.
@@ -148,6 +236,7 @@ fn limit(
     let sim = Sim::start_booted_as(world, prefix, prefix, nodes, BOOTED_FLEET);
     let conn = limit_connection(world, Duration::from_secs(1), "limit");
     let gate = Arc::new(Gate::new(false));
+    let cpu = CpuAccount::start(world, sim.pid(), std::process::id());
     let started = Instant::now();
     let found = Discovery::new(conn.clone(), Arc::new(Nothing))
         .discover(&gate)
@@ -237,6 +326,7 @@ fn limit(
         worker.join().expect("a limit worker");
     }
     let seconds = started.elapsed().as_secs_f64();
+    println!("    {}", cpu.per_node(nodes));
     conn.close();
     let _ = sim.stop();
     nodes as f64 * 60.0 / seconds
@@ -266,6 +356,7 @@ fn provisioner(
             ..Default::default()
         },
     );
+    let cpu = CpuAccount::start(world, sim.pid(), provisioner.pid());
     let deadline = started + Duration::from_secs(600);
     let seconds = loop {
         if let Ok(metrics) = provisioner.try_metrics() {
@@ -278,6 +369,7 @@ fn provisioner(
         assert!(Instant::now() < deadline, "the provisioner did not finish");
         std::thread::sleep(Duration::from_millis(20));
     };
+    println!("    {}", cpu.per_node(nodes));
     provisioner.stop();
     let _ = sim.stop();
     nodes as f64 * 60.0 / seconds
@@ -449,9 +541,12 @@ fn main() {
         }
         return;
     }
+    // `only=MODE` runs that mode alone (to profile it); the ratio to rpc_only is then left out.
+    let only = std::env::args().find_map(|a| a.strip_prefix("only=").map(str::to_string));
+    let wanted = |mode: Mode| only.as_deref().is_none_or(|m| m == mode.name());
     let world = World::new();
     let mut rpc_only = 0f64;
-    for threads in [8, 16, 32] {
+    for threads in [8, 16, 32].into_iter().filter(|_| wanted(Mode::RpcOnly)) {
         let rate = limit(
             &world,
             nodes,
@@ -463,9 +558,14 @@ fn main() {
         println!("  rpc_only   limit, {threads:>2} threads: {rate:>9.0} nodes/min");
         rpc_only = rpc_only.max(rate);
     }
-    println!("rpc_only   limit {rpc_only:>9.0} nodes/min (no helper at all)");
+    if wanted(Mode::RpcOnly) {
+        println!("rpc_only   limit {rpc_only:>9.0} nodes/min (no helper at all)");
+    }
     drop(world);
-    for mode in [Mode::PerNode, Mode::Persistent] {
+    for mode in [Mode::PerNode, Mode::Persistent]
+        .into_iter()
+        .filter(|m| wanted(*m))
+    {
         let world = World::new();
         let (per_node, persistent) = helpers(&world);
         let helper = if mode == Mode::PerNode {
@@ -501,7 +601,7 @@ fn main() {
             best.0,
             ours / best.1
         );
-        if mode == Mode::Persistent {
+        if mode == Mode::Persistent && rpc_only > 0.0 {
             println!(
                 "persistent provisioner against the rpc_only limit: ratio {:.2}",
                 ours / rpc_only

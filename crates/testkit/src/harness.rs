@@ -698,6 +698,11 @@ pub struct Sim {
 }
 
 impl Sim {
+    /// The simulator's pid while it runs (0 once stopped).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
     /// Starts the simulator on the world's broker with `args` (besides `--broker`, `--report`).
     pub fn start(world: &World, args: &[&str]) -> Sim {
         Sim::start_named(world, "sim", args)
