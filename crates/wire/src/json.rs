@@ -7,23 +7,80 @@
 
 /// Go's `json.Marshal` HTML-safe escaping, applied to already serialised compact JSON.
 /// Safe on whole documents: in JSON these characters can only occur inside strings.
+///
+/// It runs on every request and reply, so it scans bytes, not chars: `<`, `>` and `&` are
+/// ASCII, and U+2028/U+2029 are the only characters encoded `E2 80 A8`/`E2 80 A9`; runs
+/// between them are copied whole.
 pub fn go_escape(json: String) -> String {
-    let needs = json
-        .chars()
-        .any(|c| matches!(c, '<' | '>' | '&' | '\u{2028}' | '\u{2029}'));
-    if !needs {
+    let bytes = json.as_bytes();
+    let Some(first) = bytes
+        .iter()
+        .position(|b| matches!(b, b'<' | b'>' | b'&' | 0xE2))
+    else {
         return json;
-    }
+    };
     let mut out = String::with_capacity(json.len() + 16);
-    for c in json.chars() {
-        match c {
-            '<' => out.push_str("\\u003c"),
-            '>' => out.push_str("\\u003e"),
-            '&' => out.push_str("\\u0026"),
-            '\u{2028}' => out.push_str("\\u2028"),
-            '\u{2029}' => out.push_str("\\u2029"),
-            other => out.push(other),
+    let (mut copied, mut at) = (0, first);
+    while at < bytes.len() {
+        let escape = match bytes[at] {
+            b'<' => Some(("\\u003c", 1)),
+            b'>' => Some(("\\u003e", 1)),
+            b'&' => Some(("\\u0026", 1)),
+            0xE2 if bytes[at + 1..].starts_with(&[0x80, 0xA8]) => Some(("\\u2028", 3)),
+            0xE2 if bytes[at + 1..].starts_with(&[0x80, 0xA9]) => Some(("\\u2029", 3)),
+            _ => None,
+        };
+        match escape {
+            // Both ends are on char boundaries: an ASCII byte or a lead byte.
+            Some((text, len)) => {
+                out.push_str(&json[copied..at]);
+                out.push_str(text);
+                at += len;
+                copied = at;
+            }
+            None => at += 1,
         }
     }
+    out.push_str(&json[copied..]);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::go_escape;
+
+    #[test]
+    fn escapes_what_go_escapes_and_nothing_else() {
+        assert_eq!(
+            go_escape("{\"a\":\"<b>&c\u{2028}d\u{2029}\"}".into()),
+            r#"{"a":"\u003cb\u003e\u0026c\u2028d\u2029"}"#
+        );
+        // Other characters led by E2 (the euro sign, a dash) and multi-byte text pass as is.
+        assert_eq!(go_escape("€ – ü 日本".into()), "€ – ü 日本");
+        assert_eq!(go_escape("€<".into()), "€\\u003c");
+        assert_eq!(go_escape(String::new()), "");
+        assert_eq!(go_escape("plain".into()), "plain");
+        // The escaped character last: nothing is read past the end.
+        assert_eq!(go_escape("x\u{2029}".into()), "x\\u2029");
+    }
+
+    #[test]
+    fn the_same_as_escaping_char_by_char() {
+        let sample: String = (0u32..0x3000)
+            .filter_map(char::from_u32)
+            .chain("<>&".chars())
+            .collect();
+        let by_char: String = sample
+            .chars()
+            .map(|c| match c {
+                '<' => "\\u003c".to_string(),
+                '>' => "\\u003e".to_string(),
+                '&' => "\\u0026".to_string(),
+                '\u{2028}' => "\\u2028".to_string(),
+                '\u{2029}' => "\\u2029".to_string(),
+                other => other.to_string(),
+            })
+            .collect();
+        assert_eq!(go_escape(sample), by_char);
+    }
 }
