@@ -9,6 +9,7 @@
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
@@ -27,7 +28,25 @@ pub const SERVICE_ONLY_ENV: [&str; 6] = [
 /// Removes [`SERVICE_ONLY_ENV`] from what `command` passes on (thread-safe: the daemon's own
 /// environment is untouched).
 pub fn scrub(command: &mut Command) -> &mut Command {
-    for name in SERVICE_ONLY_ENV {
+    remove(command, present_service_env())
+}
+
+/// The [`SERVICE_ONLY_ENV`] variables this process has, read once (the daemon never changes
+/// its environment). Only these need removing, and a command with nothing removed inherits
+/// the environment as is: std copies the whole environment into every spawn that edits it,
+/// which outside systemd is a cost per helper run for nothing.
+fn present_service_env() -> &'static [&'static str] {
+    static PRESENT: OnceLock<Vec<&'static str>> = OnceLock::new();
+    PRESENT.get_or_init(|| {
+        SERVICE_ONLY_ENV
+            .into_iter()
+            .filter(|name| std::env::var_os(name).is_some())
+            .collect()
+    })
+}
+
+fn remove<'c>(command: &'c mut Command, names: &[&str]) -> &'c mut Command {
+    for name in names {
         command.env_remove(name);
     }
     command
@@ -82,7 +101,7 @@ mod tests {
     fn children_lose_every_service_only_variable_and_keep_the_rest() {
         let mut command = Command::new("true");
         command.env("KEEP_ME", "1");
-        scrub(&mut command);
+        remove(&mut command, &SERVICE_ONLY_ENV);
         let envs: Vec<(String, Option<String>)> = command
             .get_envs()
             .map(|(k, v)| {
@@ -99,6 +118,23 @@ mod tests {
             );
         }
         assert!(envs.contains(&("KEEP_ME".to_string(), Some("1".to_string()))));
+    }
+
+    #[test]
+    fn scrub_removes_exactly_the_service_variables_this_process_has() {
+        let mut command = Command::new("true");
+        scrub(&mut command);
+        let removed: Vec<String> = command
+            .get_envs()
+            .filter(|(_, value)| value.is_none())
+            .map(|(name, _)| name.to_string_lossy().into_owned())
+            .collect();
+        let present: Vec<String> = SERVICE_ONLY_ENV
+            .into_iter()
+            .filter(|name| std::env::var_os(name).is_some())
+            .map(str::to_string)
+            .collect();
+        assert_eq!(removed, present);
     }
 
     #[test]

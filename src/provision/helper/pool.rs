@@ -495,7 +495,8 @@ fn read_answer(
     let mut writing = running.stdin.is_some();
     let mut stderr_open = true;
     let mut stderr_lines = StderrLines::new(helper, identity);
-    let mut chunk = vec![0u8; 64 * 1024];
+    // On the stack: one heap buffer per exchange was a 64 KiB allocation per node.
+    let mut chunk = [0u8; 16 * 1024];
     // A helper that exits while something it started holds its stdout gives no EOF: its exit
     // is watched too, every 50 ms at most (an answer wakes the poll at once).
     let mut exited = false;

@@ -405,3 +405,57 @@ fn output_just_under_the_cap_is_accepted() {
     let out = run(&path.display().to_string(), Duration::from_secs(30)).expect("big helper");
     assert_eq!(out.msg.len(), filler);
 }
+
+/// The exit is awaited, not just the pipes' end, with the exit watched through a pidfd and,
+/// as on kernels without `pidfd_open` (EL7, EL8), polled for.
+#[test]
+fn the_exit_is_awaited_after_the_pipes_close_with_and_without_an_exit_watch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let answer = r#"{"defer":false,"msg":"ok","configuration":{"a":"b"}}"#;
+    let late_exit = script(
+        dir.path(),
+        "late-exit.sh",
+        &format!(
+            "#!/bin/sh
+read -r line
+echo '{answer}'
+exec >&- 2>&-
+sleep 0.3
+exit 0
+"
+        ),
+    );
+    let late_failure = script(
+        dir.path(),
+        "late-failure.sh",
+        &format!(
+            "#!/bin/sh
+echo '{answer}'
+exec >&- 2>&-
+sleep 0.3
+exit 3
+"
+        ),
+    );
+    for without_watch in [false, true] {
+        super::tests_without_exit_watch::ON.set(without_watch);
+        let started = Instant::now();
+        let out = run(&late_exit.display().to_string(), Duration::from_secs(30));
+        assert_eq!(
+            kind(&out),
+            Want::Ok,
+            "without watch {without_watch}: {out:?}"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "returned before the exit (without watch {without_watch})"
+        );
+        let out = run(&late_failure.display().to_string(), Duration::from_secs(30));
+        assert_eq!(
+            kind(&out),
+            Want::Exit,
+            "without watch {without_watch}: {out:?}"
+        );
+    }
+    super::tests_without_exit_watch::ON.set(false);
+}
