@@ -43,6 +43,10 @@ use choria_testkit::harness::{
 };
 use serde_json::{json, Value};
 
+#[path = "limit/fast_fleet.rs"]
+mod fast_fleet;
+use fast_fleet::FastFleetProcess;
+
 const TOKEN: &str = "bench-limit";
 /// The simulator's arguments for a booted fleet the limit and the provisioner both work on.
 const BOOTED_FLEET: &[&str] = &[
@@ -224,6 +228,53 @@ fn serve(program: &str) -> Served {
     }
 }
 
+/// Which fleet the runs use: `fleet=fast` (the default, [`fast_fleet`]) or `fleet=sim` (the
+/// simulator, checks and all).
+static FLEET: std::sync::OnceLock<FleetKind> = std::sync::OnceLock::new();
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum FleetKind {
+    Fast,
+    Sim,
+}
+
+/// A booted fleet of the kind chosen.
+enum Fleet {
+    Fast(FastFleetProcess),
+    Sim(Sim),
+}
+
+impl Fleet {
+    fn start(world: &World, prefix: &str, nodes: usize) -> Fleet {
+        match FLEET.get().copied().unwrap_or(FleetKind::Fast) {
+            FleetKind::Fast => Fleet::Fast(FastFleetProcess::start(world, prefix, nodes)),
+            FleetKind::Sim => Fleet::Sim(Sim::start_booted_as(
+                world,
+                prefix,
+                prefix,
+                nodes,
+                BOOTED_FLEET,
+            )),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        match self {
+            Fleet::Fast(fleet) => fleet.pid(),
+            Fleet::Sim(sim) => sim.pid(),
+        }
+    }
+
+    fn stop(self) {
+        match self {
+            Fleet::Fast(fleet) => fleet.stop(),
+            Fleet::Sim(sim) => {
+                let _ = sim.stop();
+            }
+        }
+    }
+}
+
 /// The limit with `threads` workers over a fleet just booted (prefix `prefix`); nodes/min.
 fn limit(
     world: &World,
@@ -233,10 +284,10 @@ fn limit(
     helper: &str,
     prefix: &str,
 ) -> f64 {
-    let sim = Sim::start_booted_as(world, prefix, prefix, nodes, BOOTED_FLEET);
+    let fleet = Fleet::start(world, prefix, nodes);
     let conn = limit_connection(world, Duration::from_secs(1), "limit");
     let gate = Arc::new(Gate::new(false));
-    let cpu = CpuAccount::start(world, sim.pid(), std::process::id());
+    let cpu = CpuAccount::start(world, fleet.pid(), std::process::id());
     let started = Instant::now();
     let found = Discovery::new(conn.clone(), Arc::new(Nothing))
         .discover(&gate)
@@ -328,7 +379,7 @@ fn limit(
     let seconds = started.elapsed().as_secs_f64();
     println!("    {}", cpu.per_node(nodes));
     conn.close();
-    let _ = sim.stop();
+    fleet.stop();
     nodes as f64 * 60.0 / seconds
 }
 
@@ -341,7 +392,7 @@ fn provisioner(
     helper: &str,
     prefix: &str,
 ) -> f64 {
-    let sim = Sim::start_booted_as(world, prefix, prefix, nodes, BOOTED_FLEET);
+    let fleet = Fleet::start(world, prefix, nodes);
     let started = Instant::now();
     let provisioner = Provisioner::start(
         world,
@@ -356,7 +407,7 @@ fn provisioner(
             ..Default::default()
         },
     );
-    let cpu = CpuAccount::start(world, sim.pid(), provisioner.pid());
+    let cpu = CpuAccount::start(world, fleet.pid(), provisioner.pid());
     let deadline = started + Duration::from_secs(600);
     let seconds = loop {
         if let Ok(metrics) = provisioner.try_metrics() {
@@ -371,7 +422,7 @@ fn provisioner(
     };
     println!("    {}", cpu.per_node(nodes));
     provisioner.stop();
-    let _ = sim.stop();
+    fleet.stop();
     nodes as f64 * 60.0 / seconds
 }
 
@@ -449,12 +500,26 @@ fn latency(mode: Mode, helper: &str) -> (u64, u64) {
 }
 
 fn main() {
-    let nodes: usize = std::env::args()
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("serve-fast-fleet") {
+        fast_fleet::serve(&args[2..]);
+        return;
+    }
+    let kind = match args.iter().find_map(|a| a.strip_prefix("fleet=")) {
+        None | Some("fast") => FleetKind::Fast,
+        Some("sim") => FleetKind::Sim,
+        Some(other) => panic!("fleet={other}: fast or sim"),
+    };
+    let _ = FLEET.set(kind);
+    let nodes: usize = args
+        .iter()
         .skip(1)
-        .find(|a| !a.starts_with('-'))
-        .and_then(|a| a.parse().ok())
+        .find_map(|a| a.parse().ok())
         .unwrap_or(2000);
-    println!("limit harness: {nodes} nodes per run, insecure, no features, a trivial sh helper");
+    println!(
+        "limit harness: {nodes} nodes per run, insecure, no features, a trivial sh helper, fleet={}",
+        if kind == FleetKind::Fast { "fast" } else { "sim" }
+    );
     if std::env::args().any(|a| a == "discovery") {
         // One discovery round over a booted fleet of NODES, Go's 2 s window.
         let world = World::new();
