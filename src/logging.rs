@@ -13,7 +13,6 @@
 //! text lines to stderr. The log file is created mode 0640: it names nodes and helpers.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -138,15 +137,45 @@ pub fn json_line(
     node: Option<&str>,
     time: &str,
 ) -> String {
-    let mut map: BTreeMap<&str, String> = fields(target, node).into_iter().collect();
-    map.insert("level", level_name(level).to_string());
-    map.insert("msg", choria_wire::text::one_line(message).into_owned());
-    map.insert("time", time.to_string());
-    // A map of strings always serialises.
-    let json = serde_json::to_string(&map).unwrap_or_default();
+    let message = choria_wire::text::one_line(message);
+    let mut json = String::with_capacity(message.len() + 128);
+    json.push('{');
+    // Written in logrus's (sorted) key order: component, election, level, msg, time.
+    for (key, value) in fields(target, node) {
+        push_field(&mut json, key, &value);
+    }
+    push_field(&mut json, "level", level_name(level));
+    push_field(&mut json, "msg", &message);
+    push_field(&mut json, "time", time);
+    json.pop(); // the last field's comma
+    json.push('}');
     let mut line = choria_wire::json::go_escape(json);
     line.push('\n');
     line
+}
+
+/// `"key":"value",` with the value escaped as JSON (a string always serialises).
+fn push_field(json: &mut String, key: &str, value: &str) {
+    json.push('"');
+    json.push_str(key);
+    json.push_str("\":");
+    json.push_str(&serde_json::to_string(value).unwrap_or_default());
+    json.push(',');
+}
+
+/// [`rfc3339_local`] of now, formatted once a second per thread: every log line needs it.
+fn now_rfc3339_local() -> String {
+    thread_local! {
+        static LAST: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
+    }
+    let now = choria_broker::clock::unix_now();
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        if last.0 != now {
+            *last = (now, rfc3339_local(now));
+        }
+        last.1.clone()
+    })
 }
 
 /// `unix` seconds as RFC 3339 in local time to the second, `Z` when the offset is zero: Go's
@@ -235,7 +264,7 @@ pub fn init(logfile: Option<&Path>, level: LevelFilter, debug: bool) -> Result<(
                     record.target(),
                     &record.args().to_string(),
                     node.as_deref(),
-                    &rfc3339_local(choria_broker::clock::unix_now()),
+                    &now_rfc3339_local(),
                 );
                 buf.write_all(line.as_bytes())
             });
@@ -301,6 +330,20 @@ mod tests {
         assert_eq!(level_filter(LevelFilter::Error, true), LevelFilter::Debug);
         assert_eq!(level_filter(LevelFilter::Trace, true), LevelFilter::Debug);
         assert_eq!(level_filter(LevelFilter::Warn, false), LevelFilter::Warn);
+    }
+
+    #[test]
+    fn the_cached_time_is_the_time_of_this_second() {
+        for _ in 0..3 {
+            let before = choria_broker::clock::unix_now();
+            let cached = now_rfc3339_local();
+            let after = choria_broker::clock::unix_now();
+            assert!(
+                cached == rfc3339_local(before) || cached == rfc3339_local(after),
+                "{cached} is neither {before} nor {after}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(600));
+        }
     }
 
     #[test]
