@@ -1,7 +1,8 @@
 //! The pipeline against the most this machine can do (issue 16): for each helper mode, a
 //! *limit* program doing only the unavoidable work, then the real provisioner, in the same
-//! run, on the same broker, with fleets of the same simulator; prints the nodes/min of both
-//! and their ratio.
+//! run, on the same broker, each against a fresh fleet of the same kind; prints the nodes/min
+//! of both and their ratio. The fleet is a fast responder of the bench's own (`fleet=fast`,
+//! the default; `limit/fast_fleet.rs`) or the simulator (`fleet=sim`).
 //!
 //! The limit (kept minimal so that it cannot be made slow on purpose): one broadcast
 //! discovery, then W threads (the best of 8, 16 and 32) each taking node identities from a
@@ -25,7 +26,8 @@
 //!
 //! Where the time goes: each run also prints the CPU each process spent per node (from
 //! `/proc/<pid>/stat`): the broker, the fleet, the limit or provisioner itself, and the
-//! helpers it spawned (its reaped children).
+//! helpers it spawned (its reaped children, and the persistent ones still running).
+//! `discovery`, `rss` and `latency` always use the simulator.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
