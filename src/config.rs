@@ -849,6 +849,10 @@ impl<'a> KeyReader<'a> {
             path: path.to_path_buf(),
             reason: err.to_string(),
         })?;
+        let value = yaml::apply_merges(value).map_err(|reason| ConfigError::Yaml {
+            path: path.to_path_buf(),
+            reason,
+        })?;
         let mapping = match value {
             Value::Mapping(m) => m,
             // An empty file is an empty configuration, which then fails on `helper`.
@@ -1368,6 +1372,21 @@ features:
             ("Features: {PKI: true}",   Ok((|c| c.features.pki && c.set_in_file.contains("features.pki"), ""))),
             ("features: {Upgrades: Yes}", Ok((|c| c.upgrades.is_some(), "features.upgrades: Yes"))),
             ("Choria_Insecure: on",     Ok((|c| c.choria_insecure, "choria_insecure: on"))),
+            // A key written twice: yaml.v2 (not strict) keeps the last.
+            ("workers: 3\nworkers: 5",  Ok((|c| c.workers == 5, ""))),
+            // Merge keys, applied where written, as yaml.v2's decoder does.
+            ("<<: {workers: 3}",        Ok((|c| c.workers == 3, ""))),
+            ("<<: {workers: 3}\nworkers: 5", Ok((|c| c.workers == 5, ""))),
+            ("workers: 5\n<<: {workers: 3}", Ok((|c| c.workers == 3, ""))),
+            ("<<: [{workers: 3}, {workers: 4, site: s1}]", Ok((|c| c.workers == 3 && c.site == "s1", ""))),
+            ("features: {<<: {pki: true}}", Ok((|c| c.features.pki, ""))),
+            ("<<: 5",                   Err(&["invalid YAML", "`<<` merges a map"])),
+            ("<<: [5]",                 Err(&["invalid YAML", "only maps"])),
+            // A timestamp is text to yaml.v2 decoding into interface{} (ghodss/yaml); .inf is
+            // a float, which no key takes (and encoding/json cannot even encode).
+            ("site: 2001-12-14",        Ok((|c| c.site == "2001-12-14", ""))),
+            ("workers: .inf",           Err(&["workers"])),
+            ("interval: .nan",          Err(&["interval"])),
         ];
         for (snippet, want) in cases {
             let text = format!("helper: h\n{snippet}\n");

@@ -105,6 +105,52 @@ pub(super) fn parse(text: &str) -> Result<(Value, Vec<BoolWord>), serde_norway::
     Ok((value, words.into_inner()))
 }
 
+/// yaml.v2's merge keys (`<<: *anchor`, <https://yaml.org/type/merge.html>), applied as its
+/// decoder applies them (decode.go, `mapping` and `merge`): where the `<<` is written, so a
+/// key after it overrides what it merged and a key before it is overridden; from a list of
+/// maps the first takes precedence. serde_norway leaves `<<` a plain key, and its own
+/// `apply_merge` lets explicit keys win wherever they are written.
+pub(super) fn apply_merges(value: Value) -> Result<Value, String> {
+    match value {
+        Value::Mapping(mapping) => {
+            let mut merged = Mapping::new();
+            for (key, value) in mapping {
+                let value = apply_merges(value)?;
+                if key.as_str() != Some("<<") {
+                    merged.insert(key, value);
+                    continue;
+                }
+                let maps = match value {
+                    Value::Mapping(map) => vec![map],
+                    // Inserted last to first, so the first one's keys stay.
+                    Value::Sequence(items) => items
+                        .into_iter()
+                        .rev()
+                        .map(|item| match item {
+                            Value::Mapping(map) => Ok(map),
+                            _ => Err("a `<<` list may hold only maps".to_string()),
+                        })
+                        .collect::<Result<_, _>>()?,
+                    _ => return Err("`<<` merges a map or a list of maps".to_string()),
+                };
+                for map in maps {
+                    for (key, value) in map {
+                        merged.insert(key, value);
+                    }
+                }
+            }
+            Ok(Value::Mapping(merged))
+        }
+        Value::Sequence(items) => Ok(Value::Sequence(
+            items
+                .into_iter()
+                .map(apply_merges)
+                .collect::<Result<_, _>>()?,
+        )),
+        other => Ok(other),
+    }
+}
+
 /// A key as `encoding/json` compares it to a field name: ASCII case folded, and the two
 /// non-ASCII letters that fold to ASCII ones (KELVIN SIGN to `k`, LONG S to `s`).
 pub(super) fn fold(key: &str) -> String {
