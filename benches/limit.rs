@@ -385,6 +385,36 @@ fn limit(
     nodes as f64 * 60.0 / seconds
 }
 
+/// The provisioner's configuration in every run: this helper in this mode, insecure, no
+/// features.
+fn bench_yaml(helper: &str, mode: Mode, workers: usize, release_delay: &str) -> String {
+    format!(
+        "{}helper_mode: {}\ntoken: {TOKEN}\nworkers: {workers}\nrelease_delay: {release_delay}\nhelper_timeout: 30s\n",
+        yaml_helper(helper),
+        mode.name()
+    )
+}
+
+/// The simulator with `nodes` nodes booting over `spread`, ending by `deadline`.
+fn booting_fleet(world: &World, nodes: usize, spread: &str, deadline: &str) -> Sim {
+    let nodes = nodes.to_string();
+    Sim::start(
+        world,
+        &[
+            "--nodes",
+            &nodes,
+            "--token",
+            TOKEN,
+            "--keygen-threads",
+            "0",
+            "--boot-spread",
+            spread,
+            "--deadline",
+            deadline,
+        ],
+    )
+}
+
 /// The provisioner with `workers` over a fleet just booted; nodes/min.
 fn provisioner(
     world: &World,
@@ -400,11 +430,7 @@ fn provisioner(
         world,
         ProvisionerSetup {
             identity: format!("{prefix}-provisioner.example.net"),
-            yaml: format!(
-                "{}helper_mode: {}\ntoken: {TOKEN}\nworkers: {workers}\nrelease_delay: 10m\nhelper_timeout: 30s\n",
-                yaml_helper(helper),
-                mode.name()
-            ),
+            yaml: bench_yaml(helper, mode, workers, "10m"),
             discovery_timeout: 1,
             ..Default::default()
         },
@@ -438,31 +464,15 @@ fn latency(mode: Mode, helper: &str) -> (u64, u64) {
         &world,
         ProvisionerSetup {
             yaml: format!(
-                "{}helper_mode: {}\ntoken: {TOKEN}\nworkers: 4\nrelease_delay: 10m\nhelper_timeout: 30s\naudit_file: {}\n",
-                yaml_helper(helper),
-                mode.name(),
+                "{}audit_file: {}\n",
+                bench_yaml(helper, mode, 4, "10m"),
                 audit.display()
             ),
             discovery_timeout: 1,
             ..Default::default()
         },
     );
-    let nodes = NODES.to_string();
-    let sim = Sim::start(
-        &world,
-        &[
-            "--nodes",
-            &nodes,
-            "--token",
-            TOKEN,
-            "--keygen-threads",
-            "0",
-            "--boot-spread",
-            "20s",
-            "--deadline",
-            "120s",
-        ],
-    );
+    let sim = booting_fleet(&world, NODES, "20s", "120s");
     provisioner.wait_metrics("every node provisioned", |m| {
         m.get("choria_provisioner_provisioned") == NODES as f64
     });
@@ -522,7 +532,8 @@ fn main() {
         "limit harness: {nodes} nodes per run, insecure, no features, a trivial sh helper, fleet={}",
         if kind == FleetKind::Fast { "fast" } else { "sim" }
     );
-    if std::env::args().any(|a| a == "discovery") {
+    let asked = |word: &str| args.iter().skip(1).any(|a| a == word);
+    if asked("discovery") {
         // One discovery round over a booted fleet of NODES, Go's 2 s window.
         let world = World::new();
         let sim = Sim::start_booted(&world, nodes, BOOTED_FLEET);
@@ -540,7 +551,7 @@ fn main() {
         let _ = sim.stop();
         return;
     }
-    if std::env::args().any(|a| a == "rss") {
+    if asked("rss") {
         // A run of NODES (persistent helper, 32 workers, boots spread over 60 s): the
         // provisioner's peak RSS from its own process_resident_memory_bytes, sampled each second.
         let world = World::new();
@@ -548,30 +559,12 @@ fn main() {
         let provisioner = Provisioner::start(
             &world,
             ProvisionerSetup {
-                yaml: format!(
-                    "{}helper_mode: persistent\ntoken: {TOKEN}\nworkers: 32\nrelease_delay: 10s\nhelper_timeout: 30s\n",
-                    yaml_helper(&persistent)
-                ),
+                yaml: bench_yaml(&persistent, Mode::Persistent, 32, "10s"),
                 discovery_timeout: 2,
                 ..Default::default()
             },
         );
-        let nodes_arg = nodes.to_string();
-        let sim = Sim::start(
-            &world,
-            &[
-                "--nodes",
-                &nodes_arg,
-                "--token",
-                TOKEN,
-                "--keygen-threads",
-                "0",
-                "--boot-spread",
-                "60s",
-                "--deadline",
-                "900s",
-            ],
-        );
+        let sim = booting_fleet(&world, nodes, "60s", "900s");
         let started = Instant::now();
         let mut peak = 0f64;
         loop {
@@ -596,7 +589,7 @@ fn main() {
         provisioner.stop();
         return;
     }
-    if std::env::args().any(|a| a == "latency") {
+    if asked("latency") {
         let world = World::new();
         let (per_node, persistent) = helpers(&world);
         for (mode, helper) in [(Mode::PerNode, per_node), (Mode::Persistent, persistent)] {
@@ -609,8 +602,8 @@ fn main() {
         return;
     }
     // `only=MODE` runs that mode alone (to profile it); the ratio to rpc_only is then left out.
-    let only = std::env::args().find_map(|a| a.strip_prefix("only=").map(str::to_string));
-    let wanted = |mode: Mode| only.as_deref().is_none_or(|m| m == mode.name());
+    let only = args.iter().find_map(|a| a.strip_prefix("only="));
+    let wanted = |mode: Mode| only.is_none_or(|m| m == mode.name());
     let world = World::new();
     let mut rpc_only = 0f64;
     for threads in [8, 16, 32].into_iter().filter(|_| wanted(Mode::RpcOnly)) {

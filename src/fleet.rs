@@ -651,9 +651,7 @@ fn work_one(
 /// order, and the releaser, asleep until its front is due, needs waking only when a hold
 /// finds it empty. A channel to the releaser woke it once per provisioned node (4 % of the
 /// daemon's CPU in the limit bench).
-struct HeldQueue {
-    held: Mutex<VecDeque<(Instant, Ticket)>>,
-}
+type HeldQueue = Mutex<VecDeque<(Instant, Ticket)>>;
 
 /// A worker's handle on the held queue: the queue, and its kick to the releaser.
 #[derive(Clone)]
@@ -666,7 +664,7 @@ impl Releases {
     fn hold(&self, fleet: &Fleet, ticket: Ticket) {
         let at = fleet.clock.now() + fleet.settings.release_delay;
         let was_empty = {
-            let mut held = self.queue.held.lock();
+            let mut held = self.queue.lock();
             held.push_back((at, ticket));
             held.len() == 1
         };
@@ -717,9 +715,7 @@ impl FleetThreads {
         let (trigger, trigger_rx) = bounded::<()>(1);
         let (stop_ticker, stop_ticker_rx) = bounded::<()>(1);
         let (done_tx, done_rx) = bounded::<Ticket>(workers * 4 + 16);
-        let held = Arc::new(HeldQueue {
-            held: Mutex::new(VecDeque::new()),
-        });
+        let held: Arc<HeldQueue> = Arc::default();
         let (release_kick, release_kicked) = bounded::<()>(1);
         let (stop_releaser, stop_releaser_rx) = bounded::<()>(1);
         let (exit_tx, worker_exits) = bounded::<()>(workers);
@@ -928,6 +924,9 @@ pub fn run_discovery(fleet: &Fleet, discover: &dyn Discover) {
     }
 }
 
+/// One timer thread for every held ticket, never a timer per host: it sleeps until the
+/// front of the held queue is due on the fleet's clock, a hold into an empty queue or the
+/// stop, whichever is first.
 fn run_releaser(
     fleet: &Fleet,
     held: &HeldQueue,
@@ -953,7 +952,7 @@ fn release_until_stopped(
         let now = fleet.clock.now();
         loop {
             let due = {
-                let mut queue = held.held.lock();
+                let mut queue = held.lock();
                 match queue.front() {
                     Some((at, _)) if *at <= now => queue.pop_front().map(|(_, ticket)| ticket),
                     _ => None,
@@ -964,7 +963,7 @@ fn release_until_stopped(
                 fleet.finish(&err.into_inner());
             }
         }
-        let next_deadline = match held.held.lock().front() {
+        let next_deadline = match held.lock().front() {
             Some((at, _)) => fleet.clock.at(*at),
             None => never(),
         };
@@ -972,7 +971,7 @@ fn release_until_stopped(
             recv(stop) -> _ => return,
             recv(kicked) -> msg => {
                 if msg.is_err() {
-                    if held.held.lock().is_empty() { return; }
+                    if held.lock().is_empty() { return; }
                     // Workers gone: keep releasing what is held until stopped.
                     kicked = never();
                 }
@@ -1503,14 +1502,12 @@ mod tests {
         );
     }
 
-    /// Holds go in deadline order and the releaser is kicked only by a hold into an empty
-    /// queue: holds made while others wait are released at their own time all the same.
+    /// Holds go in deadline order; those made while others wait (no kick) are released at
+    /// their own time all the same, and a hold into an empty queue wakes the releaser.
     #[test]
     fn held_tickets_are_released_in_order_each_after_the_delay() {
         let (fleet, clock, _) = fleet_with(100);
-        let held = Arc::new(HeldQueue {
-            held: Mutex::new(VecDeque::new()),
-        });
+        let held: Arc<HeldQueue> = Arc::default();
         let (kick, kicked) = bounded::<()>(1);
         let (stop_tx, stop) = bounded::<()>(1);
         let (done, released) = bounded::<Ticket>(16);
@@ -1538,7 +1535,7 @@ mod tests {
         releases.hold(&fleet, ticket("b", 2));
         clock.advance(Duration::from_secs(20));
         releases.hold(&fleet, ticket("c", 3));
-        assert_eq!(held.held.lock().len(), 3);
+        assert_eq!(held.lock().len(), 3);
         let next = || released.recv_timeout(Duration::from_secs(5)).ok();
         // 40 s in: nothing is due.
         assert!(released.recv_timeout(Duration::from_millis(200)).is_err());
@@ -1548,7 +1545,7 @@ mod tests {
         clock.advance(Duration::from_secs(40)); // 101 s: b and c
         assert_eq!(next().map(|t| t.number), Some(2));
         assert_eq!(next().map(|t| t.number), Some(3));
-        assert!(held.held.lock().is_empty());
+        assert!(held.lock().is_empty());
         // Empty again: a new hold kicks the sleeping releaser, which takes its deadline.
         releases.hold(&fleet, ticket("d", 4));
         std::thread::sleep(Duration::from_millis(100));

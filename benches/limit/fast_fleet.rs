@@ -14,12 +14,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use choria_broker::clock::unix_now;
 use choria_broker::connection::{self, ConnectOptions, Connection};
 use choria_broker::discovery::DISCOVERY_SUBJECT;
-use choria_testkit::harness::{insecure_settings, World};
+use choria_fleet_sim::check::LOADED_AGENTS;
+use choria_testkit::harness::{insecure_settings, kill_and_reap, wait_exit, World};
 use choria_wire::v1::server;
 use serde_json::{json, Value};
 
@@ -73,15 +74,9 @@ impl FastFleetProcess {
     /// Closes its stdin (it stops and exits); killed if it has not after 10 s.
     pub fn stop(mut self) {
         drop(self.child.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if wait_exit(&mut self.child, Duration::from_secs(10)).is_none() {
+            kill_and_reap(&mut self.child);
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -94,24 +89,19 @@ pub fn serve(args: &[String]) {
     let nodes: usize = nodes.parse().expect("NODES is a number");
     let fleet = FastFleet::start(url, prefix, nodes, THREADS);
     println!("ready");
-    let stdin_closed = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let closed = stdin_closed.clone();
-        std::thread::Builder::new()
-            .name("fast-fleet-stdin".into())
-            .spawn(move || {
-                let mut sink = [0u8; 64];
-                while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
-                closed.store(true, Ordering::SeqCst);
-            })
-            .expect("thread")
-    };
-    let deadline = Instant::now() + SERVE_LIMIT;
-    while !stdin_closed.load(Ordering::SeqCst) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (closed_tx, closed) = crossbeam_channel::bounded::<()>(1);
+    let watcher = std::thread::Builder::new()
+        .name("fast-fleet-stdin".into())
+        .spawn(move || {
+            let mut sink = [0u8; 64];
+            while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
+            let _ = closed_tx.send(());
+        })
+        .expect("thread");
+    let stdin_closed = closed.recv_timeout(SERVE_LIMIT).is_ok();
     fleet.stop();
-    if stdin_closed.load(Ordering::SeqCst) {
+    // Past the limit its read still blocks: left to the process's exit.
+    if stdin_closed {
         let _ = watcher.join();
     }
 }
@@ -203,7 +193,7 @@ fn answer(conn: &Connection, identities: &[String], message: connection::Inbound
     let action = body["action"].as_str().unwrap_or("");
     let data = match (request.agent.as_str(), action) {
         ("rpcutil", "inventory") => json!({
-            "agents": ["choria_provision", "choria_util", "discovery", "rpcutil"],
+            "agents": LOADED_AGENTS,
             "classes": [],
             "collectives": ["provisioning"],
             "data_plugins": [],

@@ -110,7 +110,7 @@ fn signal(child: &Child, signal: libc::c_int) {
 }
 
 /// Waits (bounded) for a child to exit.
-fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + limit;
     loop {
         match child.try_wait() {
@@ -126,7 +126,7 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 }
 
 /// Kills and reaps a child that is still running (cleanup path only).
-fn kill_and_reap(child: &mut Child) {
+pub fn kill_and_reap(child: &mut Child) {
     if let Ok(None) = child.try_wait() {
         signal(child, libc::SIGKILL);
         let _ = wait_exit(child, KILL_LIMIT);
