@@ -153,17 +153,25 @@ pub fn init_logging(config: &Config, debug: bool) -> Result<(), DaemonError> {
     )
 }
 
-/// Runs the daemon until SIGINT or SIGTERM. Returns the exit code.
+/// Runs the daemon until SIGINT or SIGTERM. Returns the exit code. A panic outside a node's
+/// cycle ends the process with exit code 70 instead (`crate::panics`).
 pub fn run(args: RunArgs) -> i32 {
+    // No log yet: a panic is said on stderr only.
+    crate::panics::install(false);
     let config = match configure_logging(&args) {
         Ok(config) => config,
-        // No log yet: stderr only.
         Err(err) => {
             eprintln!("choria-provisioner: error: {err}");
             notify::status(&format!("failed: {err}"));
             return err.exit_code();
         }
     };
+    // stderr always; a log file or stdout too.
+    let log_too = matches!(
+        crate::logging::Destination::from_setting(config.logfile.as_deref()),
+        crate::logging::Destination::File(_) | crate::logging::Destination::Stdout
+    );
+    crate::panics::install(log_too);
     match run_configured(Arc::new(config), &args) {
         Ok(()) => 0,
         Err(err) => {

@@ -594,12 +594,16 @@ fn work_one(
         Start::Provision => {}
     }
     fleet.metrics.busy_workers.inc();
-    let outcome = {
+    let outcome = crate::panics::contain(|| {
         // Every line of the cycle names the node, as Go's per-host logger does.
         let _node = crate::logging::NodeScope::enter(&ticket.identity);
         cycle.provision(&ticket.identity, ticket.source, &fleet.gate)
-    };
+    });
     fleet.metrics.busy_workers.dec();
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(panic) => return cycle_panicked(fleet, ticket, done, &panic),
+    };
     let held = match &outcome {
         ProvisionOutcome::Provisioned { hold } => {
             log::info!("provisioned {}", ticket.identity);
@@ -642,6 +646,30 @@ fn work_one(
         release.hold(fleet, ticket);
     } else if let Err(err) = done.send_timeout(ticket, Duration::from_secs(5)) {
         // Only at shutdown, when the finisher is gone: remove it ourselves.
+        fleet.finish(&err.into_inner());
+    }
+}
+
+/// A node's cycle panicked (a bug, perhaps one the node steered it into: `crate::panics`): a
+/// failure of that node, counted and logged with it. Its ticket is finished like a failed one,
+/// so the node's next sighting tries again, and the worker goes on with the next ticket.
+fn cycle_panicked(
+    fleet: &Fleet,
+    ticket: Ticket,
+    done: &Sender<Ticket>,
+    panic: &crate::panics::Panic,
+) {
+    fleet.metrics.provision_errors.inc();
+    fleet.metrics.cycle_panics.inc();
+    // A node that panics its cycle on every sighting must not fill the log either.
+    if log_limit::global().allow("cycle_panic", &ticket.identity) {
+        log::error!(
+            "provisioning {} failed: its cycle panicked ({panic}); the node is forgotten and \
+             tried again when next seen, the worker carries on",
+            ticket.identity
+        );
+    }
+    if let Err(err) = done.send_timeout(ticket, Duration::from_secs(5)) {
         fleet.finish(&err.into_inner());
     }
 }
@@ -1609,6 +1637,57 @@ mod tests {
 
         let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {
             panic!("the grace ended with every worker idle")
+        });
+        assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
+    }
+
+    /// Crash-only everywhere but a node's cycle (`crate::panics`): a panicking cycle fails that
+    /// node alone. Its ticket is finished, not left in flight, so the node is tried again when
+    /// next seen; `busy_workers` comes back down; the one worker goes on with the next node;
+    /// and shutdown joins it as any other.
+    #[test]
+    fn a_panicking_cycle_fails_its_node_only_and_the_worker_carries_on() {
+        fn outcome(identity: &str) -> ProvisionOutcome {
+            match identity {
+                "panics" => panic!("a bug the node steered its cycle into"),
+                _ => ProvisionOutcome::Provisioned { hold: true },
+            }
+        }
+        let (fleet, _, metrics) = fleet_with(100);
+        let cycle = Arc::new(ScriptedCycle {
+            calls: Mutex::new(Vec::new()),
+            outcome,
+        });
+        let discovery = Arc::new(FixedDiscovery {
+            identities: vec![id("panics"), id("ok")],
+            rounds: AtomicUsize::new(0),
+        });
+        let threads =
+            FleetThreads::start(fleet.clone(), cycle.clone(), discovery.clone(), 1).unwrap();
+        wait_until("the worker to reach the second node", || {
+            fleet.stage_of("ok").map(|s| s.0) == Some(Stage::Held)
+        });
+        wait_until("the panicked node's ticket to be finished", || {
+            fleet.stage_of("panics").is_none()
+        });
+        assert_eq!(*cycle.calls.lock(), ["panics", "ok"]);
+        assert_eq!(metrics.cycle_panics.get(), 1);
+        assert_eq!(metrics.provision_errors.get(), 1);
+        assert_eq!(metrics.busy_workers.get(), 0.0);
+
+        // Seen again: admitted again (nothing left in flight) and tried again.
+        threads.trigger().send(()).unwrap();
+        wait_until("a second cycle of the panicking node", || {
+            metrics.cycle_panics.get() == 2
+        });
+        wait_until("its ticket finished again", || {
+            fleet.stage_of("panics").is_none()
+        });
+        assert_eq!(metrics.busy_workers.get(), 0.0);
+        assert_eq!(metrics.provision_errors.get(), 2);
+
+        let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {
+            panic!("the grace ended with the worker idle")
         });
         assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
     }

@@ -25,6 +25,7 @@ mod http;
 mod logging;
 mod metrics;
 mod notify;
+mod panics;
 mod pidfile;
 mod provision;
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The Prometheus registry with every metric of the Go daemon (provisioner config/stats.go,
 //! host/stats.go, hosts/stats.go), the election metrics of go-choria
 //! (providers/election/streams/stats.go), `choria_provisioner_work_queue_dropped`,
-//! `choria_provisioner_helper_restarts` and `choria_provisioner_audit_errors` (ours), the `process_*` metrics Go's default registry
+//! `choria_provisioner_helper_restarts`, `choria_provisioner_audit_errors` and
+//! `choria_provisioner_cycle_panics` (ours), the `process_*` metrics Go's default registry
 //! carries; and the tiny HTTP listener that serves them at `/metrics`.
 //!
 //! Every metric is created at start, at zero, for our `site`, so dashboards see the full set
@@ -138,6 +139,8 @@ pub struct Metrics {
     pub work_queue_dropped: IntCounter,
     /// Audit lines that could not be written (ours; not in Go).
     pub audit_errors: IntCounter,
+    /// Node cycles ended by a panic, which the worker contained (ours; not in Go).
+    pub cycle_panics: IntCounter,
     /// Replies and events we refused as malformed, by `kind` (ours; not in Go).
     pub malformed_messages: IntCounterVec,
     /// Messages dropped because a bound was reached, by `kind` (ours; not in Go).
@@ -354,6 +357,10 @@ impl Metrics {
                 "choria_provisioner_audit_errors",
                 "Audit trail lines that could not be written",
             ),
+            cycle_panics: counter(
+                "choria_provisioner_cycle_panics",
+                "Node provisioning cycles ended by a panic (a bug); each is also a provision error",
+            ),
             malformed_messages: counter_vec(
                 "choria_provisioner_malformed_messages",
                 "Replies and events refused as malformed",
@@ -485,6 +492,7 @@ mod tests {
             "choria_provisioner_work_queue_dropped{site=\"testsite\"} 0",
             "choria_provisioner_audit_errors{site=\"testsite\"} 0",
             "choria_provisioner_helper_restarts{site=\"testsite\"} 0",
+            "choria_provisioner_cycle_panics{site=\"testsite\"} 0",
             "choria_provisioner_helper_time_sum{site=\"testsite\"} 0",
             "choria_provisioner_helper_time_count{site=\"testsite\"} 0",
             "choria_provisioner_rpc_time_count{rpc=\"rpcutil#inventory\",site=\"testsite\"} 0",

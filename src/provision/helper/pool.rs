@@ -123,6 +123,46 @@ impl Running {
     }
 }
 
+/// A slot a worker holds for one node. It goes back to the pool when dropped, also when a
+/// panic unwinds the exchange (a worker survives its node's panic: `crate::panics`), so the
+/// pool never shrinks; its helper is then killed with its group, as it may be out of step.
+struct Taken<'a> {
+    slot: Option<Slot>,
+    idle: &'a Sender<Slot>,
+}
+
+impl Taken<'_> {
+    fn slot(&mut self) -> &mut Slot {
+        // Set at creation and taken only by drop.
+        self.slot.get_or_insert_with(Slot::empty)
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        let Some(mut slot) = self.slot.take() else {
+            return;
+        };
+        if std::thread::panicking() {
+            // Dropping an unreaped process kills its group.
+            drop(slot.process.take());
+        }
+        // Cannot fail: the slot came from this channel, which has room for every slot.
+        let _ = self.idle.try_send(slot);
+    }
+}
+
+impl Slot {
+    fn empty() -> Slot {
+        Slot {
+            process: None,
+            failures: 0,
+            failed_at: None,
+            started_before: false,
+        }
+    }
+}
+
 /// Why an exchange with a persistent helper ended without an answer line.
 enum LineEnd {
     Timeout,
@@ -151,12 +191,7 @@ impl HelperPool {
         let (idle, take) = bounded(size);
         for _ in 0..size {
             // Cannot fail: the channel holds exactly `size`.
-            let _ = idle.try_send(Slot {
-                process: None,
-                failures: 0,
-                failed_at: None,
-                started_before: false,
-            });
+            let _ = idle.try_send(Slot::empty());
         }
         HelperPool {
             command: command.clone(),
@@ -206,14 +241,21 @@ impl HelperPool {
         }
         // A slot is free for every worker (the pool is sized by them); the bound covers a
         // caller beyond that.
-        let Ok(mut slot) = self.take.recv_timeout(self.timeout) else {
+        let Some(mut taken) = self.take_slot() else {
             return Exchange::failed(line, started, fail(HelperErrorKind::Timeout(self.timeout)));
         };
-        let mut exchange = self.exchange(&mut slot, line, &id, identity, abort, started);
+        let mut exchange = self.exchange(taken.slot(), line, &id, identity, abort, started);
         exchange.duration = started.elapsed();
-        // Cannot fail: the slot came from this channel, which has room for every slot.
-        let _ = self.idle.try_send(slot);
         exchange
+    }
+
+    /// A free slot, waited for up to the helper's timeout.
+    fn take_slot(&self) -> Option<Taken<'_>> {
+        let slot = self.take.recv_timeout(self.timeout).ok()?;
+        Some(Taken {
+            slot: Some(slot),
+            idle: &self.idle,
+        })
     }
 
     fn exchange(
@@ -627,6 +669,42 @@ mod tests {
         assert_eq!(backoff(6), Duration::from_millis(3200));
         assert_eq!(backoff(7), MAX_BACKOFF);
         assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
+    }
+
+    /// A worker survives its node's panic (`crate::panics::contain`), so a panic while it
+    /// holds a slot must neither keep the slot nor leave its helper running.
+    #[test]
+    fn a_panic_while_a_slot_is_held_gives_it_back_with_its_helper_killed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = super::super::process_tests::script(
+            dir.path(),
+            "serve",
+            "#!/bin/sh\nwhile IFS= read -r line; do\n  id=${line#\\{\\\"id\\\":\\\"}; id=${id%%\\\"*}\n  printf '{\"id\":\"%s\",\"defer\":true}\\n' \"$id\"\ndone\n",
+        );
+        let command = HelperCommand::parse(&path.display().to_string()).expect("split");
+        let pool = HelperPool::new(&command, Duration::from_secs(10), 1);
+        let input = HelperInput {
+            identity: "n1.example.net".into(),
+            ..HelperInput::default()
+        };
+        let first = pool.ask(&input, "n1.example.net", None);
+        assert!(first.answer.is_ok(), "{:?}", first.answer);
+        let pid = first.served_by.expect("a persistent helper");
+
+        let caught = crate::panics::contain(|| {
+            let _taken = pool.take_slot().expect("the one slot is free");
+            panic!("a bug during the exchange");
+        });
+        assert!(caught.is_err());
+        assert_eq!(pool.take.len(), 1, "the slot is back");
+        // SAFETY: kill(2) with signal 0 only checks that the pid exists; no memory involved.
+        let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
+        assert!(!alive, "helper {pid} still runs");
+
+        let next = pool.ask(&input, "n1.example.net", None);
+        assert!(next.answer.is_ok(), "{:?}", next.answer);
+        assert_ne!(next.served_by, Some(pid), "a fresh helper");
+        pool.close(Instant::now() + Duration::from_secs(2));
     }
 
     #[test]
