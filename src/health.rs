@@ -10,6 +10,8 @@
 //! waiting for an unreachable broker keeps trying: it is not wedged, and says so in `STATUS=`).
 //! Workers are not asked: a worker in a cycle is inside waits that each have a bound (RPC tries,
 //! the helper's timeout), and a worker that deadlocks on the fleet takes the lock check down.
+//! A loop whose thread is gone without retiring its probe (it panicked where no hook ended the
+//! process, see [`crate::panics`]) is dead, not merely slow: the next check says so at once.
 //!
 //! `WATCHDOG=1` is sent on a tick only when every check passes, so a wedged daemon stops
 //! pinging and systemd restarts it after `WatchdogSec=`.
@@ -90,6 +92,8 @@ struct Beat {
     open_since_ms: AtomicU64,
     /// The loop has ended on purpose (shutdown): no longer asked.
     retired: AtomicBool,
+    /// The loop's probe was dropped without `retire`: its thread is gone.
+    ended: AtomicBool,
 }
 
 /// The loop's end of its questions: put `probe.questions()` in the loop's `select!` and call
@@ -128,6 +132,17 @@ impl Probe {
     pub fn retire(&self) {
         if let Some(beat) = &self.beat {
             beat.retired.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Probe {
+    /// A probe goes with its loop's thread; unretired, the loop did not end on purpose.
+    fn drop(&mut self) {
+        if let Some(beat) = &self.beat {
+            if !beat.retired.load(Ordering::SeqCst) {
+                beat.ended.store(true, Ordering::SeqCst);
+            }
         }
     }
 }
@@ -228,6 +243,7 @@ impl Health {
             ask: ask.clone(),
             open_since_ms: AtomicU64::new(NONE_OPEN),
             retired: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
         });
         self.beats.lock().push(beat.clone());
         Probe {
@@ -362,6 +378,10 @@ impl Health {
             Phase::Running => {
                 for beat in self.beats.lock().iter() {
                     if beat.retired.load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    if beat.ended.load(Ordering::SeqCst) {
+                        stuck.push(format!("{}: its thread has ended", beat.name));
                         continue;
                     }
                     let asked = beat.open_since_ms.load(Ordering::SeqCst);

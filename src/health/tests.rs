@@ -156,6 +156,29 @@ fn a_retired_loop_and_a_stopping_daemon_are_not_stuck() {
     assert!(health.check().alive, "shutdown has its own bounds");
 }
 
+/// Without the daemon's panic hook (which ends the process first) a loop's thread can die by
+/// a panic; its probe goes with it, unretired, and the next check calls the daemon dead
+/// rather than waiting out the stall limit.
+#[test]
+fn a_loop_whose_thread_died_is_reported_at_the_next_check() {
+    let (health, _fleet, _metrics) = health(false, Duration::from_secs(3600));
+    *health.phase.lock() = Phase::Running;
+    let probe = health.probe("releaser");
+    let died = std::thread::Builder::new()
+        .name("releaser".into())
+        .spawn(move || {
+            let _probe = probe;
+            panic!("a bug in the releaser");
+        })
+        .unwrap()
+        .join();
+    assert!(died.is_err());
+    let verdict = health.check();
+    assert!(!verdict.alive, "{verdict:?}");
+    assert_eq!(verdict.stuck, ["releaser: its thread has ended"]);
+    assert_eq!(health.livez().status, 503);
+}
+
 #[test]
 fn waiting_for_an_unreachable_broker_is_progress_a_silent_connect_is_not() {
     let (health, _fleet, _metrics) = health(false, Duration::from_millis(100));
