@@ -731,7 +731,9 @@ impl FleetThreads {
     }
 
     /// As [`FleetThreads::start`], with the ticker, the releaser and the finisher answering
-    /// the health monitor's questions on the probe `probe(thread name)` gives each.
+    /// the health monitor's questions on the probe `probe(thread name)` gives each. If a
+    /// thread cannot be started, those already running are stopped (the fleet's gate with
+    /// them: the daemon is not starting) and joined before the error is returned.
     pub(crate) fn start_watched(
         fleet: Arc<Fleet>,
         cycle: Arc<dyn ProvisionCycle>,
@@ -747,78 +749,95 @@ impl FleetThreads {
         let (release_kick, release_kicked) = bounded::<()>(1);
         let (stop_releaser, stop_releaser_rx) = bounded::<()>(1);
         let (exit_tx, worker_exits) = bounded::<()>(workers);
-
-        let finisher = {
-            let fleet = fleet.clone();
-            let probe = probe("finisher");
-            std::thread::Builder::new()
-                .name("finisher".into())
-                .spawn(move || run_finisher(&fleet, done_rx, probe))?
-        };
-
-        let releaser = {
-            let fleet = fleet.clone();
-            let done = done_tx.clone();
-            let probe = probe("releaser");
-            let held = held.clone();
-            std::thread::Builder::new()
-                .name("releaser".into())
-                .spawn(move || {
-                    run_releaser(&fleet, &held, release_kicked, stop_releaser_rx, done, probe)
-                })?
-        };
-
-        let mut worker_handles = Vec::with_capacity(workers);
-        for n in 0..workers {
-            let fleet = fleet.clone();
-            let cycle = cycle.clone();
-            let done = done_tx.clone();
-            let release = Releases {
-                queue: held.clone(),
-                kick: release_kick.clone(),
-            };
-            let exit = exit_tx.clone();
-            worker_handles.push(
-                std::thread::Builder::new()
-                    .name(format!("worker-{n}"))
-                    .spawn(move || {
-                        while let Some(ticket) = fleet.next_ticket_until_stopped() {
-                            work_one(&fleet, cycle.as_ref(), ticket, &done, &release);
-                        }
-                        let _ = exit.send(());
-                    })?,
-            );
-        }
-        drop(done_tx);
-        drop(release_kick);
-
-        let ticker = {
-            let fleet = fleet.clone();
-            let probe = probe("discovery-ticker");
-            std::thread::Builder::new()
-                .name("discovery-ticker".into())
-                .spawn(move || {
-                    run_ticker(
-                        &fleet,
-                        discover.as_ref(),
-                        trigger_rx,
-                        stop_ticker_rx,
-                        &probe,
-                    );
-                    probe.retire();
-                })?
-        };
-
-        Ok(FleetThreads {
+        let mut threads = FleetThreads {
             trigger,
             stop_ticker,
-            ticker: Some(ticker),
-            workers: worker_handles,
+            ticker: None,
+            workers: Vec::with_capacity(workers),
             worker_exits,
-            releaser: Some(releaser),
-            finisher: Some(finisher),
+            releaser: None,
+            finisher: None,
             stop_releaser,
-        })
+        };
+
+        let spawn_all = || -> std::io::Result<()> {
+            let finisher = {
+                let fleet = fleet.clone();
+                let probe = probe("finisher");
+                std::thread::Builder::new()
+                    .name("finisher".into())
+                    .spawn(move || run_finisher(&fleet, done_rx, probe))?
+            };
+            threads.finisher = Some(finisher);
+
+            let releaser = {
+                let fleet = fleet.clone();
+                let done = done_tx.clone();
+                let probe = probe("releaser");
+                let held = held.clone();
+                std::thread::Builder::new()
+                    .name("releaser".into())
+                    .spawn(move || {
+                        run_releaser(&fleet, &held, release_kicked, stop_releaser_rx, done, probe)
+                    })?
+            };
+            threads.releaser = Some(releaser);
+
+            for n in 0..workers {
+                let fleet = fleet.clone();
+                let cycle = cycle.clone();
+                let done = done_tx.clone();
+                let release = Releases {
+                    queue: held.clone(),
+                    kick: release_kick.clone(),
+                };
+                let exit = exit_tx.clone();
+                threads.workers.push(
+                    std::thread::Builder::new()
+                        .name(format!("worker-{n}"))
+                        .spawn(move || {
+                            while let Some(ticket) = fleet.next_ticket_until_stopped() {
+                                work_one(&fleet, cycle.as_ref(), ticket, &done, &release);
+                            }
+                            let _ = exit.send(());
+                        })?,
+                );
+            }
+            drop(done_tx);
+            drop(release_kick);
+
+            let ticker = {
+                let fleet = fleet.clone();
+                let probe = probe("discovery-ticker");
+                std::thread::Builder::new()
+                    .name("discovery-ticker".into())
+                    .spawn(move || {
+                        run_ticker(
+                            &fleet,
+                            discover.as_ref(),
+                            trigger_rx,
+                            stop_ticker_rx,
+                            &probe,
+                        );
+                        probe.retire();
+                    })?
+            };
+            threads.ticker = Some(ticker);
+            Ok(())
+        };
+        match spawn_all() {
+            Ok(()) => Ok(threads),
+            Err(err) => {
+                let stuck = threads.shutdown(&fleet, Duration::ZERO, &|| {});
+                if !stuck.is_empty() {
+                    log::error!(
+                        "workers still busy after a failed start: {}",
+                        stuck.join(", ")
+                    );
+                }
+                Err(err)
+            }
+        }
     }
 
     /// A sender that asks for a discovery now (capacity one: repeated asks coalesce).
@@ -846,7 +865,7 @@ impl FleetThreads {
         fleet.gate.stop();
         let _ = self.stop_ticker.try_send(());
         if let Some(t) = self.ticker.take() {
-            let _ = t.join();
+            join_logged(t);
         }
         let mut exited = self.await_workers(0, Instant::now() + grace);
         if exited < self.workers.len() {
@@ -858,22 +877,32 @@ impl FleetThreads {
         for handle in self.workers.drain(..) {
             // A worker that signalled its exit is returning: joining it is immediate.
             if all_exited || handle.is_finished() {
-                let _ = handle.join();
+                join_logged(handle);
             } else {
                 stuck.push(handle.thread().name().unwrap_or("worker").to_string());
             }
         }
         let _ = self.stop_releaser.try_send(());
         if let Some(t) = self.releaser.take() {
-            let _ = t.join();
+            join_logged(t);
         }
         if stuck.is_empty() {
             // Every done sender is gone now, so the finisher's loop ends.
             if let Some(t) = self.finisher.take() {
-                let _ = t.join();
+                join_logged(t);
             }
         }
         stuck
+    }
+}
+
+/// Joins a thread, saying so if it had panicked. With the daemon's hook a panic outside a
+/// node's cycle ends the process first (`crate::panics`); without it (tests, benches) this is
+/// where such a panic shows.
+fn join_logged(handle: JoinHandle<()>) {
+    let name = handle.thread().name().unwrap_or("<unnamed>").to_string();
+    if handle.join().is_err() {
+        log::error!("thread {name} had panicked");
     }
 }
 
