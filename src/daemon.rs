@@ -1,5 +1,11 @@
 //! Wiring: logging, the pid file, metrics, the broker connection, the fleet's threads, the
 //! lifecycle listener, the election, and signals. `run` returns the process exit code.
+//!
+//! The order: the configuration and the log, then every other file it names ([`Checked`]:
+//! the pid file, `choria.cfg`, key files, the audit trail), so that a wrong one is reported
+//! at once even while the broker is down; only then does anything start. Whatever starts
+//! after that is held by one owner ([`Started`]), which stops and joins it on every way out
+//! of `run`: the signal, or any error after the first thread.
 
 use std::fmt;
 use std::io;
@@ -10,7 +16,7 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, never, select, Receiver, Sender};
 
 use choria_broker::announce::TwinWatch;
-use choria_broker::connection::{Connection, ConnectionError};
+use choria_broker::connection::{ConnectSettings, Connection, ConnectionError};
 use choria_broker::discovery::Discovery;
 use choria_broker::election::{Election, ElectionEvent, ElectionSettings};
 use choria_broker::gate::Gate;
@@ -22,10 +28,11 @@ use crate::cli::RunArgs;
 use crate::client_config::{self, connect_settings_in, LoadError};
 use crate::config::{Config, ConfigError};
 use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source, WorkOrder};
-use crate::health::{Health, Probe, SystemdNotifier};
+use crate::health::{Health, Monitor, Probe, SystemdNotifier};
 use crate::metrics::{Metrics, MetricsServer};
 use crate::notify;
 use crate::pidfile::{PidFile, PidFileError};
+use crate::provision::helper::Helper;
 use crate::provision::{Cycle, CycleError, CycleSettings, GraceEnd};
 use choria_broker::clock::{SystemBootClock, SystemClock};
 use choria_wire::choria_cfg::ClientConfigError;
@@ -194,283 +201,463 @@ fn configure_logging(args: &RunArgs) -> Result<Config, DaemonError> {
 }
 
 fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError> {
-    // Held (locked) until this function returns, then removed if still ours.
-    let _pid = args
-        .pid
-        .as_deref()
-        .map(PidFile::acquire)
-        .transpose()
-        .map_err(DaemonError::PidFile)?;
-    let client = client_config::load(&args.choria_config).map_err(DaemonError::ClientConfig)?;
-    for warning in client_config::unread_key_warnings(&client) {
-        log::warn!("{warning}");
+    // Every file first: with one unusable, nothing has started or connected yet. Dropped
+    // last (declared first), so the pid file stays locked until every thread is joined.
+    let checked = Checked::load(&config, args)?;
+    let signals = signal_channel()?;
+    // From here on every part started lives in `started`, which stops and joins them all
+    // whichever way this function is left (an error's `?` included).
+    let mut started = Started::new(config, &checked.settings);
+    started.start_monitoring()?;
+    if !started.connect(&checked.settings, &signals)? {
+        return Ok(());
     }
-    // Looked up once at start; the connection then keeps to these through reconnects.
-    let brokers = client_config::find_brokers(&client, &client_config::Dns::system());
-    if let Some((level, line)) = brokers.describe() {
-        log::log!(level, "{line}");
+    started.start_work(
+        &checked.settings,
+        checked.cycle_settings,
+        checked.audit,
+        checked.grace_end,
+    )?;
+    started.serve(&signals);
+    started.stop();
+    log::info!("stopped");
+    Ok(())
+}
+
+/// What `run` reads and opens before it starts anything: the pid file (locked while this
+/// lives), `choria.cfg` and the broker settings (TLS files are checked again before each
+/// connection attempt), the key files, the audit trail. The log file is opened before this
+/// (`configure_logging`). Any of them unusable ends the start here, the broker never tried.
+struct Checked {
+    _pid: Option<PidFile>,
+    settings: ConnectSettings,
+    cycle_settings: CycleSettings,
+    audit: Option<AuditLog>,
+    /// Not a file, but a pipe that could fail to open (a descriptor limit): before anything
+    /// starts too.
+    grace_end: GraceEnd,
+}
+
+impl Checked {
+    fn load(config: &Config, args: &RunArgs) -> Result<Checked, DaemonError> {
+        let pid = args
+            .pid
+            .as_deref()
+            .map(PidFile::acquire)
+            .transpose()
+            .map_err(DaemonError::PidFile)?;
+        let client = client_config::load(&args.choria_config).map_err(DaemonError::ClientConfig)?;
+        for warning in client_config::unread_key_warnings(&client) {
+            log::warn!("{warning}");
+        }
+        // Looked up once at start; the connection then keeps to these through reconnects.
+        let brokers = client_config::find_brokers(&client, &client_config::Dns::system());
+        if let Some((level, line)) = brokers.describe() {
+            log::log!(level, "{line}");
+        }
+        let settings = connect_settings_in(
+            &client,
+            config.choria_insecure,
+            config.broker_provisioning_password.as_deref(),
+            config.plain_tcp,
+            &client_config::PuppetEnv::from_process(),
+            &brokers,
+        )
+        .map_err(DaemonError::ConnectSettings)?;
+        let cycle_settings = CycleSettings::new(config).map_err(DaemonError::Cycle)?;
+        let audit = match &config.audit_file {
+            Some(path) => {
+                let log = AuditLog::open(path).map_err(|source| DaemonError::AuditFile {
+                    path: path.clone(),
+                    source,
+                })?;
+                log::info!("appending one audit line per cycle to {}", path.display());
+                Some(log)
+            }
+            None => None,
+        };
+        Ok(Checked {
+            _pid: pid,
+            settings,
+            cycle_settings,
+            audit,
+            grace_end: GraceEnd::new().map_err(DaemonError::Threads)?,
+        })
     }
-    let settings = connect_settings_in(
-        &client,
-        config.choria_insecure,
-        config.broker_provisioning_password.as_deref(),
-        config.plain_tcp,
-        &client_config::PuppetEnv::from_process(),
-        &brokers,
-    )
-    .map_err(DaemonError::ConnectSettings)?;
-    // Before anything connects: a key file that cannot be used fails the start at once.
-    let cycle_settings = CycleSettings::new(&config).map_err(DaemonError::Cycle)?;
+}
 
-    let metrics = Arc::new(Metrics::new(&config.site));
-
-    // SIGINT and SIGTERM (ctrlc's `termination` feature) arrive here; systemd stops with TERM.
+/// SIGINT and SIGTERM (ctrlc's `termination` feature) arrive on the channel; systemd stops
+/// with TERM. Once per process.
+fn signal_channel() -> Result<Receiver<()>, DaemonError> {
     let (signal_tx, signal_rx) = bounded::<()>(1);
     ctrlc::set_handler(move || {
         let _ = signal_tx.try_send(());
     })
     .map_err(DaemonError::Signals)?;
+    Ok(signal_rx)
+}
 
-    // With an election the instance is inert from its first thread on (Go pauses before it
-    // starts the election, provisioner hosts/hosts.go), and fenced by the leader's lease on
-    // CLOCK_BOOTTIME; without one it is never paused.
-    let gate = Arc::new(if config.leader_election {
-        Gate::leased(Arc::new(SystemBootClock))
-    } else {
-        Gate::new(false)
-    });
-    let fleet = Fleet::new(
-        FleetSettings {
-            interval: config.interval,
-            release_delay: config.release_delay,
-            work_queue_size: config.work_queue_size,
-            work_order: config.work_order,
-        },
-        gate.clone(),
-        metrics.clone(),
-        Arc::new(SystemClock),
-    );
+/// The one owner of every part of the running daemon, each `Some` once started. [`stop`]
+/// (also run on drop, so on every early return) ends them in the shutdown's order and joins
+/// each; the fleet, gate and health it makes at once start no thread.
+///
+/// [`stop`]: Started::stop
+struct Started {
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    gate: Arc<Gate>,
+    fleet: Arc<Fleet>,
+    health: Arc<Health>,
+    monitor: Option<Monitor>,
+    metrics_server: Option<MetricsServer>,
+    /// `READY=1` has been sent (after the first failed connection attempt, or once running).
+    ready_sent: bool,
+    conn: Option<Connection>,
+    grace_end: Option<Arc<GraceEnd>>,
+    /// Closed after the workers (persistent helpers).
+    helper: Option<Helper>,
+    threads: Option<FleetThreads>,
+    listener: Option<EventListener>,
+    twins: Option<TwinWatch>,
+    election: Option<Election>,
+    election_events: Receiver<ElectionEvent>,
+    stopped: bool,
+}
 
-    // /livez, /readyz, STATUS= and the watchdog; the monitor runs from here to the end.
-    let health = Health::new(
-        metrics.clone(),
-        fleet.clone(),
-        config.workers,
-        config.leader_election,
-        &settings.urls,
-        {
-            let stall = crate::health::STALL_LIMIT + settings.discovery_timeout;
-            (stall, stall + crate::health::CONNECT_ATTEMPT_LIMIT)
-        },
-    );
-    let watchdog = notify::watchdog_period();
-    let monitor = health
-        .start_monitor(crate::health::tick_for(watchdog), Arc::new(SystemdNotifier))
-        .map_err(DaemonError::Threads)?;
-    if let Some(period) = watchdog {
-        log::info!(
-            "systemd watchdog on: a ping while every loop makes progress, period {period:?}"
+impl Started {
+    fn new(config: Arc<Config>, settings: &ConnectSettings) -> Started {
+        let metrics = Arc::new(Metrics::new(&config.site));
+        // With an election the instance is inert from its first thread on (Go pauses before
+        // it starts the election, provisioner hosts/hosts.go), and fenced by the leader's
+        // lease on CLOCK_BOOTTIME; without one it is never paused.
+        let gate = Arc::new(if config.leader_election {
+            Gate::leased(Arc::new(SystemBootClock))
+        } else {
+            Gate::new(false)
+        });
+        let fleet = Fleet::new(
+            FleetSettings {
+                interval: config.interval,
+                release_delay: config.release_delay,
+                work_queue_size: config.work_queue_size,
+                work_order: config.work_order,
+            },
+            gate.clone(),
+            metrics.clone(),
+            Arc::new(SystemClock),
         );
+        let stall = crate::health::STALL_LIMIT + settings.discovery_timeout;
+        let health = Health::new(
+            metrics.clone(),
+            fleet.clone(),
+            config.workers,
+            config.leader_election,
+            &settings.urls,
+            (stall, stall + crate::health::CONNECT_ATTEMPT_LIMIT),
+        );
+        Started {
+            config,
+            metrics,
+            gate,
+            fleet,
+            health,
+            monitor: None,
+            metrics_server: None,
+            ready_sent: false,
+            conn: None,
+            grace_end: None,
+            helper: None,
+            threads: None,
+            listener: None,
+            twins: None,
+            election: None,
+            election_events: never(),
+            stopped: false,
+        }
     }
-    let metrics_server = if config.monitor_port > 0 {
-        let server = start_metrics(&config, metrics.clone(), health.clone())?;
-        log::info!(
-            "serving metrics on http://{}/metrics (health on /livez and /readyz)",
-            server.local_addr
-        );
-        Some(server)
-    } else {
-        None
-    };
 
-    let signalled = || !signal_rx.is_empty();
-    // READY=1 once running; while the broker is unreachable that is after the first failed
-    // attempt: the daemon is up and retrying (STATUS= says so), not still starting.
-    let mut ready_sent = false;
-    let mut on_retry = |err: &ConnectionError| {
-        health.connect_failed(&err.to_string());
-        let status = health.status_line();
-        if ready_sent {
+    /// `/livez`, `/readyz`, `STATUS=` and the watchdog (the monitor runs from here to the
+    /// end), and `/metrics` when `monitor_port` is set.
+    fn start_monitoring(&mut self) -> Result<(), DaemonError> {
+        let watchdog = notify::watchdog_period();
+        let monitor = self
+            .health
+            .start_monitor(crate::health::tick_for(watchdog), Arc::new(SystemdNotifier))
+            .map_err(DaemonError::Threads)?;
+        self.monitor = Some(monitor);
+        if let Some(period) = watchdog {
+            log::info!(
+                "systemd watchdog on: a ping while every loop makes progress, period {period:?}"
+            );
+        }
+        if self.config.monitor_port > 0 {
+            let server = start_metrics(&self.config, self.metrics.clone(), self.health.clone())?;
+            log::info!(
+                "serving metrics on http://{}/metrics (health on /livez and /readyz)",
+                server.local_addr
+            );
+            self.metrics_server = Some(server);
+        }
+        Ok(())
+    }
+
+    /// The first connection, retried until it is up (`true`) or a signal asks us to stop
+    /// while the broker is unreachable (`false`: a clean stop, not a failure).
+    fn connect(
+        &mut self,
+        settings: &ConnectSettings,
+        signals: &Receiver<()>,
+    ) -> Result<bool, DaemonError> {
+        let health = &self.health;
+        let ready_sent = &mut self.ready_sent;
+        // READY=1 once running; while the broker is unreachable that is after the first
+        // failed attempt: the daemon is up and retrying (STATUS= says so), not still starting.
+        let mut on_retry = |err: &ConnectionError| {
+            health.connect_failed(&err.to_string());
+            let status = health.status_line();
+            if *ready_sent {
+                notify::status(&status);
+            } else {
+                notify::ready(&status);
+                *ready_sent = true;
+            }
+        };
+        let conn = match Connection::connect_patiently(
+            settings,
+            &settings.identity,
+            signals,
+            &mut on_retry,
+        ) {
+            Ok(conn) => conn,
+            Err(err) if !signals.is_empty() => {
+                log::warn!("stopped before connecting to the broker; last attempt: {err}");
+                return Ok(false);
+            }
+            Err(err) => return Err(DaemonError::Connect(err)),
+        };
+        self.health.connected(&conn);
+        log::info!(
+            "connected to {} as {} (caller {}, protocol {})",
+            settings.urls.join(","),
+            settings.identity,
+            settings.caller_id,
+            settings.protocol.name()
+        );
+        conn.observe(self.metrics.clone());
+        self.conn = Some(conn);
+        Ok(true)
+    }
+
+    /// The fleet's threads, the lifecycle listener, our startup event with the twin watch,
+    /// and the election; then `READY=1`. Needs the connection ([`Started::connect`]).
+    fn start_work(
+        &mut self,
+        settings: &ConnectSettings,
+        cycle_settings: CycleSettings,
+        audit: Option<AuditLog>,
+        grace_end: GraceEnd,
+    ) -> Result<(), DaemonError> {
+        let Some(conn) = self.conn.clone() else {
+            return Err(DaemonError::Threads(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "no broker connection to work over",
+            )));
+        };
+        let grace_end = Arc::new(grace_end);
+        self.grace_end = Some(grace_end.clone());
+        self.helper = Some(cycle_settings.helper.clone());
+        let mut rpc = RpcClient::new(conn.clone(), self.metrics.clone());
+        if let Some(timeout) = self.config.rpc_timeout {
+            rpc = rpc.with_ddl_timeout(timeout);
+        }
+        let mut cycle = Cycle::new(cycle_settings, Arc::new(rpc), self.metrics.clone())
+            .speaking(settings.protocol.name())
+            .with_grace_end(grace_end);
+        if let Some(log) = audit {
+            cycle = cycle.with_audit(Arc::new(log), &settings.identity);
+        }
+        if self.config.work_order == WorkOrder::Random {
+            // The listener records the `provisioned` events the cycle consults.
+            cycle = cycle.with_reports(self.fleet.clone());
+        }
+        let discovery = Discovery::new(conn.clone(), self.metrics.clone());
+        let health = &self.health;
+        let threads = FleetThreads::start_watched(
+            self.fleet.clone(),
+            Arc::new(cycle),
+            Arc::new(discovery),
+            self.config.workers,
+            &|name| health.probe(name),
+        )
+        .map_err(DaemonError::Threads)?;
+        self.threads = Some(threads);
+        self.start_listening(&conn, settings)?;
+        self.start_election(&conn, settings);
+
+        log::info!(
+            "choria-provisioner {} running with {} workers",
+            env!("CARGO_PKG_VERSION"),
+            self.config.workers
+        );
+        let status = self.health.status_line();
+        if self.ready_sent {
             notify::status(&status);
         } else {
             notify::ready(&status);
-            ready_sent = true;
+            self.ready_sent = true;
         }
-    };
-    let connected =
-        Connection::connect_patiently(&settings, &settings.identity, &signal_rx, &mut on_retry);
-    let conn = match connected {
-        Ok(conn) => conn,
-        // Asked to stop while the broker was unreachable: a clean stop, not a failure.
-        Err(err) if signalled() => {
-            log::warn!("stopped before connecting to the broker; last attempt: {err}");
-            health.stopping();
-            notify::stopping("stopping: never connected to the broker");
-            if let Some(server) = metrics_server {
-                server.stop();
-            }
-            monitor.stop();
-            return Ok(());
-        }
-        Err(err) => {
-            if let Some(server) = metrics_server {
-                server.stop();
-            }
-            return Err(DaemonError::Connect(err));
-        }
-    };
-    health.connected(&conn);
-    log::info!(
-        "connected to {} as {} (caller {}, protocol {})",
-        settings.urls.join(","),
-        settings.identity,
-        settings.caller_id,
-        settings.protocol.name()
-    );
-    conn.observe(metrics.clone());
-    let mut rpc = RpcClient::new(conn.clone(), metrics.clone());
-    if let Some(timeout) = config.rpc_timeout {
-        rpc = rpc.with_ddl_timeout(timeout);
+        Ok(())
     }
-    let grace_end = Arc::new(GraceEnd::new().map_err(DaemonError::Threads)?);
-    // Persistent helpers are closed after the workers (`Helper::close`).
-    let helper = cycle_settings.helper.clone();
-    let mut cycle = Cycle::new(cycle_settings, Arc::new(rpc), metrics.clone())
-        .speaking(settings.protocol.name())
-        .with_grace_end(grace_end.clone());
-    if let Some(path) = &config.audit_file {
-        let log = AuditLog::open(path).map_err(|source| DaemonError::AuditFile {
-            path: path.clone(),
-            source,
-        })?;
-        log::info!("appending one audit line per cycle to {}", path.display());
-        cycle = cycle.with_audit(Arc::new(log), &settings.identity);
-    }
-    if config.work_order == WorkOrder::Random {
-        // The listener below records the `provisioned` events the cycle consults.
-        cycle = cycle.with_reports(fleet.clone());
-    }
-    let discovery = Discovery::new(conn.clone(), metrics.clone());
 
-    let threads = FleetThreads::start_watched(
-        fleet.clone(),
-        Arc::new(cycle),
-        Arc::new(discovery),
-        config.workers,
-        &|name| health.probe(name),
-    )
-    .map_err(DaemonError::Threads)?;
-
-    let admitting = fleet.clone();
-    // In random order a queued node may wait while another instance provisions it: its
-    // `provisioned` event lets this instance forget it instead of calling a node that has
-    // restarted into service (README, "Running several provisioners").
-    let forgetting = fleet.clone();
-    let provisioned = (config.work_order == WorkOrder::Random).then(|| {
-        Box::new(move |identity: &Identity| {
-            forgetting.provisioned_elsewhere(identity);
-        }) as NodeHandler
-    });
-    let listener = EventListener::start(
-        &conn,
-        &config.lifecycle_component,
-        Box::new(move |identity| {
-            admitting.admit(identity, Source::Event);
-        }),
-        provisioned,
-        gate.clone(),
-        metrics.clone(),
-    )
-    .map_err(DaemonError::Listener)?;
-    health.set_subscribed(true);
-    // Our startup event, and the watch for another process announcing our identity (which
-    // would defeat the nodes' locks and the election alike).
-    let twins = match TwinWatch::start(&conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
-        Ok(watch) => Some(watch),
-        Err(err) => {
-            log::warn!("could not publish our startup event: {err}");
-            None
+    /// The lifecycle listener, our startup event and the twin watch.
+    fn start_listening(
+        &mut self,
+        conn: &Connection,
+        settings: &ConnectSettings,
+    ) -> Result<(), DaemonError> {
+        let admitting = self.fleet.clone();
+        // In random order a queued node may wait while another instance provisions it: its
+        // `provisioned` event lets this instance forget it instead of calling a node that has
+        // restarted into service (README, "Running several provisioners").
+        let forgetting = self.fleet.clone();
+        let provisioned = (self.config.work_order == WorkOrder::Random).then(|| {
+            Box::new(move |identity: &Identity| {
+                forgetting.provisioned_elsewhere(identity);
+            }) as NodeHandler
+        });
+        let listener = EventListener::start(
+            conn,
+            &self.config.lifecycle_component,
+            Box::new(move |identity| {
+                admitting.admit(identity, Source::Event);
+            }),
+            provisioned,
+            self.gate.clone(),
+            self.metrics.clone(),
+        )
+        .map_err(DaemonError::Listener)?;
+        self.listener = Some(listener);
+        self.health.set_subscribed(true);
+        // Our startup event, and the watch for another process announcing our identity
+        // (which would defeat the nodes' locks and the election alike).
+        match TwinWatch::start(conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
+            Ok(watch) => self.twins = Some(watch),
+            Err(err) => log::warn!("could not publish our startup event: {err}"),
         }
-    };
+        Ok(())
+    }
 
-    let (election, election_events) = if config.leader_election {
+    /// With `leader_election`: the election thread, whose events main applies.
+    fn start_election(&mut self, conn: &Connection, settings: &ConnectSettings) {
+        if !self.config.leader_election {
+            return;
+        }
         // Events wait in the election thread until main takes them; none is ever dropped.
         let (events_tx, events_rx) = bounded::<ElectionEvent>(4);
         let mut election_settings = ElectionSettings::new(&settings.identity);
-        election_settings.api_prefix = config.leader_election_api_prefix.clone();
-        let election = Election::start_fenced(
+        election_settings.api_prefix = self.config.leader_election_api_prefix.clone();
+        self.election = Some(Election::start_fenced(
             conn.clone(),
             election_settings,
             events_tx,
-            metrics.clone(),
-            gate.clone(),
-        );
+            self.metrics.clone(),
+            self.gate.clone(),
+        ));
+        self.election_events = events_rx;
         log::info!("campaigning for leadership; paused until elected");
-        (Some(election), events_rx)
-    } else {
-        (None, never())
-    };
-
-    log::info!(
-        "choria-provisioner {} running with {} workers",
-        env!("CARGO_PKG_VERSION"),
-        config.workers
-    );
-    let status = health.status_line();
-    if ready_sent {
-        notify::status(&status);
-    } else {
-        notify::ready(&status);
     }
-    let trigger = threads.trigger();
-    let probe = health.probe("main");
-    loop {
-        match next_event(&signal_rx, &election_events, &probe) {
-            Event::Stop => break,
-            Event::Probe => probe.answer(),
-            Event::Election(event) => {
-                apply_election_event(&fleet, &trigger, event);
-                health.set_leader(event == ElectionEvent::Won);
-                notify::status(&health.status_line());
+
+    /// Main's loop, until SIGINT or SIGTERM.
+    fn serve(&mut self, signals: &Receiver<()>) {
+        let Some(trigger) = self.threads.as_ref().map(FleetThreads::trigger) else {
+            return;
+        };
+        let probe = self.health.probe("main");
+        loop {
+            match next_event(signals, &self.election_events, &probe) {
+                Event::Stop => break,
+                Event::Probe => probe.answer(),
+                Event::Election(event) => {
+                    apply_election_event(&self.fleet, &trigger, event);
+                    self.health.set_leader(event == ElectionEvent::Won);
+                    notify::status(&self.health.status_line());
+                }
             }
         }
+        probe.retire();
     }
-    probe.retire();
 
-    log::info!("shutting down: no new work; in-flight nodes get up to {SHUTDOWN_GRACE:?}");
-    health.stopping();
-    notify::stopping(&health.status_line());
-    gate.stop();
-    listener.stop();
-    if let Some(twins) = twins {
-        twins.stop();
+    /// Stops and joins every part started, in the shutdown's order: intake first (the gate,
+    /// the listener, the election), then the workers with their grace, the persistent
+    /// helpers, the connection, and last the monitoring. Idempotent.
+    fn stop(&mut self) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        self.health.stopping();
+        if self.threads.is_some() {
+            log::info!("shutting down: no new work; in-flight nodes get up to {SHUTDOWN_GRACE:?}");
+        }
+        if self.conn.is_some() {
+            notify::stopping(&self.health.status_line());
+        } else {
+            notify::stopping("stopping: never connected to the broker");
+        }
+        self.gate.stop();
+        if let Some(listener) = self.listener.take() {
+            listener.stop();
+        }
+        if let Some(twins) = self.twins.take() {
+            twins.stop();
+        }
+        if let Some(election) = self.election.take() {
+            election.stop();
+        }
+        let stopping = std::time::Instant::now();
+        if let Some(threads) = self.threads.take() {
+            self.stop_workers(threads);
+        }
+        if let Some(helper) = self.helper.take() {
+            // Persistent helpers: stdin closed, the rest of the grace (at least a second).
+            let now = std::time::Instant::now();
+            helper.close((stopping + SHUTDOWN_GRACE).max(now + Duration::from_secs(1)));
+        }
+        if let Some(conn) = self.conn.take() {
+            conn.close();
+        }
+        if let Some(server) = self.metrics_server.take() {
+            server.stop();
+        }
+        if let Some(monitor) = self.monitor.take() {
+            monitor.stop();
+        }
     }
-    if let Some(election) = election {
-        election.stop();
+
+    /// The workers get [`SHUTDOWN_GRACE`]; then running helpers are killed and the last
+    /// `restart`s ended (`GraceEnd`), and they get `AFTER_GRACE_END` more.
+    fn stop_workers(&self, threads: FleetThreads) {
+        let grace_end = self.grace_end.clone();
+        let stuck = threads.shutdown(&self.fleet, SHUTDOWN_GRACE, &|| {
+            log::warn!(
+                "the shutdown grace ({SHUTDOWN_GRACE:?}) is over: killing the helpers still running, ending restarts"
+            );
+            if let Some(grace_end) = &grace_end {
+                grace_end.fire();
+            }
+        });
+        if !stuck.is_empty() {
+            log::error!(
+                "workers still busy after the grace period: {}",
+                stuck.join(", ")
+            );
+        }
     }
-    let stopping = std::time::Instant::now();
-    let stuck = threads.shutdown(&fleet, SHUTDOWN_GRACE, &|| {
-        log::warn!(
-            "the shutdown grace ({SHUTDOWN_GRACE:?}) is over: killing the helpers still running, ending restarts"
-        );
-        grace_end.fire();
-    });
-    if !stuck.is_empty() {
-        log::error!(
-            "workers still busy after the grace period: {}",
-            stuck.join(", ")
-        );
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        self.stop();
     }
-    // Persistent helpers: stdin closed, the rest of the grace (at least a second) to end.
-    helper
-        .close((stopping + SHUTDOWN_GRACE).max(std::time::Instant::now() + Duration::from_secs(1)));
-    conn.close();
-    if let Some(server) = metrics_server {
-        server.stop();
-    }
-    monitor.stop();
-    log::info!("stopped");
-    Ok(())
 }
 
 /// Everything main reacts to once running.
@@ -559,6 +746,60 @@ mod tests {
 
     fn id(text: &str) -> Identity {
         Identity::parse(text).expect("a valid test identity")
+    }
+
+    /// An error after threads started (here the listener's subscription, refused after the
+    /// fleet's threads, the monitor and `/metrics` run) returns through `?`; dropping the owner
+    /// stops and joins every part: nothing still holds the fleet or the health, the HTTP port
+    /// is closed and so is the connection.
+    #[test]
+    fn an_error_after_threads_started_leaves_nothing_running_once_the_owner_drops() {
+        let server = choria_testkit::NatsServer::start().expect("a private nats-server");
+        let port = choria_testkit::free_port().expect("a free port");
+        let yaml = format!(
+            "helper: /bin/true\nworkers: 2\nmonitor_port: {port}\nmonitor_address: 127.0.0.1\n"
+        );
+        let (mut config, _) = Config::parse(std::path::Path::new("t.yaml"), &yaml).unwrap();
+        // Refused by the connection's subject check when the listener subscribes: a way for
+        // the last step to fail that the configuration's own checks would not let through.
+        config.lifecycle_component = "bad component".into();
+        let settings =
+            ConnectSettings::insecure(&server.url(), "owner-test", Duration::from_secs(1));
+        let cycle_settings = CycleSettings::new(&config).unwrap();
+        let (_no_signal, signals) = bounded::<()>(1);
+
+        let mut started = Started::new(Arc::new(config), &settings);
+        started.start_monitoring().unwrap();
+        assert!(started.connect(&settings, &signals).unwrap());
+        let fleet = Arc::downgrade(&started.fleet);
+        let health = Arc::downgrade(&started.health);
+        let conn = started.conn.clone().unwrap();
+        let addr = started.metrics_server.as_ref().unwrap().local_addr;
+        assert!(
+            std::net::TcpStream::connect(addr).is_ok(),
+            "/metrics serves"
+        );
+
+        let err = started
+            .start_work(&settings, cycle_settings, None, GraceEnd::new().unwrap())
+            .expect_err("the listener's subscription is refused");
+        assert!(matches!(err, DaemonError::Listener(_)), "{err}");
+        assert!(started.threads.is_some(), "the fleet's threads had started");
+        drop(started);
+
+        assert!(fleet.upgrade().is_none(), "a thread still holds the fleet");
+        assert!(
+            health.upgrade().is_none(),
+            "a thread still holds the health"
+        );
+        assert!(
+            std::net::TcpStream::connect(addr).is_err(),
+            "/metrics still listens"
+        );
+        assert!(matches!(
+            conn.subscribe("after.close"),
+            Err(ConnectionError::Closed)
+        ));
     }
 
     #[test]
