@@ -24,6 +24,9 @@
 //!
 //! A panic during a panic (a `Drop` that panics while unwinding) aborts the process; the
 //! unit restarts that too (`Restart=on-failure` covers a signal).
+//!
+//! Go recovers no panic (choria-io/provisioner hosts/provisioner.go, `provisioner`): any one
+//! ends the process with exit 2 and the trace on stderr only, and Go's unit never restarts it.
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
