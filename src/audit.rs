@@ -10,7 +10,11 @@
 //! line is lost (a line written just before the rename is in the renamed file, whole).
 //!
 //! Never in a line: a secret, a private key, a full JWT (only the server JWT's `jti` and
-//! expiry), the helper's output (only how it ended).
+//! expiry), the helper's output (only how it ended). Text that can hold what a node sent
+//! (the reason, above all, which quotes replies) goes through the log's escaper
+//! (`choria_wire::text::one_line`: control, invisible and bidirectional characters shown as
+//! `\u{..}`) and is cut to a bound with a marker, so a line is one valid JSON document of at
+//! most [`MAX_LINE_BYTES`]; U+0085, U+2028 and U+2029 are escaped in it as JSON escapes.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -26,6 +30,20 @@ use choria_wire::lifecycle::rfc3339_utc;
 
 /// The mode of an audit file the daemon creates (group-readable for shippers, never world).
 pub const AUDIT_FILE_MODE: u32 = 0o640;
+
+/// The most one audit line takes, its newline included.
+pub const MAX_LINE_BYTES: usize = 8 * 1024;
+
+/// The most a line's `reason` takes (it quotes what nodes sent, each value cut short already).
+pub const MAX_REASON_BYTES: usize = 4 * 1024;
+
+/// The most any other text field takes.
+const MAX_FIELD_BYTES: usize = 256;
+
+/// `text` as a line shows it: escaped as the log escapes it, then cut to `max` bytes.
+fn shown(text: &str, max: usize) -> String {
+    choria_wire::text::cut(&choria_wire::text::one_line(text), max).into_owned()
+}
 
 /// One step of a cycle: an RPC (`choria_provision#jwt`, …) or the helper.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -164,9 +182,11 @@ impl AuditLine {
             (ProvisionOutcome::Provisioned { hold: false }, _) => ("upgraded", None),
             (ProvisionOutcome::Provisioned { hold: true }, _) => ("provisioned", None),
             (ProvisionOutcome::Failed(err), Decided::Deferred) => {
-                ("deferred", Some(err.to_string()))
+                ("deferred", Some(shown(&err.to_string(), MAX_REASON_BYTES)))
             }
-            (ProvisionOutcome::Failed(err), _) => ("failed", Some(err.to_string())),
+            (ProvisionOutcome::Failed(err), _) => {
+                ("failed", Some(shown(&err.to_string(), MAX_REASON_BYTES)))
+            }
             (ProvisionOutcome::OwnedElsewhere, _) => (
                 "owned_elsewhere",
                 Some("another provisioner holds the node's provisioning lock".to_string()),
@@ -183,9 +203,12 @@ impl AuditLine {
                 Some("paused or stopping before the cycle finished".to_string()),
             ),
         };
+        let mut issued = trail.issued;
+        // The helper's version, which may repeat what the node sent.
+        issued.upgrade = issued.upgrade.map(|v| shown(&v, MAX_FIELD_BYTES));
         AuditLine {
             time: rfc3339_millis(SystemTime::now()),
-            identity: identity.to_string(),
+            identity: shown(identity, MAX_FIELD_BYTES),
             instance,
             found: match found {
                 Source::Event => "event",
@@ -194,9 +217,19 @@ impl AuditLine {
             outcome,
             reason,
             duration_ms: millis(trail.started.elapsed()),
-            steps: trail.steps,
-            helper: trail.helper,
-            issued: trail.issued,
+            steps: trail
+                .steps
+                .into_iter()
+                .map(|step| StepRecord {
+                    result: shown(&step.result, MAX_FIELD_BYTES),
+                    ..step
+                })
+                .collect(),
+            helper: trail.helper.map(|helper| HelperRecord {
+                exit: shown(&helper.exit, MAX_FIELD_BYTES),
+                ..helper
+            }),
+            issued,
         }
     }
 }
@@ -244,9 +277,7 @@ impl AuditLog {
     /// Appends one line (a newline is added) with one `write`. Before it, if the path no
     /// longer names the open file (renamed or removed by rotation), the path is opened anew.
     pub fn append(&self, line: &AuditLine) -> std::io::Result<()> {
-        let mut bytes = serde_json::to_vec(line).map_err(std::io::Error::other)?;
-        bytes.push(b'\n');
-        self.append_bytes(&bytes)
+        self.append_bytes(&encode(line)?)
     }
 
     fn append_bytes(&self, bytes: &[u8]) -> std::io::Result<()> {
@@ -277,6 +308,39 @@ impl AuditLog {
         }
         Ok(())
     }
+}
+
+/// The line's bytes, newline included: one line for every line reader, at most
+/// [`MAX_LINE_BYTES`] (the reason cut further should its escapes have made it longer).
+fn encode(line: &AuditLine) -> std::io::Result<Vec<u8>> {
+    let to_line = |line: &AuditLine| -> std::io::Result<String> {
+        let json = serde_json::to_string(line).map_err(std::io::Error::other)?;
+        let mut text = choria_wire::json::escape_line_breaks(json);
+        text.push('\n');
+        Ok(text)
+    };
+    let mut text = to_line(line)?;
+    if let (Some(excess), Some(reason)) = (
+        text.len().checked_sub(MAX_LINE_BYTES).filter(|&n| n > 0),
+        &line.reason,
+    ) {
+        // Each byte cut from the reason takes at least one byte off the line, and the marker
+        // fits the room `cut` keeps for it.
+        let shorter = AuditLine {
+            reason: Some(
+                choria_wire::text::cut(
+                    reason,
+                    reason
+                        .len()
+                        .saturating_sub(excess + choria_wire::text::CUT_MARKER_BYTES),
+                )
+                .into_owned(),
+            ),
+            ..line.clone()
+        };
+        text = to_line(&shorter)?;
+    }
+    Ok(text.into_bytes())
 }
 
 /// Opens `path` for appending, creating it with mode 0640 (whatever the umask) if absent.
@@ -390,6 +454,92 @@ mod tests {
             assert_eq!(line.reason.as_deref(), reason, "{outcome:?}");
             assert_eq!(line.found, "discovery");
         }
+    }
+
+    fn failed_line(failure: crate::provision::Failure) -> AuditLine {
+        let outcome = ProvisionOutcome::Failed(crate::provision::ProvisionError {
+            identity: choria_wire::identity::Identity::parse("n1.example.net")
+                .expect("an identity"),
+            failure,
+        });
+        let mut trail = Trail::new();
+        trail.step("rpcutil#inventory", Duration::from_millis(3), 1, "ok");
+        let instance = Instance {
+            identity: "prov1".into(),
+            leader: None,
+        };
+        AuditLine::new("n1.example.net", instance, Source::Event, &outcome, trail)
+    }
+
+    /// A node's inventory reply with a 400 KB `version` (here of the wrong type, so the
+    /// failure quotes it) makes one valid JSON line of at most 8 KiB, and a reason with
+    /// invisible, bidirectional or line-breaking characters shows them escaped, as the log
+    /// does. Before, the line was as long as the reply and the characters went in raw.
+    #[test]
+    fn node_text_in_a_line_is_escaped_and_bounded() {
+        use crate::provision::{Failure, ReplyProblem};
+        let action = &choria_broker::rpc::Action::INVENTORY;
+        let huge = format!("[{}1]", "1,".repeat(200 * 1024));
+        let cases = [
+            Failure::Reply {
+                action,
+                problem: ReplyProblem::Field {
+                    field: "version",
+                    expected: "a string",
+                    value: huge.clone(),
+                },
+            },
+            Failure::Reply {
+                action,
+                problem: ReplyProblem::Data {
+                    data: "\"".repeat(400 * 1024),
+                },
+            },
+            Failure::Deferred {
+                message: format!("n2\u{202e}lten\u{85}\u{2028}{}", "\\".repeat(100 * 1024)),
+            },
+        ];
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::open(&path).expect("opens");
+        for failure in cases {
+            log.append(&failed_line(failure)).expect("append");
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(text.lines().count(), 3);
+        for line in text.split_inclusive('\n') {
+            assert!(line.len() <= MAX_LINE_BYTES, "{} bytes", line.len());
+            for c in ['\u{85}', '\u{2028}', '\u{2029}', '\u{202e}'] {
+                assert!(!line.contains(c), "{c:?} raw in the line");
+            }
+            let parsed: serde_json::Value = serde_json::from_str(line).expect("valid JSON");
+            let reason = parsed["reason"].as_str().expect("a reason");
+            assert!(reason.starts_with("n1.example.net: "), "{}", &reason[..80]);
+            assert!(
+                reason.ends_with(" more bytes)"),
+                "{}",
+                &reason[reason.len() - 80..]
+            );
+            assert!(!reason.contains('\u{202e}') && !reason.contains('\u{85}'));
+            assert_eq!(parsed["steps"][0]["step"], "rpcutil#inventory");
+        }
+        assert!(
+            text.contains(r"\\u{202e}"),
+            "the override shown escaped: {}",
+            &text[..300]
+        );
+    }
+
+    /// Should escaping make a line longer than the bound (every character of the reason a
+    /// quote, each written as two), the reason is cut further.
+    #[test]
+    fn a_reason_that_escaping_doubles_still_fits() {
+        let mut line = line("n1");
+        line.reason = Some("\"".repeat(MAX_REASON_BYTES));
+        let bytes = encode(&line).expect("encodes");
+        assert!(bytes.len() <= MAX_LINE_BYTES, "{} bytes", bytes.len());
+        let parsed: serde_json::Value = serde_json::from_slice(&bytes).expect("valid JSON");
+        assert!(parsed["reason"].as_str().unwrap().ends_with(" more bytes)"));
     }
 
     #[test]

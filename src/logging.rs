@@ -129,7 +129,14 @@ fn level_name(level: Level) -> &'static str {
     }
 }
 
-/// One JSON line as logrus's `JSONFormatter` writes it: keys sorted, Go's escaping, `\n`.
+/// The most one log line takes, its newline included, whatever a message quotes: every
+/// value a node sent is cut short where it is quoted (`choria_wire::text::escape`), and a
+/// message that is still longer is cut here, with a marker, at every level.
+pub const MAX_LINE_BYTES: usize = 8 * 1024;
+
+/// One JSON line as logrus's `JSONFormatter` writes it: keys sorted, Go's escaping, `\n`; at
+/// most [`MAX_LINE_BYTES`], its message cut to fit; no line break any reader knows (U+0085,
+/// U+2028 and U+2029 escaped too).
 pub fn json_line(
     level: Level,
     target: &str,
@@ -138,20 +145,66 @@ pub fn json_line(
     time: &str,
 ) -> String {
     let message = choria_wire::text::one_line(message);
-    let mut json = String::with_capacity(message.len() + 128);
-    json.push('{');
-    // Written in logrus's (sorted) key order: component, election, level, msg, time.
-    for (key, value) in fields(target, node) {
-        push_field(&mut json, key, &value);
+    let fields = fields(target, node);
+    let build = |message: &str| {
+        let mut json = String::with_capacity(message.len() + 128);
+        json.push('{');
+        // Written in logrus's (sorted) key order: component, election, level, msg, time.
+        for (key, value) in &fields {
+            push_field(&mut json, key, value);
+        }
+        push_field(&mut json, "level", level_name(level));
+        push_field(&mut json, "msg", message);
+        push_field(&mut json, "time", time);
+        json.pop(); // the last field's comma
+        json.push('}');
+        let mut line = choria_wire::json::escape_line_breaks(choria_wire::json::go_escape(json));
+        line.push('\n');
+        line
+    };
+    let line = build(&message);
+    if line.len() <= MAX_LINE_BYTES {
+        return line;
     }
-    push_field(&mut json, "level", level_name(level));
-    push_field(&mut json, "msg", &message);
-    push_field(&mut json, "time", time);
-    json.pop(); // the last field's comma
-    json.push('}');
-    let mut line = choria_wire::json::go_escape(json);
-    line.push('\n');
-    line
+    // What the line takes besides the message, then the message cut to the rest.
+    let around = build("").len();
+    build(&cut_encoded(
+        &message,
+        MAX_LINE_BYTES.saturating_sub(around),
+    ))
+}
+
+/// What `c` takes in a log line once JSON-encoded and Go-escaped.
+fn encoded_len(c: char) -> usize {
+    match c {
+        '"' | '\\' => 2,
+        '<' | '>' | '&' | '\u{85}' | '\u{2028}' | '\u{2029}' => 6,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// `message` cut so that, encoded, it takes at most `budget` bytes with its marker.
+fn cut_encoded(message: &str, budget: usize) -> String {
+    let room = budget.saturating_sub(choria_wire::text::CUT_MARKER_BYTES);
+    let mut taken = 0;
+    let mut end = 0;
+    for (at, c) in message.char_indices() {
+        taken += encoded_len(c);
+        if taken > room {
+            break;
+        }
+        end = at + c.len_utf8();
+    }
+    format!("{}… ({} more bytes)", &message[..end], message.len() - end)
+}
+
+/// A text line's message: one line, cut so the line fits [`MAX_LINE_BYTES`] after a prefix
+/// of `prefix` bytes.
+fn text_message(message: &str, prefix: usize) -> String {
+    let message = choria_wire::text::one_line(message);
+    // The newline is the line's last byte.
+    choria_wire::text::cut(&message, MAX_LINE_BYTES.saturating_sub(prefix + 1)).into_owned()
 }
 
 /// `"key":"value",` with the value escaped as JSON (a string always serialises).
@@ -277,16 +330,15 @@ pub fn init(logfile: Option<&Path>, level: LevelFilter, debug: bool) -> Result<(
             });
             builder.format(|buf, record| {
                 // The last line of defence against forged log lines: whatever a message
-                // holds, it is written as one line without control characters.
-                let message = record.args().to_string();
-                writeln!(
-                    buf,
-                    "{} {:<5} {}: {}",
+                // holds, it is written as one line without control characters, bounded.
+                let prefix = format!(
+                    "{} {:<5} {}: ",
                     buf.timestamp_millis(),
                     record.level(),
-                    record.target(),
-                    choria_wire::text::one_line(&message)
-                )
+                    record.target()
+                );
+                let message = text_message(&record.args().to_string(), prefix.len());
+                writeln!(buf, "{prefix}{message}")
             });
         }
         Destination::Discard => {
@@ -368,6 +420,87 @@ mod tests {
             let parsed: serde_json::Value = serde_json::from_str(&line).expect("JSON");
             assert_eq!(parsed["time"], time);
         }
+    }
+
+    /// A message quoting a huge reply is cut so the line stays one valid JSON document of at
+    /// most 8 KiB, at every level, whatever its characters expand to once escaped.
+    #[test]
+    fn a_huge_message_makes_a_bounded_valid_json_line_at_every_level() {
+        let time = "2026-05-20T10:11:12Z";
+        let messages = [
+            format!(
+                "rpcutil#inventory reply field version is not a string: {}",
+                "7".repeat(400 * 1024)
+            ),
+            "<&>\"\\".repeat(50 * 1024),
+            "é\u{85}\u{2028}\n\u{1b}日".repeat(30 * 1024),
+        ];
+        for level in [
+            Level::Error,
+            Level::Warn,
+            Level::Info,
+            Level::Debug,
+            Level::Trace,
+        ] {
+            for message in &messages {
+                let line = json_line(
+                    level,
+                    "choria_provisioner::fleet",
+                    message,
+                    Some("n1.example.net"),
+                    time,
+                );
+                assert!(
+                    line.len() <= MAX_LINE_BYTES,
+                    "{level}: {} bytes",
+                    line.len()
+                );
+                assert!(
+                    line.len() > MAX_LINE_BYTES - 64,
+                    "{level}: cut too short, {} bytes",
+                    line.len()
+                );
+                assert_eq!(line.matches('\n').count(), 1);
+                let parsed: serde_json::Value = serde_json::from_str(&line).expect("valid JSON");
+                let msg = parsed["msg"].as_str().expect("msg");
+                assert!(msg.ends_with(" more bytes)"), "{}", &msg[msg.len() - 40..]);
+                assert_eq!(parsed["component"], "n1.example.net");
+                assert_eq!(parsed["time"], time);
+            }
+        }
+        // A message that fits is left whole.
+        let fits = "x".repeat(MAX_LINE_BYTES - 200);
+        let line = json_line(Level::Info, "x", &fits, None, time);
+        let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(parsed["msg"], fits);
+    }
+
+    /// Text lines are cut the same way: one line, at most 8 KiB.
+    #[test]
+    fn a_huge_text_message_is_cut_to_the_line_bound() {
+        let prefix = "2026-05-20T10:11:12.123Z INFO  choria_provisioner::fleet: ";
+        let message = text_message(&format!("a\n{}", "b".repeat(400 * 1024)), prefix.len());
+        assert!(prefix.len() + message.len() < MAX_LINE_BYTES);
+        assert!(message.starts_with("a\\nbbb") && message.ends_with(" more bytes)"));
+        assert_eq!(text_message("short", prefix.len()), "short");
+    }
+
+    /// Every field goes out without a line break any reader knows, not just the message.
+    #[test]
+    fn no_field_carries_a_raw_line_break() {
+        let line = json_line(
+            Level::Info,
+            "x",
+            "a\u{85}b\u{2028}",
+            Some("n\u{85}1\u{2029}"),
+            "t\u{85}",
+        );
+        for c in ['\u{85}', '\u{2028}', '\u{2029}'] {
+            assert!(!line.contains(c), "{c:?} in {line}");
+        }
+        let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(parsed["component"], "n\u{85}1\u{2029}");
+        assert_eq!(parsed["time"], "t\u{85}");
     }
 
     #[test]

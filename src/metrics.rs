@@ -461,7 +461,9 @@ impl MetricsServer {
                     _ => crate::http::Response::text(404, "404 page not found\n"),
                 },
             );
-        let server = crate::http::HttpServer::start(addr, "metrics-http", routes)?;
+        // Health answers on a thread of its own, whatever the scrapers do.
+        let server =
+            crate::http::HttpServer::start(addr, "metrics-http", routes, &["/livez", "/readyz"])?;
         let local_addr = server.local_addr;
         Ok(MetricsServer { server, local_addr })
     }

@@ -213,7 +213,7 @@ fn pki_with_csrs_signed_by_the_sample_ca_helper() {
     for node in &report.nodes {
         // The helper's stderr is logged tagged with the node: it really signed with openssl.
         let line = format!(
-            "x509-helper: signed a certificate for {} valid 2 days",
+            "x509-helper: signed a certificate for \"{}\" valid 2 days",
             node.identity
         );
         assert!(log.contains(&line), "no {line:?} in the provisioner log");

@@ -139,7 +139,7 @@ fn the_sample_x509_helper_signs_the_stand_in_csr_and_the_certificate_is_explaine
     assert!(run["stderr"]
         .as_str()
         .unwrap()
-        .contains("x509-helper: signed a certificate for n1.example.net"));
+        .contains("x509-helper: signed a certificate for \"n1.example.net\""));
     // The exact stdin: the identity, the stand-in CSR, the inventory as a string.
     let stdin: Value = serde_json::from_str(run["stdin"].as_str().unwrap()).expect("stdin JSON");
     assert_eq!(stdin["identity"], IDENTITY);

@@ -30,7 +30,10 @@ stdout: one JSON object; every key is optional
                     and the README; unused here
 
 A non-zero exit, no output or undecodable output fails the node; so does running longer than
-`helper_timeout`. Diagnostics go to stderr, which the provisioner logs tagged with the node.
+`helper_timeout`. Diagnostics go to stderr, which the provisioner logs tagged with the node,
+a line at a time: anything the node sent (its identity, its inventory) is written there only
+through json.dumps, so a newline or another line break in it cannot start a line of its own
+that reads like one of the provisioner's.
 
 Settings, from arguments or the environment (arguments win):
     --issuer / CHORIA_ISSUER_PUBLIC     the Organization Issuer's ed25519 public key (hex), required
@@ -55,7 +58,14 @@ PERMISSIONS = ("submission", "streams", "governor", "service_host")
 
 
 def log(message):
+    """One line on stderr. Node text goes in only as quoted(...) makes it."""
     print("ed25519-helper: " + message, file=sys.stderr)
+
+
+def quoted(text):
+    """A value a node sent, as one line of ASCII: json.dumps escapes every control and
+    non-ASCII character (U+0085, U+2028 and U+2029 among them)."""
+    return json.dumps(text)
 
 
 def settings(argv):
@@ -122,7 +132,7 @@ def answer(node, opts):
         reply["server_claims"] = claims
 
     inventory = json.loads(node.get("inventory") or "{}")
-    log("%s runs Choria %s" % (identity, inventory.get("version", "(unknown version)")))
+    log("%s runs Choria %s" % (quoted(identity), quoted(inventory.get("version", "(unknown version)"))))
     return reply
 
 
@@ -142,7 +152,7 @@ def serve(opts):
             request_id = node["id"]
         except (ValueError, KeyError, TypeError) as err:
             # Without the id there is no answer to give: exit, the provisioner restarts us.
-            log("unreadable request line (%s); exiting" % err)
+            log("unreadable request line (%s); exiting" % quoted(str(err)))
             sys.exit(1)
         reply = reply_for(node, opts)
         reply["id"] = request_id

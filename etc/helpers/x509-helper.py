@@ -36,7 +36,10 @@ stdout: one JSON object; every key is optional
     action_policies, opa_policies   file name -> policy text; upgrade: a Choria version to move to
 
 A non-zero exit, no output or undecodable output fails the node; so does running longer than
-`helper_timeout`. Diagnostics go to stderr, which the provisioner logs tagged with the node.
+`helper_timeout`. Diagnostics go to stderr, which the provisioner logs tagged with the node,
+a line at a time: anything the node sent is written there only through json.dumps, so a
+newline or another line break in it cannot start a line of its own that reads like one of
+the provisioner's.
 
 The node is untrusted: it chose its identity and wrote its CSR. So the certificate is built from
 the identity alone, and only from an identity that is a plain DNS name (letters, digits, `-`
@@ -63,7 +66,14 @@ import tempfile
 
 
 def log(message):
+    """One line on stderr. Node text goes in only as quoted(...) makes it."""
     print("x509-helper: " + message, file=sys.stderr)
+
+
+def quoted(text):
+    """A value a node sent, as one line of ASCII: json.dumps escapes every control and
+    non-ASCII character (U+0085, U+2028 and U+2029 among them)."""
+    return json.dumps(text)
 
 
 # A DNS name: dot-separated labels of letters, digits, '-' and '_'; no empty label.
@@ -170,7 +180,7 @@ def answer(node, opts):
         "plugin.security.file.key": ssldir + "/private.pem",
         "plugin.security.file.ca": ssldir + "/ca.pem",
     }
-    log("signed a certificate for %s valid %d days" % (identity, opts.days))
+    log("signed a certificate for %s valid %d days" % (quoted(identity), opts.days))
     return {
         "defer": False,
         "msg": "certificate signed by the x509 sample helper",
@@ -197,7 +207,7 @@ def serve(opts):
             request_id = node["id"]
         except (ValueError, KeyError, TypeError) as err:
             # Without the id there is no answer to give: exit, the provisioner restarts us.
-            log("unreadable request line (%s); exiting" % err)
+            log("unreadable request line (%s); exiting" % quoted(str(err)))
             sys.exit(1)
         reply = reply_for(node, opts)
         reply["id"] = request_id

@@ -98,7 +98,8 @@ impl RpcFailure {
     }
 }
 
-/// What is wrong with a reply's data. Values are shown as the node sent them, as JSON.
+/// What is wrong with a reply's data. Values are kept as the node sent them, as JSON, and
+/// shown through `choria_wire::text::escape` (cut short, nothing a log line must not hold).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplyProblem {
     /// The data is not an object.
@@ -174,13 +175,17 @@ impl fmt::Display for Failure {
             Failure::Rpc { action, cause } => cause.describe(action, f),
             Failure::Reply { action, problem } => match problem {
                 ReplyProblem::Data { data } => {
-                    write!(f, "{action} reply data is not an object: {data}")
+                    write!(f, "{action} reply data is not an object: {}", escape(data))
                 }
                 ReplyProblem::Field {
                     field,
                     expected,
                     value,
-                } => write!(f, "{action} reply field {field} is not {expected}: {value}"),
+                } => write!(
+                    f,
+                    "{action} reply field {field} is not {expected}: {}",
+                    escape(value)
+                ),
             },
             Failure::Jwt(failure) => write!(f, "{failure}"),
             Failure::Ed25519(err) => write!(f, "could not fetch ed25519 public key: {err}"),
@@ -225,5 +230,49 @@ impl std::error::Error for Failure {
             Failure::Answer(err) => Some(err),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a node sent is quoted short and on one line, however long and whatever it holds:
+    /// a 400 KB `version` made a 400 KB error line before.
+    #[test]
+    fn replies_are_quoted_short_and_escaped() {
+        let action = &Action::INVENTORY;
+        let huge = format!("[{}1]", "1,".repeat(200 * 1024));
+        let cases = [
+            ReplyProblem::Field {
+                field: "version",
+                expected: "a string",
+                value: huge.clone(),
+            },
+            ReplyProblem::Data { data: huge },
+            ReplyProblem::Field {
+                field: "upgradable",
+                expected: "a boolean",
+                value: "\"yes\\n\u{202e}\u{85}\"".into(),
+            },
+        ];
+        for problem in cases {
+            let shown = Failure::Reply { action, problem }.to_string();
+            assert!(shown.len() < 1024, "{} bytes", shown.len());
+            assert!(!shown.contains(['\n', '\u{202e}', '\u{85}']), "{shown}");
+            assert!(shown.starts_with("rpcutil#inventory reply "), "{shown}");
+        }
+        let short = Failure::Reply {
+            action,
+            problem: ReplyProblem::Field {
+                field: "version",
+                expected: "a string",
+                value: "42".into(),
+            },
+        };
+        assert_eq!(
+            short.to_string(),
+            "rpcutil#inventory reply field version is not a string: 42"
+        );
     }
 }

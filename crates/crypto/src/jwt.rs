@@ -8,6 +8,7 @@
 //! the algorithm allow-list chosen by key type with Go's error order.
 
 use crate::ReadFile;
+use choria_wire::text::escape;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -59,7 +60,8 @@ pub enum JwtError {
     UnsupportedSigningKey { path: PathBuf },
     /// An RSA signing key PEM that does not parse as RSA.
     SigningKeyParse { path: PathBuf, reason: String },
-    /// The token's structure, base64 or JSON is broken.
+    /// The token's structure, base64 or JSON is broken; what the token held is quoted in
+    /// `reason` through `choria_wire::text::escape`.
     Malformed { reason: String },
     /// `alg` is not one of RS256/384/512 or EdDSA.
     MethodInvalid { alg: String },
@@ -112,12 +114,16 @@ impl fmt::Display for JwtError {
                 path.display()
             ),
             JwtError::Malformed { reason } => write!(f, "token is malformed: {reason}"),
-            JwtError::MethodInvalid { alg } => {
-                write!(f, "token signature is invalid: signing method {alg} is invalid")
-            }
+            // `alg`, `sub` and `purpose` are the node's: shown short and escaped.
+            JwtError::MethodInvalid { alg } => write!(
+                f,
+                "token signature is invalid: signing method {} is invalid",
+                escape(alg)
+            ),
             JwtError::KeyTypeRequired { alg, required } => write!(
                 f,
-                "token is unverifiable: error while executing keyfunc: {required} public key required (alg {alg})"
+                "token is unverifiable: error while executing keyfunc: {required} public key required (alg {})",
+                escape(alg)
             ),
             JwtError::SignatureInvalid { reason } => {
                 write!(f, "token signature is invalid: {reason}")
@@ -135,7 +141,9 @@ impl fmt::Display for JwtError {
             }
             JwtError::NotProvisioningToken { sub, purpose } => write!(
                 f,
-                "not a provisioning token (sub {sub:?}, purpose {purpose:?})"
+                "not a provisioning token (sub {}, purpose {})",
+                escape(sub),
+                escape(purpose)
             ),
             JwtError::Sign { reason } => write!(f, "could not sign token: {reason}"),
         }
@@ -370,7 +378,7 @@ fn decode_segment(segment: &str, what: &str) -> Result<Vec<u8>, JwtError> {
         .filter(|c| *c != '\r' && *c != '\n')
         .collect();
     B64URL.decode(cleaned).map_err(|e| JwtError::Malformed {
-        reason: format!("could not base64 decode {what}: {e}"),
+        reason: format!("could not base64 decode {what}: {}", escape(&e.to_string())),
     })
 }
 
@@ -385,11 +393,12 @@ pub fn decode_unverified(token: &str) -> Result<UnverifiedToken, JwtError> {
     }
     let header: Map<String, Value> = serde_json::from_slice(&decode_segment(parts[0], "header")?)
         .map_err(|e| JwtError::Malformed {
-        reason: format!("could not JSON decode header: {e}"),
+        // serde's message quotes what it met (`invalid type: string "…"`): the node's text.
+        reason: format!("could not JSON decode header: {}", escape(&e.to_string())),
     })?;
     let claims: Map<String, Value> = serde_json::from_slice(&decode_segment(parts[1], "claims")?)
         .map_err(|e| JwtError::Malformed {
-        reason: format!("could not JSON decode claim: {e}"),
+        reason: format!("could not JSON decode claim: {}", escape(&e.to_string())),
     })?;
     let alg = match header.get("alg") {
         Some(Value::String(alg)) => alg.clone(),
@@ -484,12 +493,15 @@ pub fn numeric_date(claims: &Map<String, Value>, name: &str) -> Result<Option<i6
                 Ok(Some(f.trunc() as i64))
             } else {
                 Err(JwtError::Malformed {
-                    reason: format!("claim {name} is not a number: {n}"),
+                    reason: format!("claim {name} is not a number: {}", escape(&n.to_string())),
                 })
             }
         }
         Some(other) => Err(JwtError::Malformed {
-            reason: format!("claim {name} is not a number: {other}"),
+            reason: format!(
+                "claim {name} is not a number: {}",
+                escape(&other.to_string())
+            ),
         }),
     }
 }
@@ -518,7 +530,10 @@ pub fn string_claim(claims: &Map<String, Value>, name: &str) -> Result<String, J
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(other) => Err(JwtError::Malformed {
-            reason: format!("claim {name} is not a string: {other}"),
+            reason: format!(
+                "claim {name} is not a string: {}",
+                escape(&other.to_string())
+            ),
         }),
     }
 }
@@ -528,7 +543,7 @@ fn bool_claim(claims: &Map<String, Value>, name: &str) -> Result<bool, JwtError>
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
         Some(other) => Err(JwtError::Malformed {
-            reason: format!("claim {name} is not a bool: {other}"),
+            reason: format!("claim {name} is not a bool: {}", escape(&other.to_string())),
         }),
     }
 }
@@ -542,7 +557,10 @@ pub fn check_issuer_expiry(claims: &Map<String, Value>, now_unix: u64) -> Result
     let issuer = string_claim(claims, "iss")?;
     if !issuer.starts_with(CHAIN_ISSUER_PREFIX) {
         return Err(JwtError::IssuerExpired {
-            reason: format!("tcs is set but issuer {issuer:?} is not a chain issuer (C-)"),
+            reason: format!(
+                "tcs is set but issuer {} is not a chain issuer (C-)",
+                escape(&issuer)
+            ),
         });
     }
     let Some(issuer_expiry) = numeric_date(claims, "issexp")? else {
@@ -604,7 +622,10 @@ fn go_provisioning_claims(claims: &Map<String, Value>) -> Result<Map<String, Val
         Some(Value::Object(map)) => Value::Object(map.clone()),
         Some(other) => {
             return Err(JwtError::Malformed {
-                reason: format!("claim extensions is not an object: {other}"),
+                reason: format!(
+                    "claim extensions is not an object: {}",
+                    escape(&other.to_string())
+                ),
             })
         }
     };
@@ -624,7 +645,10 @@ fn go_provisioning_claims(claims: &Map<String, Value>) -> Result<Map<String, Val
         }
         Some(other) => {
             return Err(JwtError::Malformed {
-                reason: format!("claim aud is not a string or list of strings: {other}"),
+                reason: format!(
+                    "claim aud is not a string or list of strings: {}",
+                    escape(&other.to_string())
+                ),
             })
         }
     }
@@ -1088,6 +1112,91 @@ mod tests {
             "purpose": "", "sub": "choria_provisioning", "aud": ["a"], "ou": "choria",
             "update": true, "exp": NOW + 10});
         assert_eq!(Value::Object(got), want);
+    }
+
+    /// What a node put in its token's header and claims is quoted short and escaped: a
+    /// 200 KB `alg` was logged whole before, and a `sub` with a newline made two lines.
+    #[test]
+    fn node_text_in_token_errors_is_cut_short_and_escaped() {
+        let signer = JwtSigner::from_key_file(
+            &vector_path("tokens/testdata/ed25519/signer.seed"),
+            &fs_read,
+        )
+        .expect("seed");
+        let ed_key = signer.verify_key();
+        let rsa_key = load("tokens/testdata/rsa/signer-public.pem");
+        let long = "A".repeat(200 * 1024);
+        let nasty = format!("x\n{{\"level\":\"error\"}}\u{202e}\u{85}{long}");
+        let segment = |value: &Value| B64URL.encode(value.to_string());
+        let claims = segment(&json!({"sub": "choria_provisioning"}));
+        // (token, key, what the error starts with)
+        let cases: Vec<(String, &VerifyKey, &str)> = vec![
+            (
+                format!("{}.{claims}.AA", segment(&json!({"alg": long}))),
+                &ed_key,
+                "token signature is invalid: signing method \"AAAA",
+            ),
+            (
+                format!("{}.{claims}.AA", segment(&json!({"alg": nasty}))),
+                &ed_key,
+                "token signature is invalid: signing method \"x\\n",
+            ),
+            (
+                format!("{}.{claims}.AA", segment(&json!(nasty))),
+                &ed_key,
+                "token is malformed: could not JSON decode header: ",
+            ),
+            (
+                sign_jwt(&json!({"sub": nasty, "purpose": long}), &signer).expect("sign"),
+                &ed_key,
+                "not a provisioning token (sub \"x\\n",
+            ),
+            (
+                sign_jwt(
+                    &json!({"sub": "choria_provisioning", "cht": [nasty]}),
+                    &signer,
+                )
+                .expect("sign"),
+                &ed_key,
+                "token is malformed: claim cht is not a string: ",
+            ),
+            (
+                sign_jwt(
+                    &json!({"sub": "choria_provisioning", "aud": {"a": nasty}}),
+                    &signer,
+                )
+                .expect("sign"),
+                &ed_key,
+                "token is malformed: claim aud is not a string or list of strings: ",
+            ),
+            (
+                sign_jwt(
+                    &json!({"sub": "choria_provisioning", "tcs": "x", "iss": nasty}),
+                    &signer,
+                )
+                .expect("sign"),
+                &ed_key,
+                "token has invalid claims: token is expired: tcs is set but issuer \"x\\n",
+            ),
+            (
+                sign_jwt(&json!({"sub": "choria_provisioning"}), &signer).expect("sign"),
+                &rsa_key,
+                // An `alg` on the allow-list is short and plain: shown as it is.
+                "token is unverifiable: error while executing keyfunc: ed25519 public key required (alg EdDSA)",
+            ),
+        ];
+        for (token, key, prefix) in cases {
+            let shown = verify_provisioning_jwt(&token, key, NOW)
+                .expect_err(prefix)
+                .to_string();
+            assert!(
+                shown.starts_with(prefix),
+                "got {}, want {prefix}",
+                &shown[..shown.len().min(200)]
+            );
+            assert!(shown.len() < 1024, "{prefix}: {} bytes", shown.len());
+            assert!(!shown.contains(['\n', '\u{202e}', '\u{85}']), "{shown}");
+        }
     }
 
     #[test]

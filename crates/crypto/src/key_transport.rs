@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use choria_wire::text::escape;
+
 use aes::cipher::{block_padding::Pkcs7, BlockDecryptMut, BlockEncryptMut, KeyIvInit};
 use base64::Engine;
 use md5::{Digest, Md5};
@@ -47,16 +49,19 @@ pub enum KeyTransportError {
 impl fmt::Display for KeyTransportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // The peer's key is what the node sent: shown short and escaped.
             KeyTransportError::PeerKeyHex { value, reason } => {
-                write!(f, "ECDH public key {value:?} is not hex: {reason}")
+                write!(f, "ECDH public key {} is not hex: {reason}", escape(value))
             }
             KeyTransportError::PeerKeyLength { value, actual } => write!(
                 f,
-                "ECDH public key {value:?} has {actual} bytes, expected 32"
+                "ECDH public key {} has {actual} bytes, expected 32",
+                escape(value)
             ),
             KeyTransportError::LowOrderPeerKey { value } => write!(
                 f,
-                "ECDH public key {value:?} is a low order point (shared secret is all zeros)"
+                "ECDH public key {} is a low order point (shared secret is all zeros)",
+                escape(value)
             ),
             KeyTransportError::NoPemBlock { reason } => {
                 write!(f, "private key has no PEM block: {reason}")
@@ -302,13 +307,27 @@ mod tests {
         let cases: Vec<(String, &str)> = vec![
             ("00".repeat(32), "ECDH public key"),
             (identity_point, "ECDH public key"),
-            ("00".repeat(31), "ECDH public key \"00"),
-            ("zz".repeat(32), "ECDH public key \"zzzz"),
+            ("00".repeat(31), "ECDH public key 0000"),
+            ("zz".repeat(32), "ECDH public key zzzz"),
             (String::new(), "ECDH public key \"\" has 0 bytes"),
+            // What the node sent, cut short and escaped.
+            (
+                format!("zz\n{}", "z".repeat(200 * 1024)),
+                "ECDH public key \"zz\\nzzz",
+            ),
         ];
         for (peer, prefix) in cases {
-            let err = ecdh_shared(&secret, &peer).expect_err(&peer);
-            assert!(err.to_string().starts_with(prefix), "{peer}: {err}");
+            let err = ecdh_shared(&secret, &peer).expect_err(&peer).to_string();
+            assert!(
+                err.starts_with(prefix),
+                "{}: {err}",
+                &peer[..peer.len().min(80)]
+            );
+            assert!(
+                err.len() < 1024 && !err.contains('\n'),
+                "{} bytes",
+                err.len()
+            );
         }
         // the two low-order points are refused as such, not for length or hex
         for peer in ["00".repeat(32), format!("01{}", "00".repeat(31))] {

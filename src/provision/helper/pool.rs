@@ -224,17 +224,9 @@ impl HelperPool {
         let helper = self.command.program().to_string();
         let fail = |kind| HelperError::new(&helper, identity, kind);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed).to_string();
-        let line = match input.to_json() {
-            // `{"id":"7",` then the per-node object's fields: the id first, for easy framing.
-            Ok(json) if json.starts_with('{') && json.len() > 2 => {
-                format!("{{\"id\":\"{id}\",{}\n", &json[1..])
-            }
-            Ok(_) => {
-                return Exchange::failed(String::new(), started, fail(HelperErrorKind::NoOutput))
-            }
-            Err(err) => {
-                return Exchange::failed(String::new(), started, fail(HelperErrorKind::Input(err)))
-            }
+        let line = match request_line(input, &id) {
+            Ok(line) => line,
+            Err(kind) => return Exchange::failed(String::new(), started, fail(kind)),
         };
         if self.closed.load(Ordering::Acquire) || abort.is_some_and(HelperAbort::is_fired) {
             return Exchange::failed(line, started, fail(HelperErrorKind::Aborted));
@@ -481,6 +473,23 @@ fn wait_until(until: Instant, abort: Option<&HelperAbort>) -> bool {
     }
 }
 
+/// The request line for one node: `{"id":"7",` then the per-node object's fields (the id
+/// first, for easy framing), then `\n`. The per-node JSON escapes LF, CR, U+2028 and U+2029;
+/// U+0085 is escaped too, which Python's `splitlines`, Java's `\R` and others also break at,
+/// so every reader sees one line per node.
+fn request_line(input: &HelperInput, id: &str) -> Result<String, HelperErrorKind> {
+    match input.to_json() {
+        Ok(json) if json.starts_with('{') && json.len() > 2 => {
+            let mut line =
+                choria_wire::json::escape_line_breaks(format!("{{\"id\":\"{id}\",{}", &json[1..]));
+            line.push('\n');
+            Ok(line)
+        }
+        Ok(_) => Err(HelperErrorKind::NoOutput),
+        Err(err) => Err(HelperErrorKind::Input(err)),
+    }
+}
+
 /// The answer line judged: a JSON object whose `id` is the request's, decoded as the per-node
 /// answer (the `id` key is not one of its fields).
 fn judge(line: &[u8], id: &str) -> Result<HelperOutput, HelperErrorKind> {
@@ -705,6 +714,30 @@ mod tests {
         assert!(next.answer.is_ok(), "{:?}", next.answer);
         assert_ne!(next.served_by, Some(pid), "a fresh helper");
         pool.close(Instant::now() + Duration::from_secs(2));
+    }
+
+    /// Whatever the node sent, the request is one line for every line reader (U+0085 went
+    /// out raw before) and means what the per-node request means.
+    #[test]
+    fn a_request_is_one_line_for_every_reader() {
+        let input = HelperInput {
+            identity: "n1.example.net".into(),
+            inventory: serde_json::json!({"version": "1\u{85}2\u{2028}3\u{2029}4\n5\r6"})
+                .to_string(),
+            ..HelperInput::default()
+        };
+        let line = request_line(&input, "7").expect("a line");
+        let body = line.strip_suffix('\n').expect("ends the line");
+        assert_eq!(body.lines().count(), 1);
+        assert!(
+            !body.contains(['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}']),
+            "{body}"
+        );
+        let sent: Value = serde_json::from_str(body).expect("JSON");
+        let per_node: Value = serde_json::from_str(&input.to_json().expect("JSON")).expect("JSON");
+        assert_eq!(sent["id"], "7");
+        assert_eq!(sent["inventory"], per_node["inventory"]);
+        assert_eq!(sent["identity"], "n1.example.net");
     }
 
     #[test]

@@ -523,3 +523,68 @@ fn both_samples_serve_the_line_protocol_with_the_per_node_answers() {
         }
     }
 }
+
+/// A node's text reaches a sample helper's stderr only through `json.dumps`: a `version` with
+/// a newline (and the other line breaks readers know) stays inside one line, quoted, and
+/// cannot pass for a line of the provisioner's log. Before, the ed25519 helper wrote the
+/// version as it came, and the forged line became a line of its own.
+#[test]
+fn sample_helpers_write_node_text_to_stderr_only_quoted() {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let forged =
+        "0.29.4\n{\"level\":\"error\",\"msg\":\"forged\"}\r\u{85}x\u{2028}y\u{2029}\u{1b}[2J";
+    let input = HelperInput {
+        identity: "n1.example.net".into(),
+        ed25519_pubkey: Some(Ed25519Reply {
+            public_key: "ab".repeat(32),
+            directory: "/etc/choria".into(),
+            signature: "cd".repeat(64),
+        }),
+        inventory: json!({"version": forged, "facts": {}}).to_string(),
+        ..HelperInput::default()
+    };
+    let helper = sample("ed25519-helper.py");
+    for serve in [false, true] {
+        let mut command = Command::new(&helper);
+        command.args(["--issuer", ORG_ISSUER]);
+        let mut stdin = input.to_json().expect("JSON");
+        if serve {
+            command.arg("--serve");
+            stdin = format!("{{\"id\":\"1\",{}\n", &stdin[1..]);
+        }
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the helper starts");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("the helper ends");
+        assert!(out.status.success(), "{:?}", out);
+        let stderr = String::from_utf8(out.stderr).expect("UTF-8");
+        assert_eq!(
+            stderr.split_terminator('\n').count(),
+            1,
+            "serve {serve}: {stderr:?}"
+        );
+        assert!(
+            stderr.is_ascii() && !stderr.contains(['\r', '\u{1b}']),
+            "serve {serve}: {stderr:?}"
+        );
+        // The value is all there, as a JSON string.
+        let quoted = serde_json::to_string(forged).expect("JSON");
+        let (_, shown) = stderr
+            .trim_end()
+            .split_once(" runs Choria ")
+            .expect("the line");
+        let back: String = serde_json::from_str(shown).expect("a JSON string");
+        assert_eq!(back, forged, "serve {serve}: {stderr:?} vs {quoted}");
+        assert!(stderr.starts_with("ed25519-helper: \"n1.example.net\" runs Choria \""));
+    }
+}
