@@ -4,10 +4,17 @@
 //!
 //! Go's `ed25519.Verify` panics on a public key that is not 32 bytes and the Go provisioner does
 //! not check first; here every length is checked and reported.
+//!
+//! Stricter than Go, on purpose: Go's `ed25519.Verify` (cofactorless) accepts a key of small
+//! order, and for such a key a signature can be made without any private key (the key `01` then
+//! 31 zero bytes, the identity point, "verifies" the signature `01`, zeros, over every nonce). A
+//! node could so get a server JWT for a key nobody holds, or one many nodes share. Here a key of
+//! small order is refused by name, and the signature is checked with `verify_strict` (also
+//! refusing a small-order `R` and a non-canonical encoding).
 
 use std::fmt;
 
-use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 
 /// What was wrong with a gen25519 reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +33,8 @@ pub enum NonceError {
     },
     /// The public key bytes are not a valid ed25519 point.
     InvalidPublicKey { public_key: String },
+    /// The public key is a point of small order: anyone can sign for it.
+    WeakPublicKey { public_key: String },
     /// The signature does not verify over the nonce with that key.
     InvalidSignature { public_key: String },
 }
@@ -52,6 +61,11 @@ impl fmt::Display for NonceError {
                     "gen25519 public_key {public_key} is not a valid ed25519 key"
                 )
             }
+            NonceError::WeakPublicKey { public_key } => write!(
+                f,
+                "gen25519 public_key {public_key} is a weak ed25519 key (a point of small \
+                 order, for which a signature can be made without the private key)"
+            ),
             NonceError::InvalidSignature { public_key } => {
                 write!(f, "invalid nonce signature for public key {public_key}")
             }
@@ -87,31 +101,36 @@ pub fn verify_nonce_signature(
     if signature_hex.is_empty() {
         return Err(NonceError::MissingSignature);
     }
-    let public_key = decode_fixed::<32>("public_key", public_key_hex)?;
+    let key = strong_key(public_key_hex)?;
     let signature = decode_fixed::<64>("signature", signature_hex)?;
-    let key = VerifyingKey::from_bytes(&public_key).map_err(|_| NonceError::InvalidPublicKey {
-        public_key: public_key_hex.to_string(),
-    })?;
-    // Non-strict verify is closest to Go's ed25519.Verify (cofactorless, rejects a
-    // non-canonical S, accepts small-order keys).
-    key.verify(nonce.as_bytes(), &Signature::from_bytes(&signature))
+    // Strict: Go's ed25519.Verify would also take a small-order R (see the module doc).
+    key.verify_strict(nonce.as_bytes(), &Signature::from_bytes(&signature))
         .map_err(|_| NonceError::InvalidSignature {
             public_key: public_key_hex.to_string(),
         })
 }
 
+/// The key of `public_key_hex`: 32 bytes of hex, a valid point, not of small order.
+fn strong_key(public_key_hex: &str) -> Result<VerifyingKey, NonceError> {
+    let public_key = decode_fixed::<32>("public_key", public_key_hex)?;
+    let key = VerifyingKey::from_bytes(&public_key).map_err(|_| NonceError::InvalidPublicKey {
+        public_key: public_key_hex.to_string(),
+    })?;
+    if key.is_weak() {
+        return Err(NonceError::WeakPublicKey {
+            public_key: public_key_hex.to_string(),
+        });
+    }
+    Ok(key)
+}
+
 /// Checks a public key alone, as [`verify_nonce_signature`] checks it: present, 32 bytes of
-/// hex, a valid curve point (for a key given without a signature to check).
+/// hex, a valid curve point, not of small order (for a key given without a signature to check).
 pub fn check_public_key(public_key_hex: &str) -> Result<(), NonceError> {
     if public_key_hex.is_empty() {
         return Err(NonceError::MissingPublicKey);
     }
-    let public_key = decode_fixed::<32>("public_key", public_key_hex)?;
-    VerifyingKey::from_bytes(&public_key)
-        .map(|_| ())
-        .map_err(|_| NonceError::InvalidPublicKey {
-            public_key: public_key_hex.to_string(),
-        })
+    strong_key(public_key_hex).map(|_| ())
 }
 
 /// The node's side of gen25519, for the simulator: `(hex public key, hex signature of nonce)`.
@@ -183,6 +202,52 @@ mod tests {
                 (got, want) => panic!("{key}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    /// The identity point (`01`, then zeros): of order 1.
+    const IDENTITY_POINT: &str = "0100000000000000000000000000000000000000000000000000000000000000";
+
+    #[test]
+    fn a_small_order_key_and_its_trivial_signature_are_refused() {
+        // For the identity point A and R = A, S = 0, the cofactorless check
+        // [S]B == R + [k]A holds for every message: a "signature" made without a key.
+        let trivial = format!("{IDENTITY_POINT}{}", "00".repeat(32));
+        let key = VerifyingKey::from_bytes(&decode_fixed::<32>("k", IDENTITY_POINT).unwrap())
+            .expect("a valid point");
+        use ed25519_dalek::Verifier;
+        let signature = Signature::from_bytes(&decode_fixed::<64>("s", &trivial).unwrap());
+        assert!(
+            key.verify(b"any nonce", &signature).is_ok(),
+            "the non-strict check Go makes takes it: the attack is real"
+        );
+        // Small-order points: the identity, the point of order 2 (y = -1), and points of order
+        // 4 and 8 (y encoded little-endian).
+        let small_order = [
+            IDENTITY_POINT.to_string(),
+            format!("ec{}7f", "ff".repeat(30)),
+            "0000000000000000000000000000000000000000000000000000000000000000".to_string(),
+            "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a".to_string(),
+            "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05".to_string(),
+        ];
+        for public in &small_order {
+            let err = verify_nonce_signature(public, "any nonce", &trivial).expect_err(public);
+            assert!(
+                matches!(err, NonceError::WeakPublicKey { .. }),
+                "{public}: {err}"
+            );
+            assert!(err.to_string().contains("weak ed25519 key"), "{err}");
+            assert!(matches!(
+                check_public_key(public),
+                Err(NonceError::WeakPublicKey { .. })
+            ));
+        }
+        // A real key with a small-order R (S = 0) is refused by the strict check as well.
+        let seed = seed_from_vector("tokens/testdata/ed25519/signer.seed");
+        let public = public_key_hex_from_seed(&seed);
+        assert!(matches!(
+            verify_nonce_signature(&public, "any nonce", &trivial),
+            Err(NonceError::InvalidSignature { .. })
+        ));
     }
 
     #[test]

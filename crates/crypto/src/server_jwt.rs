@@ -475,7 +475,8 @@ impl ServerJwtIssuer {
         if req.validity.is_zero() {
             return Err(ServerJwtError::ZeroValidity);
         }
-        // Stricter than Go (no length check there): gen25519 keys are 32 bytes.
+        // Stricter than Go (no length check there): gen25519 keys are 32 bytes, valid points
+        // and not of small order (`crate::ed25519`), whoever hands them in.
         let public_key = hex::decode(req.ed25519_pubkey_hex)
             .map_err(|e| e.to_string())
             .and_then(|bytes| {
@@ -484,6 +485,11 @@ impl ServerJwtIssuer {
                 } else {
                     Err(format!("{} bytes, expected 32", bytes.len()))
                 }
+            })
+            .and_then(|bytes| {
+                crate::ed25519::check_public_key(req.ed25519_pubkey_hex)
+                    .map(|()| bytes)
+                    .map_err(|err| err.to_string())
             })
             .map_err(|reason| ServerJwtError::PublicKey {
                 value: req.ed25519_pubkey_hex.to_string(),

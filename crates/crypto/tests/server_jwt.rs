@@ -527,6 +527,14 @@ fn issue_refusals() {
         ),
         ("n1", short_key, Value::Null, YEAR, "ed25519 public key"),
         ("n1", "xyz", Value::Null, YEAR, "ed25519 public key \"xyz\""),
+        // The identity point: a key of small order, which anyone can sign for.
+        (
+            "n1",
+            "0100000000000000000000000000000000000000000000000000000000000000",
+            Value::Null,
+            YEAR,
+            "ed25519 public key \"0100000000000000000000000000000000000000000000000000000000000000\" of the server: gen25519 public_key 0100000000000000000000000000000000000000000000000000000000000000 is a weak ed25519 key",
+        ),
         (
             "n1",
             SERVER_PUBLIC,
