@@ -864,6 +864,15 @@ fn settings(config: &Config) -> Vec<Setting> {
             .collect::<Vec<_>>()
             .join(", "),
     );
+    let san_kinds = config.cert_allowed_san_kinds.names();
+    push(
+        "cert_allowed_san_kinds",
+        if san_kinds.is_empty() {
+            "(none: DNS names only)".to_string()
+        } else {
+            san_kinds.join(", ")
+        },
+    );
     for (name, on) in [
         ("pki", config.features.pki),
         ("jwt", config.features.jwt),

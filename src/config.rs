@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_norway::{Mapping, Value};
 
-use choria_crypto::csr::DenyList;
+use choria_crypto::csr::{DenyList, SanKinds};
 
 use crate::duration;
 use crate::fleet::WorkOrder;
@@ -271,6 +271,9 @@ pub struct Config {
     pub broker_provisioning_password: Option<Secret>,
     /// `cert_deny_list`, compiled (Go's defaults when empty).
     pub cert_deny_list: DenyList,
+    /// Ours: `cert_allowed_san_kinds`, the SAN kinds besides DNS a node's CSR and the helper's
+    /// certificate may carry (`ip`, `uri`, `email`; none by default).
+    pub cert_allowed_san_kinds: SanKinds,
     pub features: Features,
     /// Present exactly when `features.jwt` is on.
     pub jwt: Option<JwtCheck>,
@@ -398,6 +401,7 @@ const KNOWN_KEYS: &[&str] = &[
     "broker_port",
     "broker_provisioning_password",
     "cert_deny_list",
+    "cert_allowed_san_kinds",
     "jwt_verify_cert",
     "jwt_signing_key",
     "jwt_signing_token",
@@ -459,6 +463,7 @@ impl Config {
             monitor_address: logging.monitor_address,
             broker_provisioning_password: broker.provisioning_password,
             cert_deny_list: security.cert_deny_list,
+            cert_allowed_san_kinds: security.cert_allowed_san_kinds,
             features: security.features,
             jwt: security.jwt,
             server_jwt: security.server_jwt,
@@ -681,6 +686,7 @@ fn read_broker(keys: &KeyReader) -> Result<Broker, ConfigError> {
 struct Security {
     token: Secret,
     cert_deny_list: DenyList,
+    cert_allowed_san_kinds: SanKinds,
     features: Features,
     jwt: Option<JwtCheck>,
     server_jwt: Option<ServerJwtIssuing>,
@@ -706,6 +712,7 @@ fn read_security(keys: &KeyReader, warnings: &mut Vec<String>) -> Result<Securit
         value: format!("{:?}", err.entry),
         reason: format!("not a valid regular expression: {}", err.reason),
     })?;
+    let cert_allowed_san_kinds = read_san_kinds(keys)?;
     let needed = |key: &'static str, feature: &'static str| -> Result<String, ConfigError> {
         keys.optional_string(key)?.ok_or(ConfigError::NeededBy {
             path: keys.path.to_path_buf(),
@@ -760,11 +767,44 @@ fn read_security(keys: &KeyReader, warnings: &mut Vec<String>) -> Result<Securit
     Ok(Security {
         token: Secret::new(keys.string("token", "")?),
         cert_deny_list,
+        cert_allowed_san_kinds,
         features,
         jwt,
         server_jwt,
         upgrades,
     })
+}
+
+/// `cert_allowed_san_kinds`: a list of `ip`, `uri` and `email` (any case). DNS names are
+/// always allowed, so `dns` is refused as a value that could only mislead.
+fn read_san_kinds(keys: &KeyReader) -> Result<SanKinds, ConfigError> {
+    const KEY: &str = "cert_allowed_san_kinds";
+    const EXPECTED: &str = "a list of ip, uri and email";
+    let items = match keys.get(KEY) {
+        None => return Ok(SanKinds::default()),
+        Some(Value::Sequence(items)) => items,
+        Some(other) => return Err(keys.wrong_type(KEY, EXPECTED, other)),
+    };
+    let mut kinds = SanKinds::default();
+    for item in items {
+        let Value::String(name) = item else {
+            return Err(keys.wrong_type(KEY, EXPECTED, item));
+        };
+        if !kinds.allow(name) {
+            let reason = if name.eq_ignore_ascii_case("dns") {
+                "DNS names are always allowed; list only ip, uri or email".to_string()
+            } else {
+                format!("not a SAN kind; one of {}", SanKinds::NAMES.join(", "))
+            };
+            return Err(ConfigError::Invalid {
+                path: keys.path.to_path_buf(),
+                key: KEY.into(),
+                value: format!("{name:?}"),
+                reason,
+            });
+        }
+    }
+    Ok(kinds)
 }
 
 fn read_features(keys: &KeyReader, warnings: &mut Vec<String>) -> Result<Features, ConfigError> {
@@ -1149,6 +1189,11 @@ mod tests {
         assert_eq!(c.features, Features::default());
         assert_eq!((c.jwt, c.server_jwt, c.upgrades), (None, None, None));
         assert_eq!(c.monitor_port, 0);
+        assert_eq!(
+            c.cert_allowed_san_kinds,
+            SanKinds::default(),
+            "ours: DNS SANs only unless asked"
+        );
         assert_eq!(c.monitor_address, None, "every interface, as Go");
         assert!(!c.plain_tcp);
         assert_eq!(c.token, "");
@@ -1174,6 +1219,7 @@ monitor_port: 8080
 monitor_address: "::1"
 broker_provisioning_password: pw
 cert_deny_list: ["/\\.admin$/"]
+cert_allowed_san_kinds: [IP, email]
 jwt_verify_cert: /etc/choria-provisioner/signer.pem
 jwt_signing_key: /etc/choria-provisioner/signer.seed
 jwt_signing_token: /etc/choria-provisioner/signer.jwt
@@ -1195,6 +1241,7 @@ features:
 "#;
         let (c, warnings) = parse(text).unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(c.cert_allowed_san_kinds.names(), ["ip", "email"]);
         assert_eq!(c.work_order, WorkOrder::Random, "any case");
         assert_eq!(c.helper_mode, HelperMode::Persistent, "any case");
         assert_eq!(c.workers, 4);
@@ -1539,6 +1586,26 @@ features:
             (
                 "helper: h\ncert_deny_list: ['(']",
                 &["cert_deny_list", "regular expression"],
+            ),
+            (
+                "helper: h\ncert_allowed_san_kinds: ip",
+                &["cert_allowed_san_kinds", "a list of ip, uri and email"],
+            ),
+            (
+                "helper: h\ncert_allowed_san_kinds: [ip, dirname]",
+                &[
+                    "cert_allowed_san_kinds",
+                    "\"dirname\"",
+                    "one of ip, uri, email",
+                ],
+            ),
+            (
+                "helper: h\ncert_allowed_san_kinds: [dns]",
+                &["cert_allowed_san_kinds", "DNS names are always allowed"],
+            ),
+            (
+                "helper: h\ncert_allowed_san_kinds: [1]",
+                &["cert_allowed_san_kinds", "a list of ip, uri and email"],
             ),
             (
                 "helper: h\nhelper_timeout: 0s",

@@ -218,9 +218,9 @@ pub fn csr(bytes: &[u8]) -> bool {
         return false;
     };
     match csr_names(pem) {
-        Ok(names) => validate_csr(pem, &names.common_name, &deny).is_ok(),
+        Ok(names) => validate_csr(pem, &names.common_name, &deny, Default::default()).is_ok(),
         Err(_) => {
-            let _ = validate_csr(pem, "n1.example.net", &deny);
+            let _ = validate_csr(pem, "n1.example.net", &deny, Default::default());
             false
         }
     }
@@ -238,7 +238,7 @@ pub fn certificate(bytes: &[u8]) -> bool {
     let Ok(deny) = DenyList::new(&[]) else {
         return false;
     };
-    let named = check_names(&facts, "n1.example.net", &deny).is_ok();
+    let named = check_names(&facts, "n1.example.net", &deny, Default::default()).is_ok();
     let _ = key_pairing(&facts, pem);
     let _ = pairs_with_csr(&facts, CSR);
     named

@@ -414,8 +414,11 @@ fn gather(
                 }
             }
         };
-        if let Err(reason) = check_node_csr(&rules.deny_list, identity, &csr.csr) {
-            return Ok(Err(reason.to_string()));
+        let mut csr = csr;
+        match check_node_csr(rules, identity, &csr.csr) {
+            // As the cycle does: the helper is given the request as validated.
+            Ok(validated) => csr.csr = validated.pem,
+            Err(reason) => return Ok(Err(reason.to_string())),
         }
         node.csr = Some(csr);
     } else if args.csr.is_some() {

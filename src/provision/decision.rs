@@ -8,8 +8,9 @@
 //! Nothing here talks to a node; the cycle carries the plan out, `helper-test` prints it.
 //!
 //! The rules, in the order they apply: `defer`; `shutdown`; a certificate must parse, name the
-//! node (last CN), have no name on `cert_deny_list` and pair with the key the node will hold
-//! (these four are ours: Go passes the certificate on unread); `features.ed25519` issues the
+//! node (exactly one CN, the identity), have no name on `cert_deny_list` (also lowercased,
+//! without one trailing dot), no SAN of a kind `cert_allowed_san_kinds` does not allow, and
+//! pair with the key the node will hold (these are ours: Go passes the certificate on unread); `features.ed25519` issues the
 //! server JWT; a `key` needs the node's ECDH key (`features.jwt`); `upgrade` needs
 //! `features.upgrades` (else Go ignores it), a repository, the node's version and its
 //! `upgradable`; `configure` needs a configuration.
@@ -25,7 +26,6 @@ use choria_crypto::certificate::{
     check_names, key_pairing, pairs_with_csr, parse_certificate, CertificateError,
     CertificateFacts, KeyPairing,
 };
-use choria_crypto::csr::DenyList;
 use choria_crypto::jwt::decode_unverified;
 use choria_crypto::key_transport::{
     ecdh_keypair, ecdh_shared, encrypt_private_key, random_iv, KeyTransportError,
@@ -310,7 +310,7 @@ pub fn decide(
     let tls_written = !answer.certificate.is_empty() && !answer.ca.is_empty() && !ssldir.is_empty();
 
     let (certificate, certificate_pairing) =
-        check_certificate(&settings.deny_list, node, answer, tls_written, &mut notes)?;
+        check_certificate(settings, node, answer, tls_written, &mut notes)?;
 
     let server_jwt = if let Some(issuing) = &settings.server_jwt {
         Some(issue_server_jwt(issuing, node, answer, now_unix)?)
@@ -386,7 +386,7 @@ fn check_claimed_identity(node: &NodeFacts, answer: &HelperOutput) -> Result<(),
 }
 
 fn check_certificate(
-    deny: &DenyList,
+    settings: &CycleSettings,
     node: &NodeFacts,
     answer: &HelperOutput,
     tls_written: bool,
@@ -396,7 +396,13 @@ fn check_certificate(
         return Ok((None, Pairing::NoCertificate));
     }
     let facts = parse_certificate(&answer.certificate).map_err(AnswerError::Certificate)?;
-    check_names(&facts, node.identity.as_str(), deny).map_err(AnswerError::Certificate)?;
+    check_names(
+        &facts,
+        node.identity.as_str(),
+        &settings.deny_list,
+        settings.san_kinds,
+    )
+    .map_err(AnswerError::Certificate)?;
     if !tls_written {
         notes.push(
             "the node ignores the certificate: it writes TLS files only when certificate, ca and ssldir are all set"

@@ -40,7 +40,7 @@ use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
 use crate::metrics::Metrics;
 use choria_broker::gate::Gate;
 use choria_broker::rpc::{Action, NodeRpc, ReplyWatch, RpcOutcome};
-use choria_crypto::csr::{validate_csr, CsrError, DenyList};
+use choria_crypto::csr::{validate_csr, CsrError, DenyList, SanKinds, ValidatedCsr};
 use choria_crypto::ed25519::verify_nonce_signature;
 use choria_crypto::jwt::{verify_provisioning_jwt, JwtError, VerifyKey};
 use choria_crypto::server_jwt::ServerJwtError;
@@ -98,6 +98,8 @@ impl std::error::Error for CycleError {
 pub struct CycleSettings {
     pub helper: Helper,
     pub deny_list: DenyList,
+    /// `cert_allowed_san_kinds`: SAN kinds besides DNS a CSR or certificate may carry.
+    pub san_kinds: SanKinds,
     pub token: Secret,
     /// `features.pki`: ask the node for a CSR and check it.
     pub pki: bool,
@@ -136,6 +138,7 @@ impl CycleSettings {
                 }
             },
             deny_list: config.cert_deny_list.clone(),
+            san_kinds: config.cert_allowed_san_kinds,
             token: config.token.clone(),
             pki: config.features.pki,
             jwt: config.jwt.clone(),
@@ -676,12 +679,12 @@ impl Cycle {
             json!({"token": self.settings.token, "cn": identity}),
         )?;
         let field = |name| reply_string(&reply, name, &Action::GENCSR);
-        let csr = CsrReply {
+        let mut csr = CsrReply {
             csr: field("csr")?,
             public_key: field("public_key")?,
             ssldir: field("ssldir")?,
         };
-        check_node_csr(&self.settings.deny_list, &identity, &csr.csr).map_err(|e| {
+        let validated = check_node_csr(&self.settings, &identity, &csr.csr).map_err(|e| {
             if matches!(e, NodeCsrError::Refused(CsrError::InvalidCommonName { .. })) {
                 self.metrics
                     .malformed_messages
@@ -690,6 +693,8 @@ impl Cycle {
             }
             Failure::Csr(e)
         })?;
+        // The helper signs what was checked, never the node's text around it.
+        csr.csr = validated.pem;
         node.csr = Some(csr);
         Ok(())
     }
@@ -818,17 +823,19 @@ pub fn verify_node_jwt(
     verify_provisioning_jwt(raw, &key, now_unix).map_err(JwtFailure::Invalid)
 }
 
-/// The daemon's check of a node's CSR (Go `validateCSR`): present, its last CN the identity,
-/// no name of it on the deny list.
+/// The daemon's check of a node's CSR (Go `validateCSR`, and ours: `choria_crypto::csr`):
+/// present, one `CERTIFICATE REQUEST` block, its one CN the identity, no name of it on the deny
+/// list, no SAN of a kind not allowed. The [`ValidatedCsr::pem`] is what the helper is given.
 pub fn check_node_csr(
-    deny: &DenyList,
+    settings: &CycleSettings,
     identity: &Identity,
     csr_pem: &str,
-) -> Result<(), NodeCsrError> {
+) -> Result<ValidatedCsr, NodeCsrError> {
     if csr_pem.is_empty() {
         return Err(NodeCsrError::Empty);
     }
-    validate_csr(csr_pem, identity, deny).map_err(NodeCsrError::Refused)
+    validate_csr(csr_pem, identity, &settings.deny_list, settings.san_kinds)
+        .map_err(NodeCsrError::Refused)
 }
 
 /// Takes what the cycle keeps of an `rpcutil#inventory` reply's data: the JSON for the helper

@@ -1,8 +1,14 @@
 //! The certificate a helper returns for a node, read the way an operator and an auditor need
 //! it: subject, SANs, validity, serial and SHA-256 fingerprint; and the checks the cycle makes
-//! before handing it over: it is for this node (its last common name is the identity, as
-//! `gencsr` requires of the CSR), no name of it is on the deny list, and it pairs with the key
-//! the node will use beside it (the transported key, or else the key of the node's own CSR).
+//! before handing it over: it is for this node (exactly one common name, the identity), no
+//! name of it is on the deny list (matched as the CSR's are: also lowercased, without one
+//! trailing dot), its DNS SANs are host names, it carries no SAN of a kind
+//! `cert_allowed_san_kinds` does not allow, and it pairs with the key the node will use beside
+//! it (the transported key, or else the key of the node's own CSR).
+//!
+//! Every CN and every SAN extension is read: a helper that signs what the CSR asks for
+//! (`openssl x509 -req -copy_extensions copy`) copies several CNs, and a name left unread is a
+//! name left unchecked.
 //!
 //! The Go provisioner passes the certificate on unread (provisioner host/host.go, Provision);
 //! these checks are ours, so a helper bug cannot install one node's certificate, or a denied
@@ -16,10 +22,11 @@ use rsa::{RsaPrivateKey, RsaPublicKey};
 use sha2::{Digest, Sha256};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::certification_request::X509CertificationRequest;
-use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::FromDer;
 
-use crate::csr::DenyList;
+use crate::csr::{check_sans, read_general_name, CsrError, DenyList, OtherSan, San, SanKinds};
+use x509_parser::extensions::ParsedExtension;
+use x509_parser::oid_registry::OID_X509_EXT_SUBJECT_ALT_NAME;
 
 /// What was wrong with a helper's certificate or key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +42,10 @@ pub enum CertificateError {
     },
     /// The CN or a DNS SAN matched a deny-list pattern.
     Denied { name: String, pattern: String },
+    /// The subject holds more than one CN.
+    SeveralCommonNames { count: usize },
+    /// A DNS SAN that is not a host name, or a SAN of a kind not allowed.
+    Names(CsrError),
     /// The certificate's public key is not the one the node will hold.
     KeyMismatch { against: &'static str },
     /// The node's CSR (to compare keys with) does not parse.
@@ -61,6 +72,11 @@ impl fmt::Display for CertificateError {
                 f,
                 "the certificate names {name}, which matches denied certificate pattern {pattern:?}"
             ),
+            CertificateError::SeveralCommonNames { count } => write!(
+                f,
+                "the certificate's subject holds {count} common names; exactly one is allowed"
+            ),
+            CertificateError::Names(err) => write!(f, "the certificate: {err}"),
             CertificateError::KeyMismatch { against } => {
                 write!(
                     f,
@@ -85,10 +101,14 @@ pub struct CertificateFacts {
     pub issuer: String,
     /// The last common name holding a string (Go's `Subject.CommonName`); empty when none.
     pub common_name: String,
+    /// How many CN attributes the subject holds, string or not.
+    pub common_name_count: usize,
     /// Every subject alternative name, as `DNS:x`, `IP:x`, `email:x`, `URI:x`.
     pub sans: Vec<String>,
     /// The DNS SANs alone (what the deny list is matched against, besides the CN).
     pub dns_names: Vec<String>,
+    /// The SANs of every other kind.
+    pub other_sans: Vec<OtherSan>,
     pub not_before_unix: i64,
     pub not_after_unix: i64,
     /// The serial number: lowercase hex of its minimal big-endian bytes, as openssl prints it
@@ -117,7 +137,9 @@ pub fn parse_certificate(pem_text: &str) -> Result<CertificateFacts, Certificate
         reason: e.to_string(),
     })?;
     let mut common_name = String::new();
+    let mut common_name_count = 0;
     for attribute in cert.subject().iter_common_name() {
+        common_name_count += 1;
         // A later string-valued CN overwrites an earlier one, as Go's FillFromRDNSequence.
         if let Ok(value) = attribute.as_str() {
             common_name = value.to_string();
@@ -125,17 +147,28 @@ pub fn parse_certificate(pem_text: &str) -> Result<CertificateFacts, Certificate
     }
     let mut sans = Vec::new();
     let mut dns_names = Vec::new();
-    if let Ok(Some(extension)) = cert.subject_alternative_name() {
-        for name in &extension.value.general_names {
-            match name {
-                GeneralName::DNSName(dns) => {
-                    dns_names.push(dns.to_string());
+    let mut other_sans = Vec::new();
+    // Every SAN extension, also a second one (x509-parser's own accessor refuses duplicates,
+    // which would leave them unread here).
+    for extension in cert.extensions() {
+        if extension.oid != OID_X509_EXT_SUBJECT_ALT_NAME {
+            continue;
+        }
+        let ParsedExtension::SubjectAlternativeName(san) = extension.parsed_extension() else {
+            return Err(CertificateError::Parse {
+                reason: "a subjectAltName extension does not parse".to_string(),
+            });
+        };
+        for name in &san.general_names {
+            match read_general_name(name) {
+                San::Dns(dns) => {
                     sans.push(format!("DNS:{dns}"));
+                    dns_names.push(dns);
                 }
-                GeneralName::IPAddress(bytes) => sans.push(format!("IP:{}", ip_text(bytes))),
-                GeneralName::RFC822Name(mail) => sans.push(format!("email:{mail}")),
-                GeneralName::URI(uri) => sans.push(format!("URI:{uri}")),
-                other => sans.push(format!("{other:?}")),
+                San::Other(other) => {
+                    sans.push(format!("{}:{}", other.kind.name(), other.value));
+                    other_sans.push(other);
+                }
             }
         }
     }
@@ -144,26 +177,16 @@ pub fn parse_certificate(pem_text: &str) -> Result<CertificateFacts, Certificate
         subject: cert.subject().to_string(),
         issuer: cert.issuer().to_string(),
         common_name,
+        common_name_count,
         sans,
         dns_names,
+        other_sans,
         not_before_unix: validity.not_before.timestamp(),
         not_after_unix: validity.not_after.timestamp(),
         serial_hex: hex::encode(cert.serial.to_bytes_be()),
         sha256_hex: hex::encode(Sha256::digest(der)),
         public_key_der: cert.public_key().raw.to_vec(),
     })
-}
-
-fn ip_text(bytes: &[u8]) -> String {
-    match bytes.len() {
-        4 => std::net::Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]).to_string(),
-        16 => {
-            let mut octets = [0u8; 16];
-            octets.copy_from_slice(bytes);
-            std::net::Ipv6Addr::from(octets).to_string()
-        }
-        _ => hex::encode(bytes),
-    }
 }
 
 /// Every `CERTIFICATE` block of `pem_text` (a CA bundle), in order.
@@ -210,24 +233,32 @@ pub fn private_key_kind(key_pem: &str) -> Option<String> {
     Some(format!("RSA {}", key.size() * 8))
 }
 
-/// The certificate is for `identity` (its last CN), and neither the CN nor a DNS SAN matches
-/// the deny list: the rules `gencsr` replies meet (provisioner host/host.go, validateCSR),
+/// The certificate is for `identity` (its one CN), its DNS SANs are host names, it carries no
+/// SAN of a kind `san_kinds` does not allow, and neither the CN nor a DNS SAN matches the deny
+/// list: the rules `gencsr` replies meet (provisioner host/host.go, validateCSR, and ours),
 /// applied to what the helper signed.
 pub fn check_names(
     cert: &CertificateFacts,
     identity: &str,
     deny: &DenyList,
+    san_kinds: SanKinds,
 ) -> Result<(), CertificateError> {
+    if cert.common_name_count > 1 {
+        return Err(CertificateError::SeveralCommonNames {
+            count: cert.common_name_count,
+        });
+    }
     if cert.common_name != identity {
         return Err(CertificateError::CommonNameMismatch {
             common_name: cert.common_name.clone(),
             identity: identity.to_string(),
         });
     }
+    check_sans(&cert.dns_names, &cert.other_sans, san_kinds).map_err(CertificateError::Names)?;
     for name in std::iter::once(&cert.common_name).chain(cert.dns_names.iter()) {
         if let Some(pattern) = deny.matching_pattern(name) {
             return Err(CertificateError::Denied {
-                name: name.clone(),
+                name: choria_wire::text::escape(name).to_string(),
                 pattern: pattern.to_string(),
             });
         }
@@ -278,6 +309,7 @@ pub fn pairs_with_csr(cert: &CertificateFacts, csr_pem: &str) -> Result<bool, Ce
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::csr::SanKinds;
     use crate::stand_in::stand_in_csr;
     use choria_testkit::certificates::issue;
     use choria_testkit::vector_path;
@@ -369,7 +401,10 @@ mod tests {
         ];
         for (subject, dns, identity, want) in cases {
             let facts = parse_certificate(&certificate(subject, dns, &spki)).expect("parses");
-            match (check_names(&facts, identity, &deny), want) {
+            match (
+                check_names(&facts, identity, &deny, SanKinds::default()),
+                want,
+            ) {
                 (Ok(()), None) => {}
                 (Err(err), Some(want)) => {
                     assert!(err.to_string().contains(want), "{subject}: {err}")
@@ -377,6 +412,106 @@ mod tests {
                 (got, want) => panic!("{subject} {dns:?}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn every_name_is_checked_whole() {
+        use choria_testkit::certificates::issue_with_sans;
+        let csr = stand_in_csr("n1.example.net").expect("stand-in CSR");
+        let spki = csr_spki(&csr.csr_pem);
+        let deny = DenyList::new(&[r"^broker\.example\.net$".to_string()]).expect("deny list");
+        let mut ip = SanKinds::default();
+        assert!(ip.allow("ip"));
+        // (subject, SANs, SAN kinds allowed, expected error substring or None)
+        let cases: &[(&str, &[&str], SanKinds, Option<&str>)] = &[
+            (
+                "CN=n1.example.net",
+                &["DNS:n1.example.net"],
+                SanKinds::default(),
+                None,
+            ),
+            // What `openssl x509 -req -copy_extensions copy` makes of a CSR with two CNs: the
+            // last is the node, the first another name. Go's reading sees only the last.
+            (
+                "CN=n1.example.net,CN=evil.privileged.mcollective",
+                &[],
+                SanKinds::default(),
+                Some("subject holds 2 common names; exactly one is allowed"),
+            ),
+            (
+                "CN=evil.privileged.mcollective,CN=n1.example.net",
+                &[],
+                SanKinds::default(),
+                Some("subject holds 2 common names"),
+            ),
+            (
+                "CN=n1.example.net+CN=n2.example.net",
+                &[],
+                SanKinds::default(),
+                Some("subject holds 2 common names"),
+            ),
+            (
+                "CN=n1.example.net",
+                &["DNS:BROKER.EXAMPLE.NET"],
+                SanKinds::default(),
+                Some("names BROKER.EXAMPLE.NET, which matches denied certificate pattern"),
+            ),
+            (
+                "CN=n1.example.net",
+                &["DNS:broker.example.net."],
+                SanKinds::default(),
+                Some("names broker.example.net., which matches denied"),
+            ),
+            (
+                "CN=n1.example.net",
+                &["DNS:broker.example.net.."],
+                SanKinds::default(),
+                Some("the DNS name broker.example.net.. is not a host name"),
+            ),
+            (
+                "CN=n1.example.net",
+                &["IP:192.0.2.7"],
+                SanKinds::default(),
+                Some("the subjectAltName IP:192.0.2.7 is refused"),
+            ),
+            ("CN=n1.example.net", &["IP:192.0.2.7"], ip, None),
+            ("CN=n1.example.net", &["IP:2001:db8::1"], ip, None),
+            (
+                "CN=n1.example.net",
+                &["URI:https://broker.example.net/"],
+                ip,
+                Some("URI names are allowed only when cert_allowed_san_kinds lists uri"),
+            ),
+            (
+                "CN=n1.example.net",
+                &["email:root@example.net"],
+                SanKinds::default(),
+                Some("subjectAltName email:root@example.net is refused"),
+            ),
+        ];
+        for (subject, sans, kinds, want) in cases {
+            let text = issue_with_sans(subject, sans, &spki, &[1]);
+            let facts = parse_certificate(&text).expect("parses");
+            match (check_names(&facts, "n1.example.net", &deny, *kinds), want) {
+                (Ok(()), None) => {}
+                (Err(err), Some(want)) => {
+                    assert!(err.to_string().contains(want), "{subject} {sans:?}: {err}")
+                }
+                (got, want) => panic!("{subject} {sans:?}: got {got:?}, want {want:?}"),
+            }
+        }
+        let facts = parse_certificate(&issue_with_sans(
+            "CN=n1.example.net",
+            &["DNS:n1.example.net", "IP:192.0.2.7", "URI:x:y", "email:a@b"],
+            &spki,
+            &[1],
+        ))
+        .expect("parses");
+        assert_eq!(
+            facts.sans,
+            ["DNS:n1.example.net", "IP:192.0.2.7", "URI:x:y", "email:a@b"]
+        );
+        assert_eq!(facts.other_sans.len(), 3);
     }
 
     #[test]

@@ -15,6 +15,22 @@
 //! than one CN is refused. Go compares only the last CN, while `openssl x509 -req` (what a
 //! helper typically signs with) copies every CN into the certificate, so a node could get a
 //! certificate that other software reads as someone else's.
+//!
+//! The reply is checked whole: it must be exactly one PEM block labelled `CERTIFICATE REQUEST`,
+//! without headers, with nothing but white space around it, whose DER is one request and
+//! nothing after it (go-choria's `gencsr` emits exactly that:
+//! providers/agent/mcorpc/golang/provision/csr_action.go). Go's `pem.Decode` reads the first
+//! block whatever its label, while openssl reads the first block labelled as a request, so a
+//! relabelled valid CSR followed by a privileged one passed Go's check and got the second one
+//! signed. What the helper is then given is [`ValidatedCsr::pem`]: the validated DER encoded
+//! again, never the node's text.
+//!
+//! Names are matched against the deny list as written and also lowercased without one
+//! trailing dot (DNS names are case-insensitive and `broker.example.net.` is the same name),
+//! so `DNS:BROKER.EXAMPLE.NET` cannot slip past `^broker\.example\.net$`. A DNS SAN with an
+//! empty label is refused. SANs of the kinds Choria never needs are refused unless
+//! `cert_allowed_san_kinds` allows them ([`SanKinds`]: IP, URI, email), and the rarer kinds
+//! (otherName, directoryName, ...) always are.
 
 use std::fmt;
 
@@ -71,6 +87,12 @@ pub enum CsrError {
     BadSubjectAltName { reason: String },
     /// A CN or DNS SAN matched a deny-list pattern.
     Denied { name: String, pattern: String },
+    /// The reply is not exactly one `CERTIFICATE REQUEST` block and nothing else.
+    NotOneRequest { reason: String },
+    /// A DNS SAN that is not a host name (an empty label).
+    BadDnsName { name: String },
+    /// A SAN of a kind that is not allowed.
+    RefusedSan { san: OtherSan },
 }
 
 impl fmt::Display for CsrError {
@@ -113,6 +135,17 @@ impl fmt::Display for CsrError {
                     DisplayName(name)
                 )
             }
+            CsrError::NotOneRequest { reason } => write!(
+                f,
+                "the CSR must be exactly one CERTIFICATE REQUEST PEM block and nothing else: \
+                 {reason}"
+            ),
+            CsrError::BadDnsName { name } => write!(
+                f,
+                "the DNS name {} is not a host name (it has an empty label)",
+                escape(name)
+            ),
+            CsrError::RefusedSan { san } => write!(f, "{}", RefusedSanText(san)),
         }
     }
 }
@@ -180,17 +213,188 @@ impl DenyList {
         Ok(DenyList { patterns })
     }
 
-    /// The configured entry that `name` matches, if any.
+    /// The configured entry that `name` matches, if any: `name` as it is, or lowercased without
+    /// one trailing dot ([`normalised_name`]), so neither case nor the root dot hides a name
+    /// (Go matches the name as it is only). A pattern written in capitals still matches the
+    /// name as written.
     pub fn matching_pattern(&self, name: &str) -> Option<&str> {
+        let normalised = normalised_name(name);
         self.patterns
             .iter()
-            .find(|p| p.regex.is_match(name))
+            .find(|p| p.regex.is_match(name) || p.regex.is_match(&normalised))
             .map(|p| p.configured.as_str())
     }
 
     /// The entries in force, as configured (the defaults when none were).
     pub fn entries(&self) -> impl Iterator<Item = &str> {
         self.patterns.iter().map(|p| p.configured.as_str())
+    }
+}
+
+/// A name as the deny list also reads it: lowercased, without one trailing dot.
+pub fn normalised_name(name: &str) -> String {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.to_lowercase()
+}
+
+/// Whether a DNS name has an empty label once one trailing dot is removed (`a..b`, `.a`,
+/// `a..`, empty): no host is named so, and a name matched against the deny list must be one.
+pub fn has_empty_label(name: &str) -> bool {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.split('.').any(str::is_empty)
+}
+
+/// A kind of subject alternative name other than DNS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SanKind {
+    Ip,
+    Uri,
+    Email,
+    /// otherName, directoryName, x400Address, ediPartyName or registeredID (named): nothing in
+    /// Choria uses them, so no setting allows them.
+    Unusual(&'static str),
+}
+
+impl SanKind {
+    /// As `openssl x509 -text` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SanKind::Ip => "IP",
+            SanKind::Uri => "URI",
+            SanKind::Email => "email",
+            SanKind::Unusual(name) => name,
+        }
+    }
+}
+
+/// A subject alternative name other than DNS, as an operator reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtherSan {
+    pub kind: SanKind,
+    /// The value as text (an IP address, a URI, an address; a description for the rest).
+    pub value: String,
+}
+
+/// The refusal of a SAN, shared by CSR and certificate errors.
+pub(crate) struct RefusedSanText<'a>(&'a OtherSan);
+
+impl fmt::Display for RefusedSanText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let san = self.0;
+        match san.kind {
+            SanKind::Unusual(name) => write!(
+                f,
+                "a subjectAltName of kind {name} ({}) is refused: Choria never needs one",
+                escape(&san.value)
+            ),
+            kind => write!(
+                f,
+                "the subjectAltName {}:{} is refused: {} names are allowed only when \
+                 cert_allowed_san_kinds lists {}",
+                kind.name(),
+                escape(&san.value),
+                kind.name(),
+                SanKinds::setting_name(kind)
+            ),
+        }
+    }
+}
+
+/// As `openssl x509 -text` prints it (`IP:10.0.0.1`), escaped.
+impl fmt::Display for OtherSan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.kind.name(), escape(&self.value))
+    }
+}
+
+/// The SAN kinds besides DNS that a CSR or a helper's certificate may carry
+/// (`cert_allowed_san_kinds`); none by default, since a Choria server is named by its DNS name
+/// alone and an IP, URI or email SAN is a name other software may trust.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SanKinds {
+    pub ip: bool,
+    pub uri: bool,
+    pub email: bool,
+}
+
+impl SanKinds {
+    /// The value names of the setting, in order.
+    pub const NAMES: [&'static str; 3] = ["ip", "uri", "email"];
+
+    /// Whether a SAN of `kind` may appear.
+    pub fn allows(self, kind: SanKind) -> bool {
+        match kind {
+            SanKind::Ip => self.ip,
+            SanKind::Uri => self.uri,
+            SanKind::Email => self.email,
+            SanKind::Unusual(_) => false,
+        }
+    }
+
+    /// Adds the kind named `name` (`ip`, `uri` or `email`, any case); false for anything else.
+    pub fn allow(&mut self, name: &str) -> bool {
+        match name.to_ascii_lowercase().as_str() {
+            "ip" => self.ip = true,
+            "uri" => self.uri = true,
+            "email" => self.email = true,
+            _ => return false,
+        }
+        true
+    }
+
+    /// The value of the setting that allows `kind`.
+    fn setting_name(kind: SanKind) -> &'static str {
+        match kind {
+            SanKind::Ip => "ip",
+            SanKind::Uri => "uri",
+            SanKind::Email => "email",
+            SanKind::Unusual(name) => name,
+        }
+    }
+
+    /// The kinds allowed, by their setting names.
+    pub fn names(self) -> Vec<&'static str> {
+        [(self.ip, "ip"), (self.uri, "uri"), (self.email, "email")]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect()
+    }
+}
+
+/// The SAN of `name` as the checks read it: a DNS name, or another kind.
+pub(crate) enum San {
+    Dns(String),
+    Other(OtherSan),
+}
+
+/// Reads one GeneralName.
+pub(crate) fn read_general_name(name: &GeneralName) -> San {
+    let other = |kind, value: String| San::Other(OtherSan { kind, value });
+    match name {
+        GeneralName::DNSName(dns) => San::Dns(dns.to_string()),
+        GeneralName::IPAddress(bytes) => other(SanKind::Ip, ip_text(bytes)),
+        GeneralName::URI(uri) => other(SanKind::Uri, uri.to_string()),
+        GeneralName::RFC822Name(mail) => other(SanKind::Email, mail.to_string()),
+        GeneralName::OtherName(oid, _) => other(SanKind::Unusual("otherName"), oid.to_id_string()),
+        GeneralName::DirectoryName(dn) => other(SanKind::Unusual("directoryName"), dn.to_string()),
+        GeneralName::X400Address(_) => other(SanKind::Unusual("x400Address"), String::new()),
+        GeneralName::EDIPartyName(_) => other(SanKind::Unusual("ediPartyName"), String::new()),
+        GeneralName::RegisteredID(oid) => {
+            other(SanKind::Unusual("registeredID"), oid.to_id_string())
+        }
+    }
+}
+
+/// An IP SAN as text: IPv4 or IPv6, else the bytes in hex (a SAN of another length).
+pub(crate) fn ip_text(bytes: &[u8]) -> String {
+    match bytes.len() {
+        4 => std::net::Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]).to_string(),
+        16 => {
+            let mut octets = [0u8; 16];
+            octets.copy_from_slice(bytes);
+            std::net::Ipv6Addr::from(octets).to_string()
+        }
+        _ => hex::encode(bytes),
     }
 }
 
@@ -205,26 +409,81 @@ fn strip_slashes(entry: &str) -> &str {
 }
 
 /// The names a CSR asks for: its one CN (empty when absent or not a string, as Go's
-/// `Subject.CommonName`) and the DNS SANs of all its extension requests.
+/// `Subject.CommonName`), the DNS SANs of all its extension requests, and its other SANs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CsrNames {
     pub common_name: String,
     pub dns_names: Vec<String>,
+    pub other_sans: Vec<OtherSan>,
 }
 
-/// Parses the first PEM block of `csr_pem` as a PKCS#10 request and returns its names.
-pub fn csr_names(csr_pem: &str) -> Result<CsrNames, CsrError> {
+/// The label of the one block a `gencsr` reply holds.
+pub const CSR_LABEL: &str = "CERTIFICATE REQUEST";
+
+/// The DER of the one `CERTIFICATE REQUEST` block that `csr_pem` must be (see the module doc).
+fn single_request_der(csr_pem: &str) -> Result<Vec<u8>, CsrError> {
+    let not_one = |reason: String| CsrError::NotOneRequest { reason };
     if csr_pem.is_empty() {
         return Err(CsrError::Empty);
     }
-    // Go's pem.Decode ignores the block type; so do we.
-    let block = pem::parse(csr_pem).map_err(|e| CsrError::NoPemBlock {
+    let blocks = pem::parse_many(csr_pem).map_err(|e| CsrError::NoPemBlock {
         reason: e.to_string(),
     })?;
-    let (_, request) =
-        X509CertificationRequest::from_der(block.contents()).map_err(|e| CsrError::Parse {
-            reason: e.to_string(),
-        })?;
+    // Counted in the text too: a block the PEM parser skips is still a block openssl may read.
+    let begins = csr_pem.matches("-----BEGIN").count();
+    let block = match blocks.as_slice() {
+        [] => {
+            return Err(CsrError::NoPemBlock {
+                reason: "none found".to_string(),
+            })
+        }
+        [block] if begins == 1 => block,
+        _ => {
+            let labels: Vec<String> = blocks.iter().map(|b| format!("{:?}", b.tag())).collect();
+            return Err(not_one(format!(
+                "it holds {} blocks ({} readable: {})",
+                begins.max(blocks.len()),
+                blocks.len(),
+                labels.join(", ")
+            )));
+        }
+    };
+    if block.tag() != CSR_LABEL {
+        return Err(not_one(format!(
+            "its block is labelled {}",
+            escape(block.tag())
+        )));
+    }
+    if block.headers().iter().next().is_some() {
+        return Err(not_one("its block has PEM headers".to_string()));
+    }
+    let trimmed = csr_pem.trim_matches(|c: char| c.is_ascii_whitespace());
+    if !trimmed.starts_with("-----BEGIN ") || !trimmed.ends_with("-----") {
+        return Err(not_one("text surrounds the block".to_string()));
+    }
+    let der = block.contents();
+    let (rest, _) = X509CertificationRequest::from_der(der).map_err(|e| CsrError::Parse {
+        reason: e.to_string(),
+    })?;
+    if !rest.is_empty() {
+        return Err(not_one(format!(
+            "{} bytes follow the request in its block",
+            rest.len()
+        )));
+    }
+    Ok(der.to_vec())
+}
+
+/// Reads the one `CERTIFICATE REQUEST` block `csr_pem` must be and returns its names.
+pub fn csr_names(csr_pem: &str) -> Result<CsrNames, CsrError> {
+    names_of(&single_request_der(csr_pem)?)
+}
+
+/// The names of a request's DER.
+fn names_of(der: &[u8]) -> Result<CsrNames, CsrError> {
+    let (_, request) = X509CertificationRequest::from_der(der).map_err(|e| CsrError::Parse {
+        reason: e.to_string(),
+    })?;
 
     let info = &request.certification_request_info;
     let common_names: Vec<_> = info.subject.iter_common_name().collect();
@@ -240,6 +499,7 @@ pub fn csr_names(csr_pem: &str) -> Result<CsrNames, CsrError> {
 
     // Every extensionRequest attribute, as Go's parseCSRExtensions appends them all.
     let mut dns_names = Vec::new();
+    let mut other_sans = Vec::new();
     for attribute in info.iter_attributes() {
         let ParsedCriAttribute::ExtensionRequest(requested) = attribute.parsed_attribute() else {
             continue;
@@ -251,8 +511,9 @@ pub fn csr_names(csr_pem: &str) -> Result<CsrNames, CsrError> {
             match extension.parsed_extension() {
                 ParsedExtension::SubjectAlternativeName(san) => {
                     for general_name in &san.general_names {
-                        if let GeneralName::DNSName(dns) = general_name {
-                            dns_names.push(dns.to_string());
+                        match read_general_name(general_name) {
+                            San::Dns(dns) => dns_names.push(dns),
+                            San::Other(other) => other_sans.push(other),
                         }
                     }
                 }
@@ -272,6 +533,7 @@ pub fn csr_names(csr_pem: &str) -> Result<CsrNames, CsrError> {
     Ok(CsrNames {
         common_name,
         dns_names,
+        other_sans,
     })
 }
 
@@ -298,11 +560,26 @@ fn attribute_string(value: &x509_parser::der_parser::asn1_rs::Any) -> Option<Str
     }
 }
 
+/// A CSR that passed [`validate_csr`]: its names, and the PEM to hand on (the validated DER
+/// encoded again, so nothing the node wrote around it reaches the helper).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidatedCsr {
+    pub pem: String,
+    pub names: CsrNames,
+}
+
 /// Go `validateCSR`: the CN must equal `identity`; the CN and every DNS SAN must not match the
-/// deny list. Also refused: a CN that is not a valid identity, several CNs, a SAN that does
-/// not parse.
-pub fn validate_csr(csr_pem: &str, identity: &str, deny: &DenyList) -> Result<(), CsrError> {
-    let names = csr_names(csr_pem)?;
+/// deny list. Also refused: anything but one `CERTIFICATE REQUEST` block, a CN that is not a
+/// valid identity, several CNs, a SAN that does not parse, a DNS SAN with an empty label, and
+/// SANs of kinds `san_kinds` does not allow.
+pub fn validate_csr(
+    csr_pem: &str,
+    identity: &str,
+    deny: &DenyList,
+    san_kinds: SanKinds,
+) -> Result<ValidatedCsr, CsrError> {
+    let der = single_request_der(csr_pem)?;
+    let names = names_of(&der)?;
     // An empty CN is the mismatch Go reports; anything else must be a valid identity first.
     if !names.common_name.is_empty() {
         if let Err(err) = choria_wire::identity::check(&names.common_name) {
@@ -318,6 +595,7 @@ pub fn validate_csr(csr_pem: &str, identity: &str, deny: &DenyList) -> Result<()
             identity: identity.to_string(),
         });
     }
+    check_sans(&names.dns_names, &names.other_sans, san_kinds)?;
     for name in std::iter::once(&names.common_name).chain(names.dns_names.iter()) {
         if let Some(pattern) = deny.matching_pattern(name) {
             return Err(CsrError::Denied {
@@ -325,6 +603,25 @@ pub fn validate_csr(csr_pem: &str, identity: &str, deny: &DenyList) -> Result<()
                 pattern: pattern.to_string(),
             });
         }
+    }
+    let pem = pem::encode_config(
+        &pem::Pem::new(CSR_LABEL, der),
+        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+    );
+    Ok(ValidatedCsr { pem, names })
+}
+
+/// DNS SANs must be host names; other SANs must be of a kind allowed.
+pub(crate) fn check_sans(
+    dns_names: &[String],
+    other_sans: &[OtherSan],
+    san_kinds: SanKinds,
+) -> Result<(), CsrError> {
+    if let Some(name) = dns_names.iter().find(|name| has_empty_label(name)) {
+        return Err(CsrError::BadDnsName { name: name.clone() });
+    }
+    if let Some(san) = other_sans.iter().find(|san| !san_kinds.allows(san.kind)) {
+        return Err(CsrError::RefusedSan { san: san.clone() });
     }
     Ok(())
 }
@@ -348,22 +645,42 @@ mod tests {
     /// A CSR signed with a test RSA key, with `subject` in RFC 4514 order (the leftmost RDN is
     /// the last one in the DER, so `CN=b,CN=a` has last CN `b`) and the given DNS SANs.
     fn make_csr(subject: &str, dns: &[&str]) -> String {
+        let sans: Vec<String> = dns.iter().map(|d| format!("DNS:{d}")).collect();
+        let sans: Vec<&str> = sans.iter().map(String::as_str).collect();
+        make_csr_with_sans(subject, &sans)
+    }
+
+    /// As `make_csr`, with SANs written as openssl does: `DNS:x`, `IP:192.0.2.1`, `URI:x`,
+    /// `email:x`.
+    fn make_csr_with_sans(subject: &str, sans: &[&str]) -> String {
+        use x509_cert::der::asn1::{Ia5String, OctetString};
+        let dns: Vec<CertGeneralName> = sans
+            .iter()
+            .map(|san| {
+                let (kind, value) = san.split_once(':').expect("KIND:value");
+                let ia5 = || Ia5String::new(value).expect("ia5 name");
+                match kind {
+                    "DNS" => CertGeneralName::DnsName(ia5()),
+                    "URI" => CertGeneralName::UniformResourceIdentifier(ia5()),
+                    "email" => CertGeneralName::Rfc822Name(ia5()),
+                    "IP" => {
+                        let ip: std::net::Ipv4Addr = value.parse().expect("IPv4");
+                        CertGeneralName::IpAddress(
+                            OctetString::new(ip.octets().to_vec()).expect("octets"),
+                        )
+                    }
+                    other => panic!("no SAN kind {other} here"),
+                }
+            })
+            .collect();
         let key_pem = read_vector("tokens/testdata/rsa/signer-key.pem");
         let key = rsa::RsaPrivateKey::from_pkcs1_pem(&key_pem).expect("test key");
         let signer = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key);
         let name = Name::from_str(subject).expect("subject");
         let mut builder = RequestBuilder::new(name, &signer).expect("builder");
         if !dns.is_empty() {
-            let names = dns
-                .iter()
-                .map(|d| {
-                    CertGeneralName::DnsName(
-                        x509_cert::der::asn1::Ia5String::new(*d).expect("ia5 name"),
-                    )
-                })
-                .collect();
             builder
-                .add_extension(&SubjectAltName(names))
+                .add_extension(&SubjectAltName(dns))
                 .expect("san extension");
         }
         let request = builder
@@ -373,6 +690,11 @@ mod tests {
         request
             .to_pem(x509_cert::der::pem::LineEnding::LF)
             .expect("csr to pem")
+    }
+
+    /// `validate_csr` with no SAN kind beyond DNS allowed, its outcome alone.
+    fn check(csr_pem: &str, identity: &str, deny: &DenyList) -> Result<(), CsrError> {
+        validate_csr(csr_pem, identity, deny, SanKinds::default()).map(|_| ())
     }
 
     fn default_deny() -> DenyList {
@@ -395,7 +717,7 @@ mod tests {
         ];
         let deny = default_deny();
         for (file, identity, expected) in cases {
-            let got = validate_csr(&read_vector(file), identity, &deny);
+            let got = check(&read_vector(file), identity, &deny);
             match (expected, &got) {
                 (Ok(()), Ok(())) => {}
                 (Err(prefix), Err(e)) => assert!(
@@ -440,7 +762,7 @@ mod tests {
         let csr = read_vector(
             "go-choria/broker/network/testdata/ssl/certificate_requests/rip.mcollective.pem",
         );
-        assert_eq!(validate_csr(&csr, "rip.mcollective", &deny), Ok(()));
+        assert_eq!(check(&csr, "rip.mcollective", &deny), Ok(()));
     }
 
     #[test]
@@ -468,7 +790,7 @@ mod tests {
         let deny = default_deny();
         for (subject, dns, identity, expected) in cases {
             let csr = make_csr(subject, dns);
-            let got = validate_csr(&csr, identity, &deny);
+            let got = check(&csr, identity, &deny);
             match (expected, &got) {
                 (None, Ok(())) => {}
                 (Some(prefix), Err(e)) => assert!(
@@ -550,18 +872,213 @@ mod tests {
         ];
         let deny = default_deny();
         for (input, prefix) in cases {
-            let err = validate_csr(input, "node", &deny).expect_err(input);
+            let err = check(input, "node", &deny).expect_err(input);
             assert!(err.to_string().starts_with(prefix), "{input:?}: got {err}");
         }
     }
 
+    /// `text` with the label of its first PEM block replaced by `label`.
+    fn relabelled(text: &str, label: &str) -> String {
+        text.replace("BEGIN CERTIFICATE REQUEST", &format!("BEGIN {label}"))
+            .replace("END CERTIFICATE REQUEST", &format!("END {label}"))
+    }
+
     #[test]
-    fn leading_text_before_the_pem_block_is_skipped_like_go() {
-        let csr = format!("garbage before\n{}", make_csr("CN=node1.example.net", &[]));
-        assert_eq!(
-            validate_csr(&csr, "node1.example.net", &default_deny()),
-            Ok(())
+    fn the_reply_must_be_one_certificate_request_block_and_nothing_else() {
+        const ID: &str = "node1.example.net";
+        let good = make_csr(&format!("CN={ID}"), &[]);
+        // The attack of the issue: a relabelled valid CSR first (what Go's pem.Decode reads),
+        // then a privileged one (what openssl reads first as a request).
+        let privileged = make_csr(
+            &format!("CN={ID},CN=evil.privileged.mcollective"),
+            &["broker.example.net"],
         );
+        let two_blocks = format!("{}{privileged}", relabelled(&good, "NOTE"));
+        let body_start = good.find('\n').expect("a BEGIN line") + 1;
+        let with_headers = format!(
+            "{}Proc-Type: 4,ENCRYPTED\n\n{}",
+            &good[..body_start],
+            &good[body_start..]
+        );
+        let der = pem::parse(&good).expect("pem").contents().to_vec();
+        let trailing = pem::encode(&pem::Pem::new(
+            CSR_LABEL,
+            [der.clone(), vec![0x05, 0x00]].concat(),
+        ));
+        // (case, text, expected error Display substring)
+        let cases: Vec<(&str, String, &str)> = vec![
+            (
+                "two blocks, the first relabelled",
+                two_blocks,
+                "it holds 2 blocks (2 readable: \"NOTE\", \"CERTIFICATE REQUEST\")",
+            ),
+            (
+                "the same block twice",
+                format!("{good}{good}"),
+                "it holds 2 blocks",
+            ),
+            (
+                "a block and an unfinished one",
+                format!("{good}-----BEGIN CERTIFICATE REQUEST-----\n"),
+                "it holds 2 blocks (1 readable",
+            ),
+            (
+                "the old label openssl also reads",
+                relabelled(&good, "NEW CERTIFICATE REQUEST"),
+                "its block is labelled NEW CERTIFICATE REQUEST",
+            ),
+            (
+                "a certificate label",
+                relabelled(&good, "CERTIFICATE"),
+                "its block is labelled CERTIFICATE",
+            ),
+            ("PEM headers", with_headers, "its block has PEM headers"),
+            (
+                "text before",
+                format!("garbage before\n{good}"),
+                "text surrounds the block",
+            ),
+            (
+                "text after",
+                format!("{good}trailing words\n"),
+                "text surrounds the block",
+            ),
+            (
+                "bytes after the request",
+                trailing,
+                "2 bytes follow the request in its block",
+            ),
+        ];
+        let deny = default_deny();
+        for (case, text, want) in cases {
+            let err = check(&text, ID, &deny).expect_err(case);
+            assert!(err.to_string().contains(want), "{case}: {err}");
+            assert!(
+                err.to_string().starts_with(
+                    "the CSR must be exactly one CERTIFICATE REQUEST PEM block and nothing else"
+                ),
+                "{case}: {err}"
+            );
+            assert!(csr_names(&text).is_err(), "{case}");
+        }
+        // White space around the one block is no text: it passes.
+        for text in [format!("\n\n{good}\n"), good.replace('\n', "\r\n")] {
+            check(&text, ID, &deny).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        }
+    }
+
+    #[test]
+    fn the_helper_is_given_the_validated_request_encoded_again() {
+        const ID: &str = "node1.example.net";
+        let good = make_csr(&format!("CN={ID}"), &[]);
+        let der = pem::parse(&good).expect("pem").contents().to_vec();
+        // CRLF line ends, surrounding blank lines, a short last line: the same request.
+        let untidy = format!("\r\n{}\r\n\r\n", good.replace('\n', "\r\n"));
+        let validated =
+            validate_csr(&untidy, ID, &default_deny(), SanKinds::default()).expect("valid");
+        assert_eq!(
+            validated.pem, good,
+            "one LF-ended block, as the node's encoder writes it"
+        );
+        assert_eq!(
+            pem::parse(&validated.pem).expect("pem").contents(),
+            der.as_slice()
+        );
+        assert_eq!(validated.names.common_name, ID);
+    }
+
+    #[test]
+    fn the_deny_list_reads_names_lowercased_and_without_one_trailing_dot() {
+        let deny = DenyList::new(&[r"^broker\.example\.net$".to_string()]).expect("deny");
+        // (DNS SANs, expected error substring or None)
+        let cases: &[(&[&str], Option<&str>)] = &[
+            (&["node1.example.net"], None),
+            (
+                &["broker.example.net"],
+                Some("broker.example.net matches denied"),
+            ),
+            (
+                &["BROKER.EXAMPLE.NET"],
+                Some("BROKER.EXAMPLE.NET matches denied"),
+            ),
+            (
+                &["broker.example.net."],
+                Some("broker.example.net. matches denied"),
+            ),
+            (
+                &["Broker.Example.Net."],
+                Some("Broker.Example.Net. matches denied"),
+            ),
+            // Two trailing dots are no host name at all.
+            (
+                &["broker.example.net.."],
+                Some("is not a host name (it has an empty label)"),
+            ),
+            (&["broker..example.net"], Some("is not a host name")),
+            (&[".broker.example.net"], Some("is not a host name")),
+            (
+                &["node1.example.net", "broker.example.net."],
+                Some("matches denied"),
+            ),
+        ];
+        for (dns, want) in cases {
+            let csr = make_csr("CN=node1.example.net", dns);
+            match (check(&csr, "node1.example.net", &deny), want) {
+                (Ok(()), None) => {}
+                (Err(err), Some(want)) => assert!(err.to_string().contains(want), "{dns:?}: {err}"),
+                (got, want) => panic!("{dns:?}: got {got:?}, want {want:?}"),
+            }
+        }
+        // The default list against a CN in capitals (an identity may hold them).
+        let csr = make_csr("CN=Node1.CHORIA", &[]);
+        let err = check(&csr, "Node1.CHORIA", &default_deny()).expect_err("denied");
+        assert!(
+            err.to_string()
+                .contains(r#"matches denied certificate pattern "\\.choria$""#),
+            "{err}"
+        );
+        // A pattern written in capitals still matches the name as written.
+        let upper = DenyList::new(&["^BAD$".to_string()]).expect("deny");
+        assert_eq!(upper.matching_pattern("BAD"), Some("^BAD$"));
+        assert_eq!(upper.matching_pattern("bad"), None);
+        assert_eq!(normalised_name("A.B."), "a.b");
+        assert_eq!(normalised_name("a.b.."), "a.b.");
+    }
+
+    #[test]
+    fn san_kinds_choria_never_needs_are_refused_unless_allowed() {
+        const ID: &str = "node1.example.net";
+        let deny = default_deny();
+        let all = {
+            let mut kinds = SanKinds::default();
+            for name in SanKinds::NAMES {
+                assert!(kinds.allow(name));
+            }
+            kinds
+        };
+        assert!(
+            !SanKinds::default().allow("dns"),
+            "DNS is not a setting: always allowed"
+        );
+        // (SAN, the kind that allows it, expected refusal)
+        let cases = [
+            ("IP:192.0.2.7", "ip", "the subjectAltName IP:192.0.2.7 is refused: IP names are allowed only when cert_allowed_san_kinds lists ip"),
+            ("URI:spiffe://example.net/x", "uri", "the subjectAltName URI:spiffe://example.net/x is refused"),
+            ("email:root@example.net", "email", "cert_allowed_san_kinds lists email"),
+        ];
+        for (san, kind, want) in cases {
+            let csr = make_csr_with_sans(&format!("CN={ID}"), &["DNS:node1.example.net", san]);
+            let err = validate_csr(&csr, ID, &deny, SanKinds::default()).expect_err(san);
+            assert!(err.to_string().contains(want), "{san}: {err}");
+            let mut allowed = SanKinds::default();
+            assert!(allowed.allow(&kind.to_uppercase()), "any case");
+            assert_eq!(allowed.names(), [kind]);
+            let validated =
+                validate_csr(&csr, ID, &deny, allowed).unwrap_or_else(|e| panic!("{san}: {e}"));
+            assert_eq!(validated.names.other_sans.len(), 1);
+            assert_eq!(validated.names.other_sans[0].to_string(), san);
+            assert!(validate_csr(&csr, ID, &deny, all).is_ok());
+        }
     }
 
     /// A CSR for `CN=<cn>` signed with the test RSA key whose attributes are exactly
@@ -674,10 +1191,10 @@ mod tests {
                     let mut want: Vec<String> = dns.iter().map(|d| d.to_string()).collect();
                     want.sort();
                     assert_eq!(got, want, "{name}");
-                    assert_eq!(validate_csr(&csr, id, &deny), Ok(()), "{name}");
+                    assert_eq!(check(&csr, id, &deny), Ok(()), "{name}");
                 }
                 Err(prefix) => {
-                    let err = validate_csr(&csr, id, &deny).expect_err(name);
+                    let err = check(&csr, id, &deny).expect_err(name);
                     assert!(err.to_string().starts_with(prefix), "{name}: {err}");
                 }
             }

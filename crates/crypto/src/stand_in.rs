@@ -154,7 +154,7 @@ fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::csr::{csr_names, validate_csr, DenyList};
+    use crate::csr::{csr_names, validate_csr, DenyList, SanKinds};
     use rsa::pkcs1v15::{Signature, VerifyingKey};
     use rsa::signature::Verifier;
     use x509_parser::certification_request::X509CertificationRequest;
@@ -174,7 +174,9 @@ mod tests {
             .csr_pem
             .starts_with("-----BEGIN CERTIFICATE REQUEST-----\n"));
         let deny = DenyList::new(&[]).expect("deny list");
-        validate_csr(&csr.csr_pem, "n1.example.net", &deny).expect("passes validateCSR");
+        let validated = validate_csr(&csr.csr_pem, "n1.example.net", &deny, SanKinds::default())
+            .expect("passes validateCSR");
+        assert_eq!(validated.pem, csr.csr_pem, "encoded as the stand-in was");
         assert_eq!(
             csr_names(&csr.csr_pem).expect("names").dns_names,
             Vec::<String>::new()

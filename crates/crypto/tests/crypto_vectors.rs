@@ -60,6 +60,7 @@ fn one_cycle_node_and_provisioner() {
         ),
         "rip.mcollective",
         &deny,
+        Default::default(),
     )
     .expect("csr");
 

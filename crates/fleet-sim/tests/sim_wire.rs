@@ -502,8 +502,20 @@ fn sim_answers_discovery_jwt_and_gencsr() {
     );
     assert_eq!(gencsr.statuscode, 0, "{}", gencsr.statusmsg);
     let deny = csr::DenyList::new(&[]).unwrap();
-    csr::validate_csr(gencsr.data["csr"].as_str().unwrap(), &node, &deny).unwrap();
-    assert!(csr::validate_csr(gencsr.data["csr"].as_str().unwrap(), &identity(2), &deny).is_err());
+    csr::validate_csr(
+        gencsr.data["csr"].as_str().unwrap(),
+        &node,
+        &deny,
+        Default::default(),
+    )
+    .unwrap();
+    assert!(csr::validate_csr(
+        gencsr.data["csr"].as_str().unwrap(),
+        &identity(2),
+        &deny,
+        Default::default()
+    )
+    .is_err());
     assert_eq!(gencsr.data["ssldir"], "/etc/choria/ssl");
 
     // rpcutil#inventory: machines as an array.
@@ -770,7 +782,13 @@ fn sim_faults_misbehave_as_asked() {
         ),
     );
     let deny = csr::DenyList::new(&[]).unwrap();
-    assert!(csr::validate_csr(gencsr.data["csr"].as_str().unwrap(), &liar, &deny).is_err());
+    assert!(csr::validate_csr(
+        gencsr.data["csr"].as_str().unwrap(),
+        &liar,
+        &deny,
+        Default::default()
+    )
+    .is_err());
 
     let forger = who(Some(Fault::BadSignature));
     let nonce = v1::new_request_id();

@@ -18,6 +18,33 @@ use x509_cert::time::Validity;
 /// `dns`, certifying `spki_der` (a SubjectPublicKeyInfo), valid for a day from now, with
 /// serial `serial`.
 pub fn issue(subject: &str, dns: &[&str], spki_der: &[u8], serial: &[u8]) -> String {
+    let sans: Vec<String> = dns.iter().map(|d| format!("DNS:{d}")).collect();
+    let sans: Vec<&str> = sans.iter().map(String::as_str).collect();
+    issue_with_sans(subject, &sans, spki_der, serial)
+}
+
+/// As [`issue`], with SANs of any kind written as openssl does: `DNS:x`, `IP:192.0.2.1`,
+/// `URI:x`, `email:x` (all in one extension).
+pub fn issue_with_sans(subject: &str, sans: &[&str], spki_der: &[u8], serial: &[u8]) -> String {
+    use x509_cert::der::asn1::{Ia5String, OctetString};
+    let general_name = |san: &&str| -> GeneralName {
+        let (kind, value) = san.split_once(':').expect("a SAN as KIND:value");
+        let ia5 = || Ia5String::new(value).expect("IA5");
+        match kind {
+            "DNS" => GeneralName::DnsName(ia5()),
+            "URI" => GeneralName::UniformResourceIdentifier(ia5()),
+            "email" => GeneralName::Rfc822Name(ia5()),
+            "IP" => {
+                let ip: std::net::IpAddr = value.parse().expect("an IP address");
+                let octets = match ip {
+                    std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+                    std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
+                };
+                GeneralName::IpAddress(OctetString::new(octets).expect("octets"))
+            }
+            other => panic!("SAN kind {other} is not made here"),
+        }
+    };
     let ca_pem = std::fs::read_to_string(crate::vector_path("tokens/testdata/rsa/signer-key.pem"))
         .expect("the test CA key vector");
     let ca_key = rsa::RsaPrivateKey::from_pkcs1_pem(&ca_pem).expect("the test CA key parses");
@@ -36,11 +63,8 @@ pub fn issue(subject: &str, dns: &[&str], spki_der: &[u8], serial: &[u8]) -> Str
         &signer,
     )
     .expect("certificate builder");
-    if !dns.is_empty() {
-        let names = dns
-            .iter()
-            .map(|d| GeneralName::DnsName(x509_cert::der::asn1::Ia5String::new(*d).expect("IA5")))
-            .collect();
+    if !sans.is_empty() {
+        let names = sans.iter().map(general_name).collect();
         builder
             .add_extension(&SubjectAltName(names))
             .expect("SAN extension");
