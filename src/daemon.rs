@@ -197,6 +197,7 @@ fn configure_logging(args: &RunArgs) -> Result<Config, DaemonError> {
     for warning in warnings {
         log::warn!("{warning}");
     }
+    log::warn!("{}", choria_wire::identity::NON_ASCII_NOTE);
     Ok(config)
 }
 

@@ -9,9 +9,21 @@
 //! else. Every entry point parses with [`Identity::parse`] and refuses what fails.
 //!
 //! The rule (go-choria has no general identity rule of its own to follow here): 1 to 255 bytes,
-//! no whitespace, no control or invisible formatting character (bidirectional overrides,
-//! zero-width characters), no `*` or `>`, and no empty token (no leading, trailing or doubled
-//! dot).
+//! printable ASCII only (`!` to `~`: no whitespace, no control character), no `*` or `>`, and no
+//! empty token (no leading, trailing or doubled dot).
+//!
+//! Printable ASCII because an identity is shown to people, in logs, audit lines and
+//! certificates, and must read as exactly one name. Go accepts any text. Outside ASCII that
+//! cannot be had from a list of Unicode categories: refusing format, control, private-use and
+//! unassigned characters, marks without a base, variation selectors and blank fillers (tag
+//! characters, Hangul fillers, the combining grapheme joiner) still leaves letters of other
+//! scripts that read as ASCII ones (a Cyrillic `о` in `nоde1`), and the tables (about 700
+//! ranges of assigned code points, changing with each Unicode version) would need a crate or a
+//! copy to keep current. Real fleets do not need them: host names are ASCII (an IDN travels as
+//! `xn--` punycode), Puppet refuses certnames outside ASCII, and the sample helpers sign only
+//! plain DNS names. The daemon says at start that nodes with other names will not be
+//! provisioned ([`NON_ASCII_NOTE`]). A refused character is named by its class in the error
+//! (the classes above, in a few short ranges), so an operator sees why.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -21,6 +33,12 @@ use crate::v1::COLLECTIVE;
 
 /// The longest identity accepted, in bytes.
 pub const MAX_IDENTITY_BYTES: usize = 255;
+
+/// What the daemon logs once at start: the rule is narrower than Go's.
+pub const NON_ASCII_NOTE: &str = "node identities must be printable ASCII (as host names and \
+     Puppet certnames are): a node whose identity holds any other character (Unicode letters \
+     included, which the Go provisioner accepts) is refused, counted in \
+     choria_provisioner_malformed_messages and not provisioned";
 
 /// A checked node identity. Cheap to clone (shared text).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -54,19 +72,13 @@ impl fmt::Display for IdentityError {
             IdentityError::Forbidden {
                 character,
                 position,
-            } => {
-                let what = match character {
-                    '*' | '>' => "a NATS wildcard",
-                    c if c.is_whitespace() => "whitespace",
-                    c if c.is_control() => "a control character",
-                    _ => "an invisible formatting character",
-                };
-                write!(
-                    f,
-                    "the identity holds {what} ({:?}) at character {position}",
-                    character.escape_unicode().to_string()
-                )
-            }
+            } => write!(
+                f,
+                "the identity holds {} ({:?}) at character {position}; identities are printable \
+                 ASCII without * or >",
+                class(*character),
+                character.escape_unicode().to_string()
+            ),
             IdentityError::EmptyToken => {
                 f.write_str("the identity has an empty token (a leading, trailing or doubled dot)")
             }
@@ -76,12 +88,22 @@ impl fmt::Display for IdentityError {
 
 impl std::error::Error for IdentityError {}
 
-/// Characters that are neither whitespace nor control characters but would hide or reorder
-/// text in a log line: zero-width characters, bidirectional marks, embeddings, overrides and
-/// isolates, the word joiner family, and the byte order mark (Unicode category Cf, in the
-/// ranges that render as nothing).
-fn is_invisible_format(c: char) -> bool {
-    matches!(c,
+/// What kind of character `c` is, for the error: the classes that make a name look like
+/// another, in the few ranges where they mostly live; "a character outside printable ASCII"
+/// for the rest.
+pub fn class(c: char) -> &'static str {
+    match c {
+        '*' | '>' => "a NATS wildcard",
+        c if c.is_whitespace() => "whitespace",
+        c if c.is_control() => "a control character",
+        // Fillers: blank characters that are letters to Unicode (before the marks: U+034F).
+        '\u{034F}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}' | '\u{2800}'
+        | '\u{3164}' | '\u{FFA0}' => "a blank filler character",
+        '\u{180B}'..='\u{180D}'
+        | '\u{180F}'
+        | '\u{FE00}'..='\u{FE0F}'
+        | '\u{E0100}'..='\u{E01EF}' => "a variation selector",
+        '\u{E0000}'..='\u{E007F}' => "a tag character",
         '\u{00AD}'
         | '\u{061C}'
         | '\u{180E}'
@@ -91,12 +113,22 @@ fn is_invisible_format(c: char) -> bool {
         | '\u{2066}'..='\u{206F}'
         | '\u{FEFF}'
         | '\u{FFF9}'..='\u{FFFB}'
-    )
+        | '\u{1D173}'..='\u{1D17A}' => "an invisible formatting character",
+        '\u{0300}'..='\u{036F}'
+        | '\u{1AB0}'..='\u{1AFF}'
+        | '\u{1DC0}'..='\u{1DFF}'
+        | '\u{20D0}'..='\u{20FF}'
+        | '\u{FE20}'..='\u{FE2F}' => "a combining mark",
+        '\u{E000}'..='\u{F8FF}' | '\u{F0000}'..='\u{FFFFD}' | '\u{100000}'..='\u{10FFFD}' => {
+            "a private-use character"
+        }
+        _ => "a character outside printable ASCII",
+    }
 }
 
 /// Whether `c` may never appear in an identity.
 fn forbidden(c: char) -> bool {
-    c == '*' || c == '>' || c.is_whitespace() || c.is_control() || is_invisible_format(c)
+    !c.is_ascii_graphic() || c == '*' || c == '>'
 }
 
 impl Identity {
@@ -244,6 +276,46 @@ mod tests {
         ("trailing.", "empty token"),
         ("dou..bled", "empty token"),
         (".", "empty token"),
+        // Look-alikes: each reads on a screen as `node1.example.net` or close to it.
+        ("node1\u{E0041}.example.net", "a tag character"),
+        ("node1.example.net\u{E007F}", "a tag character"),
+        ("node\u{3164}1.example.net", "a blank filler character"),
+        ("node1\u{115F}.example.net", "a blank filler character"),
+        ("node1\u{FFA0}.example.net", "a blank filler character"),
+        ("node1\u{2800}.example.net", "a blank filler character"),
+        ("node1.\u{034F}example.net", "a blank filler character"),
+        ("node1\u{FE0F}.example.net", "a variation selector"),
+        ("node1\u{E0100}.example.net", "a variation selector"),
+        ("node1\u{180B}.example.net", "a variation selector"),
+        ("\u{0301}node1.example.net", "a combining mark"),
+        ("node1.\u{20DD}example.net", "a combining mark"),
+        (
+            "node1\u{00AD}.example.net",
+            "an invisible formatting character",
+        ),
+        (
+            "node1\u{2061}.example.net",
+            "an invisible formatting character",
+        ),
+        ("node1\u{E000}.example.net", "a private-use character"),
+        ("node1\u{10FFFD}.example.net", "a private-use character"),
+        (
+            "node1\u{0378}.example.net",
+            "a character outside printable ASCII",
+        ),
+        (
+            "n\u{043E}de1.example.net",
+            "a character outside printable ASCII",
+        ),
+        (
+            "node1.ex\u{0430}mple.net",
+            "a character outside printable ASCII",
+        ),
+        ("ünïcode.example", "a character outside printable ASCII"),
+        (
+            "node1\u{FF0E}example.net",
+            "a character outside printable ASCII",
+        ),
     ];
 
     #[test]
@@ -262,6 +334,22 @@ mod tests {
     }
 
     #[test]
+    fn the_refusal_names_the_character_and_the_rule() {
+        let err = Identity::parse("node\u{3164}1.example.net").expect_err("a filler");
+        assert_eq!(
+            err.to_string(),
+            "the identity holds a blank filler character (\"\\\\u{3164}\") at character 4; \
+             identities are printable ASCII without * or >"
+        );
+        // Every printable ASCII character but the wildcards is taken; nothing else is.
+        for c in (0..=0x7f_u8).map(char::from) {
+            let text = format!("a{c}b");
+            let taken = Identity::parse(&text).is_ok();
+            assert_eq!(taken, c.is_ascii_graphic() && c != '*' && c != '>', "{c:?}");
+        }
+    }
+
+    #[test]
     fn length_is_counted_in_bytes() {
         let long = "a".repeat(MAX_IDENTITY_BYTES);
         assert!(Identity::parse(&long).is_ok());
@@ -275,9 +363,15 @@ mod tests {
             Identity::parse(&five_kb),
             Err(IdentityError::TooLong { bytes: 5120 })
         ));
-        // 128 two-byte characters are 256 bytes.
-        assert!(Identity::parse(&"é".repeat(128)).is_err());
-        assert!(Identity::parse(&"é".repeat(127)).is_ok());
+        // 128 two-byte characters are 256 bytes: too long before any is looked at.
+        assert_eq!(
+            Identity::parse(&"é".repeat(128)),
+            Err(IdentityError::TooLong { bytes: 256 })
+        );
+        assert!(matches!(
+            Identity::parse(&"é".repeat(127)),
+            Err(IdentityError::Forbidden { position: 0, .. })
+        ));
     }
 
     #[test]
@@ -288,9 +382,10 @@ mod tests {
             "rip.mcollective",
             "web-01_a.dc1.example.net",
             "UPPER.case",
-            "ünïcode.example",
+            "xn--nicode-2ya4d.example",
             "1.2.3.4",
             "n1,DNS:broker.example.net",
+            "every!printable#ascii$character%but&the'two(wildcards)+,-/0:;<=?@[\\]^_`{|}~",
         ] {
             let identity = Identity::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
             assert_eq!(identity.as_str(), text);
