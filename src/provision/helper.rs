@@ -38,6 +38,17 @@ pub const MAX_OUTPUT: usize = 1024 * 1024;
 /// A stderr line longer than this is logged cut short (the rest up to the newline is dropped).
 const MAX_STDERR_LINE: usize = 4096;
 
+/// How long the pipes are waited for once the helper itself has exited. A helper's own ends
+/// close as it exits; what is still open then is held by something it started (a background
+/// job, a `setsid` daemon), which may never close them. What the helper wrote is in the pipe
+/// already, so this wait is only for the helper's last bytes to be read: then its answer is
+/// used and the holder left alone (a warning), where Go waits until `helper_timeout` and fails
+/// the node (exec.Cmd's Wait waits for the pipes).
+pub const PIPES_AFTER_EXIT: Duration = Duration::from_millis(250);
+
+/// The log-limit kind of the warning about a helper's pipes held after its exit.
+const PIPES_HELD: &str = "helper_pipes_held";
+
 /// At most this many stderr lines are logged per run, so a chatty helper cannot flood the log.
 const MAX_STDERR_LINES: usize = 1000;
 
@@ -757,7 +768,8 @@ pub(crate) mod tests_without_exit_watch {
 
 impl Run<'_> {
     /// Feeds stdin, drains stdout and stderr, and waits for the exit, all until the deadline.
-    /// Success needs the helper to have exited and closed stdout and stderr.
+    /// Success needs the helper to have exited and its pipes to be closed, or still held
+    /// [`PIPES_AFTER_EXIT`] after its exit (by something it started).
     /// Fills `output` with stdout and `kept` with the first [`MAX_STDERR_KEPT`] bytes of stderr.
     fn drive(
         &self,
@@ -790,6 +802,8 @@ impl Run<'_> {
         let mut exit_poll = Duration::from_millis(1);
         // On the stack: one heap buffer per exchange was a 64 KiB allocation per node.
         let mut chunk = [0u8; 16 * 1024];
+        // Set when the helper is seen to have exited with a pipe still open.
+        let mut pipes_deadline: Option<Instant> = None;
 
         loop {
             if status.is_none() {
@@ -799,10 +813,35 @@ impl Run<'_> {
                 break;
             }
             let now = Instant::now();
+            if let Some(exited) = status {
+                let until = *pipes_deadline
+                    .get_or_insert_with(|| (now + PIPES_AFTER_EXIT).min(self.deadline.max(now)));
+                if now >= until {
+                    // What the helper wrote before it exited is in the pipes: take it all.
+                    self.drain(&mut stdout, &mut chunk, |bytes| {
+                        if output.len() + bytes.len() > MAX_OUTPUT {
+                            return Err(RunEnd::TooLarge);
+                        }
+                        output.extend_from_slice(bytes);
+                        Ok(())
+                    })?;
+                    self.drain(&mut stderr, &mut chunk, |bytes| {
+                        let room = MAX_STDERR_KEPT.saturating_sub(kept.len());
+                        kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                        stderr_lines.feed(bytes);
+                        Ok(())
+                    })?;
+                    self.warn_pipes_held(exited, stdout.is_some(), stderr.is_some());
+                    break;
+                }
+            }
             if now >= self.deadline {
                 return Err(RunEnd::Timeout);
             }
-            let remaining = self.deadline - now;
+            let remaining = match pipes_deadline {
+                Some(until) => until.saturating_duration_since(now),
+                None => self.deadline - now,
+            };
             let wait = if status.is_none() && exit_watch.is_none() {
                 if stdout.is_none() && stderr.is_none() {
                     // Its pipes closed: it is exiting, and no pipe event will wake us. A
@@ -916,6 +955,45 @@ impl Run<'_> {
         }
         stderr_lines.finish();
         status.ok_or(RunEnd::Timeout)
+    }
+}
+
+impl Run<'_> {
+    /// Reads what `pipe` holds now, until it would block or closes (then it is dropped).
+    fn drain<P: Read>(
+        &self,
+        pipe: &mut Option<P>,
+        chunk: &mut [u8],
+        mut take: impl FnMut(&[u8]) -> Result<(), RunEnd>,
+    ) -> Result<(), RunEnd> {
+        while let Some(open) = pipe.as_mut() {
+            match read_some(open, chunk) {
+                ReadResult::Data(n) => take(&chunk[..n])?,
+                ReadResult::Closed | ReadResult::Failed(_) => *pipe = None,
+                ReadResult::Again => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// The helper exited, and something it started holds its pipes: its answer is used.
+    fn warn_pipes_held(&self, status: ExitStatus, stdout: bool, stderr: bool) {
+        let held = match (stdout, stderr) {
+            (true, true) => "stdout and stderr",
+            (true, false) => "stdout",
+            _ => "stderr",
+        };
+        if choria_broker::log_limit::global().allow(PIPES_HELD, self.identity) {
+            log::warn!(
+                target: "choria_provisioner::helper",
+                "{}: helper {} {}, but something it started still holds its {held} open (a \
+                 background job?): its answer is used without waiting for it, and what holds \
+                 them is left running",
+                self.identity,
+                self.helper,
+                describe_status(status)
+            );
+        }
     }
 }
 

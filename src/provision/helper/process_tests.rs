@@ -459,3 +459,75 @@ exit 3
     }
     super::tests_without_exit_watch::ON.set(false);
 }
+
+#[test]
+fn an_answer_is_used_once_the_helper_exits_though_a_child_it_left_holds_the_pipes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let answer = r#"{"defer":false,"msg":"ok","configuration":{"a":"b"}}"#;
+    // (case, how the child is started): a `setsid` job leaves the helper's process group, so
+    // no group kill reaches it; a plain `&` job stays in it.
+    let cases = [("setsid", "setsid sleep 60"), ("background", "sleep 60")];
+    let mut children = Vec::new();
+    for (index, (case, start)) in cases.iter().enumerate() {
+        let marker = dir.path().join(format!("{case}.pid"));
+        let path = script(
+            dir.path(),
+            case,
+            &format!(
+                "#!/bin/sh\ncat >/dev/null\n{start} &\necho $! > {}\necho '{answer}'\necho 'started a job' >&2\nexit 0\n",
+                marker.display()
+            ),
+        );
+        for without_watch in [false, true] {
+            super::tests_without_exit_watch::ON.set(without_watch);
+            let identity = format!("n{index}-{without_watch}.example.net");
+            let command = HelperCommand::parse(&path.display().to_string()).expect("split");
+            // Today's code waits for the pipes until the timeout and fails the node.
+            let (out, lines) = crate::test_log::capture(|| {
+                run_helper(&command, &input(), Duration::from_secs(20), &identity)
+            });
+            let what = format!("{case}, without watch {without_watch}");
+            assert_eq!(kind(&out), Want::Ok, "{what}: {out:?}");
+            assert_eq!(
+                out.expect("an answer")
+                    .configuration
+                    .get("a")
+                    .map(String::as_str),
+                Some("b")
+            );
+            let warned: Vec<_> = lines
+                .iter()
+                .filter(|l| l.level == log::Level::Warn)
+                .map(|l| l.text.as_str())
+                .collect();
+            assert_eq!(warned.len(), 1, "{what}: {warned:?}");
+            assert!(
+                warned[0].contains(&identity)
+                    && warned[0].contains("exited with code 0")
+                    && warned[0].contains("still holds its stdout and stderr open"),
+                "{what}: {}",
+                warned[0]
+            );
+            // Its stderr before the exit was read and logged, as always.
+            assert!(
+                lines.iter().any(|l| l.text.ends_with("started a job")),
+                "{what}: {lines:?}"
+            );
+            let child: i32 = std::fs::read_to_string(&marker)
+                .expect("the job's pid")
+                .trim()
+                .parse()
+                .expect("a pid");
+            assert!(running(child), "{what}: the job is left running");
+            children.push(child);
+        }
+    }
+    super::tests_without_exit_watch::ON.set(false);
+    for child in children {
+        // SAFETY: kill(2) of a process this test started; no memory involved.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+        }
+        assert!(ends(child), "job {child} did not end");
+    }
+}
