@@ -23,10 +23,20 @@ pub enum Fault {
     BadSignature,
     /// The provisioning lock is held by another caller forever.
     ForeignLock,
+    /// An attacker: `gencsr` returns two PEM blocks, its valid CSR relabelled first (what Go's
+    /// `pem.Decode` reads) and then a CSR of the same key for
+    /// `CN=evil.privileged.mcollective` and the node (the node's CN last, which Go compares)
+    /// with the SAN `DNS:broker.example.net` (what `openssl x509 -req` reads and signs).
+    CsrExtraBlock,
+    /// An attacker: `gen25519` returns a key of small order (the identity point) with the
+    /// signature anyone can make for it, over any nonce.
+    WeakKey,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 7] = [
+    /// In the order nodes are dealt out: later kinds last, so a seed keeps choosing the same
+    /// nodes for the earlier ones.
+    pub const ALL: [Fault; 9] = [
         Fault::Dead,
         Fault::Slow,
         Fault::Malformed,
@@ -34,6 +44,8 @@ impl Fault {
         Fault::WrongCn,
         Fault::BadSignature,
         Fault::ForeignLock,
+        Fault::CsrExtraBlock,
+        Fault::WeakKey,
     ];
 
     /// The name used in flags (without `--`) and in the report.
@@ -46,6 +58,8 @@ impl Fault {
             Fault::WrongCn => "wrong-cn",
             Fault::BadSignature => "bad-signature",
             Fault::ForeignLock => "foreign-lock",
+            Fault::CsrExtraBlock => "csr-extra-block",
+            Fault::WeakKey => "weak-key",
         }
     }
 
@@ -58,6 +72,8 @@ impl Fault {
             Fault::WrongCn => f.wrong_cn,
             Fault::BadSignature => f.bad_signature,
             Fault::ForeignLock => f.foreign_lock,
+            Fault::CsrExtraBlock => f.csr_extra_block,
+            Fault::WeakKey => f.weak_key,
         }
     }
 }

@@ -120,6 +120,42 @@ pub fn make_csr(key: &RsaPrivateKey, subject: &CsrSubject) -> Result<Csr, KeyErr
     })
 }
 
+/// The two-block CSR of the `csr-extra-block` attacker: `valid` relabelled `NOTE` (Go's
+/// `pem.Decode` reads the first block whatever its label), then a request of the same key for
+/// `CN=<cn>,CN=evil.privileged.mcollective` in RFC 4514 text (so `cn` is the last CN in the
+/// DER, the one Go compares) with the SAN `DNS:broker.example.net`: what `openssl x509 -req`
+/// reads, as the first block labelled as a request, and signs.
+pub fn csr_with_extra_block(
+    key: &RsaPrivateKey,
+    valid: &str,
+    cn: &str,
+) -> Result<String, KeyError> {
+    use x509_cert::ext::pkix::name::GeneralName;
+    use x509_cert::ext::pkix::SubjectAltName;
+    let subject_text = format!("CN={},CN=evil.privileged.mcollective", escape_rdn(cn));
+    let name = Name::from_str(&subject_text).map_err(|e| KeyError::Subject {
+        subject: subject_text.clone(),
+        why: e.to_string(),
+    })?;
+    let signer = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(key.clone());
+    let mut builder =
+        RequestBuilder::new(name, &signer).map_err(|e| KeyError::Csr(e.to_string()))?;
+    let broker = x509_cert::der::asn1::Ia5String::new("broker.example.net")
+        .map_err(|e| KeyError::Csr(e.to_string()))?;
+    builder
+        .add_extension(&SubjectAltName(vec![GeneralName::DnsName(broker)]))
+        .map_err(|e| KeyError::Csr(e.to_string()))?;
+    let privileged = builder
+        .build::<rsa::pkcs1v15::Signature>()
+        .map_err(|e| KeyError::Csr(e.to_string()))?
+        .to_pem(x509_cert::der::pem::LineEnding::LF)
+        .map_err(|e| KeyError::Csr(e.to_string()))?;
+    let relabelled = valid
+        .replace("BEGIN CERTIFICATE REQUEST", "BEGIN NOTE")
+        .replace("END CERTIFICATE REQUEST", "END NOTE");
+    Ok(format!("{relabelled}{privileged}"))
+}
+
 /// Parses a decrypted transported key (PKCS#1 `RSA PRIVATE KEY`, or PKCS#8) as RSA.
 pub fn parse_rsa_private(pem_text: &str) -> Result<RsaPrivateKey, KeyError> {
     RsaPrivateKey::from_pkcs1_pem(pem_text)
@@ -294,6 +330,46 @@ fn keygen_loop(tx: Sender<RsaPrivateKey>, stop: Arc<AtomicBool>, remaining: Arc<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_extra_block_csr_reads_as_the_node_to_go_and_as_evil_to_openssl() {
+        use x509_parser::prelude::FromDer;
+        let key = generate_rsa().unwrap();
+        let subject = CsrSubject {
+            cn: "node1.example.net".into(),
+            ..Default::default()
+        };
+        let valid = make_csr(&key, &subject).unwrap().csr_pem;
+        let text = csr_with_extra_block(&key, &valid, "node1.example.net").unwrap();
+        let blocks = pem::parse_many(&text).unwrap();
+        let labels: Vec<_> = blocks.iter().map(|b| b.tag().to_string()).collect();
+        assert_eq!(labels, ["NOTE", "CERTIFICATE REQUEST"]);
+        let request = |der: &[u8]| {
+            let (_, req) =
+                x509_parser::certification_request::X509CertificationRequest::from_der(der)
+                    .unwrap();
+            let cns: Vec<String> = req
+                .certification_request_info
+                .subject
+                .iter_common_name()
+                .map(|c| c.as_str().unwrap().to_string())
+                .collect();
+            (cns, req.certification_request_info.subject_pki.raw.to_vec())
+        };
+        // The first block, whatever its label (Go's pem.Decode): the node's valid CSR.
+        let (first, first_key) = request(blocks[0].contents());
+        assert_eq!(first, ["node1.example.net"]);
+        // The first labelled as a request (openssl): evil first, the node last, same key.
+        let (second, second_key) = request(blocks[1].contents());
+        assert_eq!(second, ["evil.privileged.mcollective", "node1.example.net"]);
+        assert_eq!(first_key, second_key);
+        // The provisioner refuses the whole reply.
+        let deny = choria_crypto::csr::DenyList::new(&[]).unwrap();
+        let err =
+            choria_crypto::csr::validate_csr(&text, "node1.example.net", &deny, Default::default())
+                .unwrap_err();
+        assert!(err.to_string().contains("it holds 2 blocks"), "{err}");
+    }
 
     #[test]
     fn csr_carries_the_subject_and_the_key() {

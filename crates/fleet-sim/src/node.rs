@@ -648,7 +648,14 @@ impl SimServer {
         } else {
             input.nonce.clone()
         };
-        let signature = keys::sign_nonce(&key, &signed);
+        let (public_hex, signature) = if self.fault == Some(Fault::WeakKey) {
+            // The identity point, and R = identity, S = 0: [S]B = R + [k]A for every k.
+            let identity_point = format!("01{}", "00".repeat(31));
+            let signature = format!("{identity_point}{}", "00".repeat(32));
+            (identity_point, signature)
+        } else {
+            (public_hex, keys::sign_nonce(&key, &signed))
+        };
         self.ed25519_public_hex = Some(public_hex.clone());
         Ok(ok(
             "gen25519",
@@ -678,8 +685,12 @@ impl SimServer {
             o: input.o,
             ou: input.ou,
         };
-        let csr = keys::make_csr(&key, &subject)
+        let mut csr = keys::make_csr(&key, &subject)
             .map_err(|e| refuse(1, format!("Could not create CSR: {e}")))?;
+        if self.fault == Some(Fault::CsrExtraBlock) {
+            csr.csr_pem = keys::csr_with_extra_block(&key, &csr.csr_pem, &subject.cn)
+                .map_err(|e| refuse(1, format!("Could not create CSR: {e}")))?;
+        }
         Ok(ok(
             "gencsr",
             json!({"csr": csr.csr_pem, "public_key": csr.public_key_pem, "ssldir": SSL_DIR}),

@@ -65,6 +65,8 @@ pub struct FaultFractions {
     pub wrong_cn: f64,
     pub bad_signature: f64,
     pub foreign_lock: f64,
+    pub csr_extra_block: f64,
+    pub weak_key: f64,
 }
 
 /// What `parse` returns instead of options.
@@ -146,6 +148,11 @@ Faults (fractions 0..1 of the fleet; each node gets at most one, chosen from --s
   --wrong-cn F              gencsr returns a CSR whose CN is not the identity
   --bad-signature F         gen25519 returns a signature that does not verify
   --foreign-lock F          provisioning lock is held by another caller forever
+Attackers (fractions likewise; the provisioner must refuse them):
+  --csr-extra-block F       gencsr returns its CSR relabelled, then a CSR of the same key for
+                            CN=evil.privileged.mcollective and the node, DNS:broker.example.net
+  --weak-key F              gen25519 returns a small-order key (01 then zeros) and the trivial
+                            signature that verifies for it over any nonce
   --seed N                  fault selection and delays (default 1)
 
 Run:
@@ -345,6 +352,8 @@ where
             "--wrong-cn" => opts.faults.wrong_cn = fraction(f, v)?,
             "--bad-signature" => opts.faults.bad_signature = fraction(f, v)?,
             "--foreign-lock" => opts.faults.foreign_lock = fraction(f, v)?,
+            "--csr-extra-block" => opts.faults.csr_extra_block = fraction(f, v)?,
+            "--weak-key" => opts.faults.weak_key = fraction(f, v)?,
             "--seed" => opts.seed = number(f, v)?,
             "--schemas" => opts.schemas = Some(PathBuf::from(v)),
             "--report" => opts.report = Some(PathBuf::from(v)),
@@ -371,8 +380,15 @@ where
         ));
     }
     let f = &opts.faults;
-    let total =
-        f.dead + f.slow + f.malformed + f.bad_hash + f.wrong_cn + f.bad_signature + f.foreign_lock;
+    let total = f.dead
+        + f.slow
+        + f.malformed
+        + f.bad_hash
+        + f.wrong_cn
+        + f.bad_signature
+        + f.foreign_lock
+        + f.csr_extra_block
+        + f.weak_key;
     if total > 1.0 + 1e-9 {
         return Err(bad(
             "fault flags",
