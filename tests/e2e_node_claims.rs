@@ -174,6 +174,10 @@ fn a_two_block_csr_never_gets_the_privileged_name_signed() {
     );
     assert_eq!(metrics.get("choria_provisioner_provision_errors"), 1.0);
     assert_eq!(metrics.get("choria_provisioner_provisioned"), 1.0);
+    assert_eq!(
+        metrics.get("choria_provisioner_malformed_messages{kind=\"csr\"}"),
+        1.0
+    );
     provisioner.stop();
 }
 

@@ -277,6 +277,10 @@ fn unforged(replies: &ReplyWatch) -> StepResult<()> {
 /// `malformed_messages{kind}` for a CSR whose common name is not a valid identity.
 pub const MALFORMED_CSR_COMMON_NAME: &str = "csr_common_name";
 
+/// `malformed_messages{kind}` for a `gencsr` reply that is not one readable request (several
+/// PEM blocks, another label, text around it, a DER or SAN that does not parse).
+pub const MALFORMED_CSR: &str = "csr";
+
 /// `malformed_messages{kind}` for a helper answer whose `server_claims` identity is not valid.
 pub const MALFORMED_HELPER_IDENTITY: &str = "helper_identity";
 
@@ -685,10 +689,22 @@ impl Cycle {
             ssldir: field("ssldir")?,
         };
         let validated = check_node_csr(&self.settings, &identity, &csr.csr).map_err(|e| {
-            if matches!(e, NodeCsrError::Refused(CsrError::InvalidCommonName { .. })) {
+            let malformed = match &e {
+                NodeCsrError::Refused(CsrError::InvalidCommonName { .. }) => {
+                    Some(MALFORMED_CSR_COMMON_NAME)
+                }
+                NodeCsrError::Refused(
+                    CsrError::NotOneRequest { .. }
+                    | CsrError::NoPemBlock { .. }
+                    | CsrError::Parse { .. }
+                    | CsrError::BadSubjectAltName { .. },
+                ) => Some(MALFORMED_CSR),
+                _ => None,
+            };
+            if let Some(kind) = malformed {
                 self.metrics
                     .malformed_messages
-                    .with_label_values(&[MALFORMED_CSR_COMMON_NAME])
+                    .with_label_values(&[kind])
                     .inc();
             }
             Failure::Csr(e)
