@@ -10,11 +10,15 @@
 //!
 //! - [`client_token`]: the provisioner's own client JWT and seed (`choria` provider), checked at
 //!   start.
-//! - [`csr`]: `gencsr` replies: the last CN is the identity; Go's deny-list rules.
+//! - [`csr`]: `gencsr` replies: exactly one `CERTIFICATE REQUEST` block, re-encoded for the
+//!   helper; its one CN is the identity; Go's deny-list rules (names also lowercased, without
+//!   one trailing dot); the SAN kinds allowed (`SanKinds`).
 //! - [`certificate`]: a helper's certificate: its facts (subject, SANs, validity, serial,
-//!   fingerprint), the node's name, the deny list, and pairing with the node's key.
+//!   fingerprint), the node's name (exactly one CN), the deny list, the SAN kinds, and pairing
+//!   with the node's key.
 //! - [`stand_in`]: a CSR and a `gen25519` answer as a node makes them, for rehearsals.
-//! - [`ed25519`]: `gen25519` replies: the nonce signature, lengths checked.
+//! - [`ed25519`]: `gen25519` replies: the nonce signature, lengths checked, verified strictly;
+//!   keys of small order refused.
 //! - [`key_transport`]: X25519 and Go's legacy PEM AES-256-CBC for keys a helper hands over.
 //! - [`jwt`]: verify keys, provisioning JWT checks, RS256/EdDSA signing.
 //! - [`server_jwt`]: server JWTs, plain or chain-issued.
