@@ -42,8 +42,9 @@ const MAX_STDERR_LINE: usize = 4096;
 /// close as it exits; what is still open then is held by something it started (a background
 /// job, a `setsid` daemon), which may never close them. What the helper wrote is in the pipe
 /// already, so this wait is only for the helper's last bytes to be read: then its answer is
-/// used and the holder left alone (a warning), where Go waits until `helper_timeout` and fails
-/// the node (exec.Cmd's Wait waits for the pipes).
+/// used and the holder left alone (a warning). Go's `runHelper` (provisioner host/helper.go)
+/// reads stdout to its end, so there such a job keeps the node waiting; ours failed it at
+/// `helper_timeout`.
 pub const PIPES_AFTER_EXIT: Duration = Duration::from_millis(250);
 
 /// The log-limit kind of the warning about a helper's pipes held after its exit.
@@ -959,16 +960,22 @@ impl Run<'_> {
 }
 
 impl Run<'_> {
-    /// Reads what `pipe` holds now, until it would block or closes (then it is dropped).
+    /// Reads what `pipe` holds now, until it would block or closes (then it is dropped), and
+    /// at most [`MAX_OUTPUT`] bytes: more than a pipe holds, and a bound on a holder that
+    /// keeps writing.
     fn drain<P: Read>(
         &self,
         pipe: &mut Option<P>,
         chunk: &mut [u8],
         mut take: impl FnMut(&[u8]) -> Result<(), RunEnd>,
     ) -> Result<(), RunEnd> {
-        while let Some(open) = pipe.as_mut() {
+        let mut read = 0;
+        while let Some(open) = pipe.as_mut().filter(|_| read < MAX_OUTPUT) {
             match read_some(open, chunk) {
-                ReadResult::Data(n) => take(&chunk[..n])?,
+                ReadResult::Data(n) => {
+                    read += n;
+                    take(&chunk[..n])?
+                }
                 ReadResult::Closed | ReadResult::Failed(_) => *pipe = None,
                 ReadResult::Again => break,
             }

@@ -458,7 +458,10 @@ fn single_request_der(csr_pem: &str) -> Result<Vec<u8>, CsrError> {
         return Err(not_one("its block has PEM headers".to_string()));
     }
     let trimmed = csr_pem.trim_matches(|c: char| c.is_ascii_whitespace());
-    if !trimmed.starts_with("-----BEGIN ") || !trimmed.ends_with("-----") {
+    if !trimmed.starts_with(&format!("-----BEGIN {CSR_LABEL}-----"))
+        || !trimmed.ends_with(&format!("-----END {CSR_LABEL}-----"))
+        || csr_pem.matches("-----END").count() != 1
+    {
         return Err(not_one("text surrounds the block".to_string()));
     }
     let der = block.contents();
@@ -941,6 +944,16 @@ mod tests {
             (
                 "text after",
                 format!("{good}trailing words\n"),
+                "text surrounds the block",
+            ),
+            (
+                "text after, ending as a PEM line does",
+                format!("{good}words-----"),
+                "text surrounds the block",
+            ),
+            (
+                "a stray END line after",
+                format!("{good}-----END CERTIFICATE REQUEST-----\n"),
                 "text surrounds the block",
             ),
             (
