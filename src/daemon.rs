@@ -320,7 +320,8 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
         settings.protocol.name()
     );
     conn.observe(metrics.clone());
-    let mut rpc = RpcClient::new(conn.clone(), metrics.clone());
+    let mut rpc =
+        RpcClient::new(conn.clone(), metrics.clone()).with_reply_grace(config.reply_grace);
     if let Some(timeout) = config.rpc_timeout {
         rpc = rpc.with_ddl_timeout(timeout);
     }
