@@ -23,10 +23,13 @@ pub enum Fault {
     BadSignature,
     /// The provisioning lock is held by another caller forever.
     ForeignLock,
+    /// Behaves, but a forger (another provisioning-mode connection, see `forger`) answers
+    /// the provisioner's requests to it in its name as well.
+    Forged,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 7] = [
+    pub const ALL: [Fault; 8] = [
         Fault::Dead,
         Fault::Slow,
         Fault::Malformed,
@@ -34,6 +37,7 @@ impl Fault {
         Fault::WrongCn,
         Fault::BadSignature,
         Fault::ForeignLock,
+        Fault::Forged,
     ];
 
     /// The name used in flags (without `--`) and in the report.
@@ -46,6 +50,7 @@ impl Fault {
             Fault::WrongCn => "wrong-cn",
             Fault::BadSignature => "bad-signature",
             Fault::ForeignLock => "foreign-lock",
+            Fault::Forged => "forged",
         }
     }
 
@@ -58,6 +63,7 @@ impl Fault {
             Fault::WrongCn => f.wrong_cn,
             Fault::BadSignature => f.bad_signature,
             Fault::ForeignLock => f.foreign_lock,
+            Fault::Forged => f.forged,
         }
     }
 }

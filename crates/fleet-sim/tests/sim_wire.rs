@@ -728,6 +728,7 @@ fn sim_faults_misbehave_as_asked() {
         wrong_cn: 0.125,
         bad_signature: 0.125,
         foreign_lock: 0.125,
+        ..Default::default()
     };
     let assigned = faults::assign(8, &fractions, 42);
     let who =
