@@ -131,37 +131,13 @@ fn assert_refused(report: &Report, victim: &str, action: &str, helper_inputs: &s
 #[test]
 fn a_forged_lock_refusal_to_inventory_fails_the_node_instead_of_leaving_it_to_an_owner() {
     let world = World::new();
-    let (helper, record) = recording_helper(&world);
-    let provisioner = Provisioner::start(
-        &world,
-        ProvisionerSetup {
-            yaml: format!(
-                "{}token: {TOKEN}\nworkers: 2\nrelease_delay: 6s\nhelper_timeout: 20s\nreply_grace: {GRACE}\n",
-                yaml_helper(&helper)
-            ),
-            ..Default::default()
-        },
-    );
     #[rustfmt::skip]
-    let sim = forged_fleet(&world, "lock", &[
-        "--forge-actions", "inventory", "--forge-reply", "lock", "--victim-delay", "100ms",
-    ]);
-    let (victim, bystander) = victim_and_bystander("lock");
-    let metrics = provisioner.wait_metrics("the victim failed and the other provisioned", |m| {
-        m.get("choria_provisioner_provision_errors") >= 1.0
-            && m.get("choria_provisioner_provisioned") == 1.0
-    });
-    wait_for_bystander(&sim, &provisioner);
-    let report = sim.stop();
+    let forge = ["--forge-actions", "inventory", "--forge-reply", "lock", "--victim-delay", "100ms"];
+    let metrics = victim_refused(&world, "", "lock", &forge, "rpcutil#inventory");
     assert_eq!(
         metrics.sum("choria_provisioner_lock_refusals"),
         0.0,
         "nothing was left to an owner: {}",
-        metrics.summary()
-    );
-    assert!(
-        metrics.get("choria_provisioner_reply_conflicts{rpc=\"rpcutil#inventory\"}") >= 1.0,
-        "{}",
         metrics.summary()
     );
     assert!(
@@ -170,81 +146,87 @@ fn a_forged_lock_refusal_to_inventory_fails_the_node_instead_of_leaving_it_to_an
         "{}",
         metrics.summary()
     );
-    let inputs = std::fs::read_to_string(&record).unwrap_or_default();
-    assert_refused(
-        &report,
-        &victim,
-        "rpcutil#inventory",
-        &inputs,
-        &provisioner.log(),
-    );
-    assert!(inputs.contains(&bystander), "{inputs}");
-    assert_provisioned_once(node(&report, &bystander));
-    provisioner.stop();
 }
 
-/// Forged answers that would hand the forger the node's credentials or decide its
-/// configuration, two ways: racing the real answers (its own X25519 key in `jwt` and a CSR with
-/// its own key, the node's real answers 200 ms later) and following them (forged facts 300 ms
-/// after the real inventory). Both used to reach the helper (the race) or be too late to be
-/// seen before `configure` (the follower); now the helper runs only once the last answer has
-/// stood for the window, so both victims fail before it, and their neighbours are provisioned.
-#[test]
-fn forged_answers_racing_or_following_the_real_ones_never_reach_the_helper() {
-    let world = World::new();
-    let (helper, record) = recording_helper(&world);
+/// A provisioner with `features` (YAML lines) over a fresh world, its helper recording what
+/// it is given.
+fn provisioner_with(world: &World, features: &str) -> (Provisioner, std::path::PathBuf) {
+    let (helper, record) = recording_helper(world);
     let provisioner = Provisioner::start(
-        &world,
+        world,
         ProvisionerSetup {
             yaml: format!(
-                "{}token: {TOKEN}\nworkers: 4\nrelease_delay: 6s\nhelper_timeout: 20s\nreply_grace: {GRACE}\n\
-                 features:\n  pki: true\n  jwt: true\njwt_verify_cert: {}\n",
-                yaml_helper(&helper),
-                vector("provisioner/host/testdata/jwt-signer-public.pem")
+                "{}token: {TOKEN}\nworkers: 2\nrelease_delay: 6s\nhelper_timeout: 20s\nreply_grace: {GRACE}\n{features}",
+                yaml_helper(&helper)
             ),
             ..Default::default()
         },
     );
-    #[rustfmt::skip]
-    let racing = forged_fleet(&world, "race", &[
-        "--forge-actions", "jwt,gencsr", "--forge-reply", "ok", "--victim-delay", "200ms",
-    ]);
-    #[rustfmt::skip]
-    let following = forged_fleet(&world, "late", &[
-        "--forge-actions", "inventory", "--forge-reply", "ok", "--forge-delay", "300ms",
-    ]);
-    let metrics = provisioner.wait_metrics("both victims failed, both others provisioned", |m| {
-        m.get("choria_provisioner_provision_errors") >= 2.0
-            && m.get("choria_provisioner_provisioned") == 2.0
+    (provisioner, record)
+}
+
+/// Runs a two-node fleet named `prefix` with one victim forged for as `forge` says, until the
+/// victim has failed and the other node is in service; checks both and returns the metrics.
+fn victim_refused(
+    world: &World,
+    features: &str,
+    prefix: &str,
+    forge: &[&str],
+    action: &str,
+) -> Metrics {
+    let (provisioner, record) = provisioner_with(world, features);
+    let sim = forged_fleet(world, prefix, forge);
+    let metrics = provisioner.wait_metrics("the victim failed and the other provisioned", |m| {
+        m.get("choria_provisioner_provision_errors") >= 1.0
+            && m.get("choria_provisioner_provisioned") == 1.0
     });
-    let (raced, race_bystander) = victim_and_bystander("race");
-    let (followed, late_bystander) = victim_and_bystander("late");
-    wait_for_bystander(&racing, &provisioner);
-    wait_for_bystander(&following, &provisioner);
-    let race_report = racing.stop();
-    let late_report = following.stop();
+    wait_for_bystander(&sim, &provisioner);
+    let report = sim.stop();
+    let (victim, bystander) = victim_and_bystander(prefix);
     let inputs = std::fs::read_to_string(&record).unwrap_or_default();
-    let log = provisioner.log();
-    // The first forged answer of the race is `jwt`'s: its conflict is the one that stops it.
-    assert_refused(&race_report, &raced, "choria_provision#jwt", &inputs, &log);
-    assert_refused(&late_report, &followed, "rpcutil#inventory", &inputs, &log);
+    assert_refused(&report, &victim, action, &inputs, &provisioner.log());
     assert!(
-        metrics.get("choria_provisioner_reply_conflicts{rpc=\"choria_provision#jwt\"}") >= 1.0
-            && metrics.get("choria_provisioner_reply_conflicts{rpc=\"rpcutil#inventory\"}") >= 1.0,
+        metrics.get(&format!(
+            "choria_provisioner_reply_conflicts{{rpc=\"{action}\"}}"
+        )) >= 1.0,
         "{}",
         metrics.summary()
     );
-    for (report, bystander) in [
-        (&race_report, &race_bystander),
-        (&late_report, &late_bystander),
-    ] {
-        assert!(inputs.contains(bystander.as_str()), "{inputs}");
-        assert_provisioned_once(node(report, bystander));
-    }
-    // The forger's own answers were made as a node's would be: no violation anywhere.
-    assert_eq!(
-        race_report.totals.violations + late_report.totals.violations,
-        0
-    );
+    assert!(inputs.contains(&bystander), "{inputs}");
+    assert_provisioned_once(node(&report, &bystander));
+    // The forger's answers were made as a node's would be: no violation anywhere.
+    assert_eq!(report.totals.violations, 0);
     provisioner.stop();
+    metrics
+}
+
+/// A forger ahead of the node on every step before the helper, each answer of its own that
+/// would hand it the node's credentials or decide its configuration: the fleet's provisioning
+/// JWT with its own X25519 key (the node's private key would be encrypted to it), forged facts,
+/// a CSR for the node's name with its own key; the node's real answers 200 ms behind. They
+/// used to reach the helper at once; now it runs only once the last answer has stood for the
+/// window, the real `jwt` answer has challenged the forged one by then, and the node fails.
+#[test]
+fn forged_answers_racing_the_real_ones_never_reach_the_helper() {
+    let world = World::new();
+    let pki_jwt = format!(
+        "features:\n  pki: true\n  jwt: true\njwt_verify_cert: {}\n",
+        vector("provisioner/host/testdata/jwt-signer-public.pem")
+    );
+    #[rustfmt::skip]
+    let forge = ["--forge-actions", "jwt,inventory,gencsr", "--forge-reply", "ok", "--victim-delay", "200ms"];
+    // The first forged answer is `jwt`'s, and so the first conflict.
+    victim_refused(&world, &pki_jwt, "race", &forge, "choria_provision#jwt");
+}
+
+/// A forger behind the node: forged facts 300 ms after the real inventory, the last answer
+/// before the helper. The helper used to run on the real answer at once and `configure` to go
+/// out before the forgery came, unseen; now the answer must stand for the window first, the
+/// forgery challenges it within it, and the node fails before the helper.
+#[test]
+fn a_forged_answer_following_the_real_one_within_the_window_never_reaches_the_helper() {
+    let world = World::new();
+    #[rustfmt::skip]
+    let forge = ["--forge-actions", "inventory", "--forge-reply", "ok", "--forge-delay", "300ms"];
+    victim_refused(&world, "", "late", &forge, "rpcutil#inventory");
 }
