@@ -17,7 +17,7 @@ use support::*;
 const TOKEN: &str = "e2e-forgery";
 /// The window in these runs: far longer than the 100–300 ms the real and forged answers are
 /// apart here, so a loaded machine cannot push one out of it.
-const GRACE: &str = "2s";
+const GRACE: &str = "3s";
 
 /// A POSIX sh helper that appends each input it is given to `record` (one JSON line per node)
 /// and configures the node out of provisioning mode.
