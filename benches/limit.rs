@@ -22,7 +22,11 @@
 //! (the audit trail's cycle time, p50 and p90, per helper mode); `discovery` times one
 //! discovery round (2 s window) over NODES booted nodes; `rss` the provisioner's peak RSS
 //! over a run of NODES; `only=rpc_only|per_node|persistent` runs one mode alone (to profile
-//! it). Prints figures; asserts only correctness.
+//! it). `grace=DUR` is the provisioner's `reply_grace` (default the daemon's, 1 s: each node
+//! waits out what remains of it before its helper runs; the limit has no window);
+//! `workers=N[,N...]` runs the provisioner with each of these worker counts instead of the
+//! limit's best (to see what the window costs at 32 workers, and how many hold a rate).
+//! Prints figures; asserts only correctness.
 //!
 //! Where the time goes: each run also prints the CPU each process spent per node (from
 //! `/proc/<pid>/stat`): the broker, the fleet, the limit or provisioner itself, and the
@@ -385,13 +389,17 @@ fn limit(
     nodes as f64 * 60.0 / seconds
 }
 
+/// The provisioner's `reply_grace` in every run (`grace=`; the daemon's default otherwise).
+static GRACE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// The provisioner's configuration in every run: this helper in this mode, insecure, no
 /// features.
 fn bench_yaml(helper: &str, mode: Mode, workers: usize, release_delay: &str) -> String {
     format!(
-        "{}helper_mode: {}\ntoken: {TOKEN}\nworkers: {workers}\nrelease_delay: {release_delay}\nhelper_timeout: 30s\n",
+        "{}helper_mode: {}\ntoken: {TOKEN}\nworkers: {workers}\nrelease_delay: {release_delay}\nhelper_timeout: 30s\nreply_grace: {}\n",
         yaml_helper(helper),
-        mode.name()
+        mode.name(),
+        GRACE.get().map_or("1s", String::as_str)
     )
 }
 
@@ -523,13 +531,31 @@ fn main() {
         Some(other) => panic!("fleet={other}: fast or sim"),
     };
     let _ = FLEET.set(kind);
+    let grace = args
+        .iter()
+        .find_map(|a| a.strip_prefix("grace="))
+        .map_or_else(
+            || format!("{}ms", choria_broker::rpc::DEFAULT_REPLY_GRACE.as_millis()),
+            String::from,
+        );
+    let _ = GRACE.set(grace.clone());
+    // `workers=`: the provisioner's worker counts, instead of the limit's best.
+    let worker_counts: Vec<usize> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("workers="))
+        .map(|list| {
+            list.split(',')
+                .map(|n| n.parse().expect("workers=N[,N...]: whole numbers"))
+                .collect()
+        })
+        .unwrap_or_default();
     let nodes: usize = args
         .iter()
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(2000);
     println!(
-        "limit harness: {nodes} nodes per run, insecure, no features, a trivial sh helper, fleet={}",
+        "limit harness: {nodes} nodes per run, insecure, no features, a trivial sh helper, fleet={}, reply_grace {grace}",
         if kind == FleetKind::Fast { "fast" } else { "sim" }
     );
     let asked = |word: &str| args.iter().skip(1).any(|a| a == word);
@@ -650,6 +676,23 @@ fn main() {
             if rate > best.1 {
                 best = (threads, rate);
             }
+        }
+        for workers in &worker_counts {
+            let ours = provisioner(
+                &world,
+                nodes,
+                *workers,
+                mode,
+                &helper,
+                &format!("p{workers}-"),
+            );
+            println!(
+                "{:<10} provisioner {ours:>9.0} nodes/min with {workers} workers (reply_grace {grace})",
+                mode.name()
+            );
+        }
+        if !worker_counts.is_empty() {
+            continue;
         }
         let ours = provisioner(&world, nodes, best.0, mode, &helper, "prov-");
         println!(

@@ -851,6 +851,14 @@ fn settings(config: &Config) -> Vec<Setting> {
             .rpc_timeout
             .map_or_else(|| "(the agent's DDL timeout)".to_string(), go_duration),
     );
+    push(
+        "reply_grace",
+        if config.reply_grace.is_zero() {
+            "0 (the first reply is believed at once)".to_string()
+        } else {
+            go_duration(config.reply_grace)
+        },
+    );
     push("leader_election", config.leader_election.to_string());
     push(
         "leader_election_api_prefix",

@@ -93,6 +93,9 @@ pub mod limits {
     pub const RELEASE_DELAY: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(DAY));
     /// `rpc_timeout` (0 or unset: the DDL's).
     pub const RPC_TIMEOUT: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(3600));
+    /// `reply_grace` (0: the first reply is believed at once, as Go; each node's cycle is
+    /// longer by up to this, so a minute is more than any network needs).
+    pub const REPLY_GRACE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(60));
     /// `server_jwt_validity` (0 or unset: a year, as Go).
     pub const SERVER_JWT_VALIDITY: (Duration, Duration) =
         (Duration::ZERO, Duration::from_secs(100 * 365 * DAY));
@@ -290,6 +293,9 @@ pub struct Config {
     /// Overrides the agent DDL timeout of every RPC try (20 s for choria_provision, 2 s for
     /// rpcutil); `discovery_timeout` from choria.cfg is added as in Go. `None`: the DDL's.
     pub rpc_timeout: Option<Duration>,
+    /// Ours: how long a node's reply must stand unchallenged by a different one before it is
+    /// acted on (the helper, a delivery, a lock refusal); see `choria_broker::rpc`.
+    pub reply_grace: Duration,
     /// One JSON line per finished cycle is appended here; `None` (the default): no audit trail.
     pub audit_file: Option<PathBuf>,
     /// The keys the file sets (not null), `features.<name>` for features: what `check-config`
@@ -416,6 +422,7 @@ const KNOWN_KEYS: &[&str] = &[
     "work_order",
     "release_delay",
     "rpc_timeout",
+    "reply_grace",
     "audit_file",
 ];
 
@@ -474,6 +481,7 @@ impl Config {
             work_order: work.work_order,
             release_delay: work.release_delay,
             rpc_timeout: broker.rpc_timeout,
+            reply_grace: broker.reply_grace,
             audit_file: logging.audit_file,
             set_in_file: keys.set_in_file(),
         };
@@ -641,6 +649,7 @@ struct Broker {
     plain_tcp: bool,
     provisioning_password: Option<Secret>,
     rpc_timeout: Option<Duration>,
+    reply_grace: Duration,
     leader_election: bool,
     leader_election_api_prefix: String,
 }
@@ -669,6 +678,11 @@ fn read_broker(keys: &KeyReader) -> Result<Broker, ConfigError> {
             Some(timeout).filter(|d| !d.is_zero())
         }
     };
+    let reply_grace = keys.duration(
+        "reply_grace",
+        &limits::show(choria_broker::rpc::DEFAULT_REPLY_GRACE),
+    )?;
+    keys.within("reply_grace", reply_grace, limits::REPLY_GRACE)?;
     Ok(Broker {
         lifecycle_component,
         choria_insecure: keys.boolean("choria_insecure", false)?,
@@ -677,6 +691,7 @@ fn read_broker(keys: &KeyReader) -> Result<Broker, ConfigError> {
             .optional_string("broker_provisioning_password")?
             .map(Secret::new),
         rpc_timeout,
+        reply_grace,
         leader_election: keys.boolean("leader_election", false)?,
         leader_election_api_prefix: keys.string("leader_election_api_prefix", "choria.streams")?,
     })
@@ -1184,6 +1199,11 @@ mod tests {
         );
         assert_eq!(c.release_delay, Duration::from_secs(60));
         assert_eq!(c.rpc_timeout, None);
+        assert_eq!(
+            c.reply_grace,
+            Duration::from_secs(1),
+            "ours: a reply stands 1 s"
+        );
         assert_eq!(c.audit_file, None, "no audit trail unless asked");
         assert_eq!(c.leader_election_api_prefix, "choria.streams");
         assert_eq!(c.features, Features::default());
@@ -1650,6 +1670,7 @@ features:
             ("helper_timeout", "1h", "61m"),
             ("release_delay", "1d", "25h"),
             ("rpc_timeout", "1h", "3601s"),
+            ("reply_grace", "1m", "61s"),
             ("server_jwt_validity", "100y", "101y"),
         ];
         let ranges = [
@@ -1659,6 +1680,7 @@ features:
             ("helper_timeout", "must be more than 0 and at most 1h"),
             ("release_delay", "must be 0 to 1d"),
             ("rpc_timeout", "must be 0 to 1h"),
+            ("reply_grace", "must be 0 to 1m"),
             ("server_jwt_validity", "must be 0 to 100y"),
         ];
         for (key, largest, past) in cases {

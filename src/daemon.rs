@@ -467,7 +467,8 @@ impl Started {
         let grace_end = Arc::new(grace_end);
         self.grace_end = Some(grace_end.clone());
         self.helper = Some(cycle_settings.helper.clone());
-        let mut rpc = RpcClient::new(conn.clone(), self.metrics.clone());
+        let mut rpc = RpcClient::new(conn.clone(), self.metrics.clone())
+            .with_reply_grace(self.config.reply_grace);
         if let Some(timeout) = self.config.rpc_timeout {
             rpc = rpc.with_ddl_timeout(timeout);
         }

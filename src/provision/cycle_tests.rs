@@ -7,14 +7,15 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use choria_broker::gate::{Gate, Halt};
 use choria_broker::rpc::{
-    Action, ConflictRecorder, NodeRpc, ReplyConflict, ReplyWatch, RpcOutcome, SendFailure,
+    is_lock_refusal, Action, ConflictRecorder, NodeRpc, ReplyConflict, ReplySummary, ReplyWatch,
+    RpcOutcome, SendFailure, LOCK_REFUSED_MESSAGE,
 };
 use choria_crypto::ed25519::sign_nonce;
 use choria_crypto::jwt::VerifyKey;
@@ -57,7 +58,11 @@ enum Reply {
     Timeout,
     /// The request never reached the broker.
     Unsent,
+    /// Status 1 with go-choria's lock message: a refusal if the action takes the lock, else
+    /// the ordinary status it is (as `RpcClient` classifies it, with the same function).
     Lock,
+    /// A lock refusal challenged within the window by a different reply.
+    LockChallenged,
     Halt,
     /// gen25519 signed with `generated/server.seed` over the nonce it was sent.
     SignNonce,
@@ -69,6 +74,9 @@ enum Reply {
     OkThenPause(Value),
     /// Succeeds, and a second, different reply to the same request is caught (a forgery).
     OkThenForged(Value),
+    /// Answers as the reply inside, and a different reply to the same request comes this
+    /// long after it.
+    ForgedAfter(Box<Reply>, Duration),
     /// Succeeds, then the daemon stops (SIGTERM).
     OkThenStop(Value),
     /// No reply until the gate the call was given closes (at most 30 s, then no reply).
@@ -85,6 +93,10 @@ struct ScriptedNode {
     watch: Mutex<Option<ConflictRecorder>>,
     /// The gate the cycle runs under (the fleet's), which a lost leadership closes.
     cycle_gate: Mutex<Option<Arc<Gate>>>,
+    /// The grace window of the cycle's watch (zero unless a case is about it).
+    grace: Mutex<Duration>,
+    /// Threads that record a late forgery, joined by the case.
+    forgers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl ScriptedNode {
@@ -109,14 +121,59 @@ fn server_seed() -> [u8; 32] {
         .expect("32 bytes")
 }
 
+/// A conflict over one of `action`'s requests, as the client's screen reports it.
+fn forged_conflict(action: &'static Action) -> ReplyConflict {
+    ReplyConflict {
+        action: action.label,
+        request_id: "0123456789abcdef0123456789abcdef".into(),
+        sender: IDENTITY.into(),
+        first: ReplySummary {
+            statuscode: 0,
+            statusmsg: "OK".into(),
+            bytes: 480,
+        },
+        other: ReplySummary {
+            statuscode: 0,
+            statusmsg: "OK".into(),
+            bytes: 512,
+        },
+        after: Duration::from_millis(3),
+    }
+}
+
+impl ScriptedNode {
+    /// An answer taken now: the window runs from here.
+    fn took(&self) {
+        if let Some(watch) = self.watch.lock().as_ref() {
+            watch.took(Instant::now());
+        }
+    }
+}
+
 impl NodeRpc for ScriptedNode {
     fn watch(&self, _identity: &Identity) -> ReplyWatch {
-        let watch = ReplyWatch::unwatched();
+        let watch = ReplyWatch::unregistered(*self.grace.lock());
         *self.watch.lock() = Some(watch.recorder());
         watch
     }
 
     fn call(
+        &self,
+        identity: &Identity,
+        action: &'static Action,
+        data: Value,
+        gate: &Gate,
+    ) -> RpcOutcome {
+        let outcome = self.answer(identity, action, data, gate);
+        if matches!(outcome, RpcOutcome::Ok(_)) {
+            self.took();
+        }
+        outcome
+    }
+}
+
+impl ScriptedNode {
+    fn answer(
         &self,
         identity: &Identity,
         action: &'static Action,
@@ -129,7 +186,20 @@ impl NodeRpc for ScriptedNode {
         }
         let key = action.label.to_string();
         self.calls.lock().push((key.clone(), data.clone()));
-        let reply = self.replies.lock().get(&key).cloned();
+        let mut reply = self.replies.lock().get(&key).cloned();
+        if let Some(Reply::ForgedAfter(real, after)) = reply {
+            if let Some(watch) = self.watch.lock().clone() {
+                let forger = std::thread::Builder::new()
+                    .name("scripted-forger".into())
+                    .spawn(move || {
+                        std::thread::sleep(after);
+                        watch.record(forged_conflict(action));
+                    })
+                    .expect("forger thread");
+                self.forgers.lock().push(forger);
+            }
+            reply = Some(*real);
+        }
         match reply {
             None => RpcOutcome::Status {
                 code: 99,
@@ -172,13 +242,11 @@ impl NodeRpc for ScriptedNode {
             },
             Some(Reply::OkThenForged(value)) => {
                 if let Some(watch) = self.watch.lock().as_ref() {
-                    watch.record(ReplyConflict {
-                        action: action.label,
-                        request_id: "0123456789abcdef0123456789abcdef".into(),
-                    });
+                    watch.record(forged_conflict(action));
                 }
                 RpcOutcome::Ok(value)
             }
+            Some(Reply::ForgedAfter(..)) => unreachable!("unwrapped above"),
             Some(Reply::Status(code, message)) => RpcOutcome::Status {
                 code,
                 message: message.to_string(),
@@ -187,7 +255,14 @@ impl NodeRpc for ScriptedNode {
             Some(Reply::Unsent) => RpcOutcome::Unsent(SendFailure::Publish(
                 "could not publish to provisioning.node.rip.mcollective: broken pipe".into(),
             )),
-            Some(Reply::Lock) => RpcOutcome::LockRefused,
+            Some(Reply::Lock) if is_lock_refusal(action, 1, LOCK_REFUSED_MESSAGE) => {
+                RpcOutcome::LockRefused
+            }
+            Some(Reply::Lock) => RpcOutcome::Status {
+                code: 1,
+                message: LOCK_REFUSED_MESSAGE.into(),
+            },
+            Some(Reply::LockChallenged) => RpcOutcome::Conflict(Box::new(forged_conflict(action))),
             Some(Reply::Halt) => RpcOutcome::Halted(Halt::Stopping),
             Some(Reply::SignNonce) | Some(Reply::SignWrongNonce) | Some(Reply::ShortKey) => {
                 let nonce = data["nonce"].as_str().expect("nonce sent").to_string();
@@ -344,10 +419,14 @@ struct Harness {
     cycle: Cycle,
 }
 
-fn write_helper(dir: &Path) -> PathBuf {
+fn write_helper(dir: &Path, prelude: &str) -> PathBuf {
     let path = dir.join("helper with space.sh");
     // Records what it was given, answers with a canned file: the cycle sees a real process.
-    std::fs::write(&path, "#!/bin/sh\ncat > \"$2\"\ncat \"$1\"\n").expect("helper");
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\n{prelude}cat > \"$2\"\ncat \"$1\"\n"),
+    )
+    .expect("helper");
     let mut perms = std::fs::metadata(&path).expect("stat").permissions();
     perms.set_mode(0o755);
     std::fs::set_permissions(&path, perms).expect("chmod");
@@ -355,8 +434,19 @@ fn write_helper(dir: &Path) -> PathBuf {
 }
 
 fn harness(mode: Mode, extra_yaml: &str, answer: &Value, overrides: &[(&str, Reply)]) -> Harness {
+    harness_with_helper(mode, extra_yaml, answer, overrides, "")
+}
+
+/// As [`harness`], the helper running the shell lines `prelude` first.
+fn harness_with_helper(
+    mode: Mode,
+    extra_yaml: &str,
+    answer: &Value,
+    overrides: &[(&str, Reply)],
+    prelude: &str,
+) -> Harness {
     let dir = tempfile::tempdir().expect("tempdir");
-    let helper = write_helper(dir.path());
+    let helper = write_helper(dir.path(), prelude);
     let answer_file = dir.path().join("answer.json");
     std::fs::write(&answer_file, answer.to_string()).expect("answer");
     let stdin_record = dir.path().join("stdin.json");
@@ -382,6 +472,8 @@ fn harness(mode: Mode, extra_yaml: &str, answer: &Value, overrides: &[(&str, Rep
         calls: Mutex::new(Vec::new()),
         watch: Mutex::new(None),
         cycle_gate: Mutex::new(None),
+        grace: Mutex::new(Duration::ZERO),
+        forgers: Mutex::new(Vec::new()),
     });
     let metrics = Arc::new(Metrics::new("test"));
     let settings = CycleSettings::new(&config).expect("cycle settings");
@@ -618,10 +710,9 @@ fn make_csr_with_cn(cn: &str) -> String {
         .expect("csr to pem")
 }
 
-#[test]
-fn a_refused_lock_at_any_step_leaves_the_node_to_its_owner_at_once() {
-    // (mode, helper answer, the actions of a full run, in order)
-    let runs: Vec<(Mode, &str, Value, Vec<&str>)> = vec![
+/// The actions of a full run of each flow, in order, for cases that go through every step.
+fn full_runs() -> Vec<(Mode, &'static str, Value, Vec<&'static str>)> {
+    vec![
         (
             Mode::Ed25519,
             "",
@@ -641,31 +732,179 @@ fn a_refused_lock_at_any_step_leaves_the_node_to_its_owner_at_once() {
             with(configuration_answer(), json!({"upgrade": "1.0.0"})),
             vec![I, U],
         ),
-    ];
-    for (mode, yaml, answer, actions) in runs {
+    ]
+}
+
+/// Go-choria's lock refusal ends the cycle as owned elsewhere only at a step whose action
+/// takes the lock; the same words to `rpcutil#inventory`, `restart` or `shutdown` are an
+/// ordinary status (which go-choria never sends there), and a refusal challenged by a second,
+/// different reply within the window fails the node as forged.
+#[test]
+fn a_lock_refusal_leaves_the_node_to_its_owner_only_where_the_lock_is_taken() {
+    let status = "the node answered status 1: Could not obtain provisioning lock";
+    for (mode, yaml, answer, actions) in full_runs() {
         for (at, action) in actions.iter().enumerate() {
-            let h = harness(mode, yaml, &answer, &[(action, Reply::Lock)]);
-            let outcome = h
-                .cycle
-                .provision(&node_identity(), Source::Event, &Gate::new(false));
-            assert!(
-                matches!(outcome, ProvisionOutcome::OwnedElsewhere),
-                "{mode:?} lock at {action}"
-            );
-            assert_eq!(
-                h.node.calls(),
-                actions[..=at].to_vec(),
-                "{mode:?} lock at {action}: no call after the refusal"
-            );
-            assert_eq!(h.metrics.provisioned.get(), 0);
-            assert_eq!(
-                h.metrics.lock_refusals.with_label_values(&[action]).get(),
-                1,
-                "{mode:?} lock at {action}: the refusal is counted under its action"
-            );
-            assert_eq!(h.metrics.provision_errors.get(), 0, "not an error");
+            let takes_lock = Action::ALL
+                .iter()
+                .any(|a| a.label == *action && a.takes_lock);
+            for reply in [Reply::Lock, Reply::LockChallenged] {
+                let challenged = matches!(reply, Reply::LockChallenged);
+                if challenged && !takes_lock {
+                    continue;
+                }
+                let h = harness(mode, yaml, &answer, &[(action, reply)]);
+                let outcome = h
+                    .cycle
+                    .provision(&node_identity(), Source::Event, &Gate::new(false));
+                let case = format!("{mode:?} lock at {action} (challenged: {challenged})");
+                let (want, calls) = match *action {
+                    _ if challenged => (Want::Failed("two different replies to"), &actions[..=at]),
+                    _ if takes_lock => (Want::OwnedElsewhere, &actions[..=at]),
+                    // Go carries on as done when the node refuses to shut down.
+                    S => (Want::ShutDown, &actions[..=at]),
+                    I => (Want::Failed(status), &actions[..=at]),
+                    R => (Want::Failed(status), &actions[..=at]),
+                    other => panic!("{case}: no expectation for {other}"),
+                };
+                assert!(check(&outcome, &want), "{case}: {outcome:?}");
+                assert_eq!(h.node.calls(), calls.to_vec(), "{case}: calls");
+                let refusals = h.metrics.lock_refusals.with_label_values(&[action]).get();
+                assert_eq!(
+                    refusals,
+                    u64::from(takes_lock && !challenged),
+                    "{case}: a refusal is counted under its action, and only a refusal"
+                );
+                assert_eq!(
+                    h.metrics.provision_errors.get(),
+                    0,
+                    "{case}: not counted here"
+                );
+            }
         }
     }
+}
+
+/// The answers of every step before the helper decide what the node is given, and any node
+/// can send one in its name: the helper runs only once the last of them has stood for the
+/// grace window. A forged twin arriving within it (here 100 ms after the real answer, the
+/// window 5 s) fails the node before the helper has seen anything, on each of those steps.
+#[test]
+fn a_reply_challenged_within_the_window_stops_the_cycle_before_the_helper_runs() {
+    let cases: Vec<(Mode, &str, Reply)> = vec![
+        (Mode::Plain, I, Reply::Ok(json!({"version": "0.29.4"}))),
+        (Mode::Ed25519, J, default_replies(Mode::Ed25519)[J].clone()),
+        (Mode::Ed25519, G, Reply::SignNonce),
+        (Mode::Ed25519, I, Reply::Ok(json!({"version": "0.29.4"}))),
+        (Mode::PkiJwt, J, default_replies(Mode::PkiJwt)[J].clone()),
+        (Mode::PkiJwt, C, default_replies(Mode::PkiJwt)[C].clone()),
+    ];
+    for (mode, action, real) in cases {
+        let forged = Reply::ForgedAfter(Box::new(real), Duration::from_millis(100));
+        let h = harness(mode, "", &configuration_answer(), &[(action, forged)]);
+        *h.node.grace.lock() = Duration::from_secs(5);
+        let outcome = h
+            .cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false));
+        for forger in h.node.forgers.lock().drain(..) {
+            forger.join().expect("forger thread");
+        }
+        let case = format!("{mode:?}, {action} forged 100 ms after the real answer");
+        let ProvisionOutcome::Failed(err) = &outcome else {
+            panic!("{case}: {outcome:?}");
+        };
+        let reason = err.to_string();
+        assert!(
+            reason.contains(&format!("two different replies to {action}")),
+            "{case}: {reason}"
+        );
+        assert!(
+            !h.stdin_record.exists(),
+            "{case}: the helper was run on an answer still being challenged"
+        );
+        let calls = h.node.calls();
+        assert!(
+            !calls.iter().any(|c| c == CF || c == S || c == U),
+            "{case}: {calls:?}"
+        );
+    }
+}
+
+/// With no challenge the cycle goes on once the last answer has stood: the helper runs, the
+/// node is configured, and the cycle took at least the window (a lower bound, whatever the
+/// load).
+#[test]
+fn the_last_answer_stands_for_the_window_before_the_helper_runs() {
+    let grace = Duration::from_millis(300);
+    for mode in [Mode::Plain, Mode::PkiJwt, Mode::Ed25519] {
+        let h = harness(mode, "", &configuration_answer(), &[]);
+        *h.node.grace.lock() = grace;
+        let started = Instant::now();
+        let outcome = h
+            .cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false));
+        let took = started.elapsed();
+        assert!(
+            check(&outcome, &Want::Provisioned { hold: true }),
+            "{mode:?}: {outcome:?}"
+        );
+        assert!(h.stdin_record.exists(), "{mode:?}: the helper ran");
+        assert!(took >= grace, "{mode:?}: the cycle took {took:?}");
+    }
+    // A pause during the window halts the cycle there: the helper never starts.
+    let h = harness(Mode::Plain, "", &configuration_answer(), &[]);
+    *h.node.grace.lock() = Duration::from_secs(600);
+    let gate = Arc::new(Gate::new(false));
+    let pauser = {
+        let gate = gate.clone();
+        let node = h.node.clone();
+        std::thread::Builder::new()
+            .name("pauser".into())
+            .spawn(move || {
+                // Once inventory was answered, the cycle is in the window.
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while node.calls().is_empty() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                gate.set_paused(true);
+            })
+            .expect("pauser thread")
+    };
+    let outcome = h.cycle.provision(&node_identity(), Source::Event, &gate);
+    pauser.join().expect("pauser thread");
+    assert!(check(&outcome, &Want::Halted), "{outcome:?}");
+    assert!(!h.stdin_record.exists(), "the helper never started");
+}
+
+/// A forgery that comes after the window, while the helper runs, is still caught before
+/// anything is delivered: every request stays watched until the cycle ends.
+#[test]
+fn a_reply_challenged_after_the_window_still_stops_the_cycle_before_configure() {
+    let real = Reply::Ok(json!({"version": "0.29.4"}));
+    let forged = Reply::ForgedAfter(Box::new(real), Duration::from_millis(300));
+    let h = harness_with_helper(
+        Mode::Plain,
+        "",
+        &configuration_answer(),
+        &[(I, forged)],
+        "sleep 2\n",
+    );
+    *h.node.grace.lock() = Duration::from_millis(50);
+    let outcome = h
+        .cycle
+        .provision(&node_identity(), Source::Event, &Gate::new(false));
+    for forger in h.node.forgers.lock().drain(..) {
+        forger.join().expect("forger thread");
+    }
+    assert!(
+        check(
+            &outcome,
+            &Want::Failed("two different replies to rpcutil#inventory")
+        ),
+        "{outcome:?}"
+    );
+    assert!(h.stdin_record.exists(), "the helper ran after the window");
+    assert_eq!(h.node.calls(), vec![I], "nothing delivered");
 }
 
 /// A node silent on the cycle's first action (whichever that is) gets the protocol hint, once;
@@ -803,6 +1042,8 @@ fn a_helper_running_when_the_shutdown_grace_ends_is_killed_and_is_no_error() {
         calls: Mutex::new(Vec::new()),
         watch: Mutex::new(None),
         cycle_gate: Mutex::new(None),
+        grace: Mutex::new(Duration::ZERO),
+        forgers: Mutex::new(Vec::new()),
     });
     let metrics = Arc::new(Metrics::new("test"));
     let grace = Arc::new(GraceEnd::new().expect("pipe"));

@@ -66,7 +66,7 @@ pub enum Failure {
     },
     /// Two different replies came to one of the node's requests: one is forged, so nothing
     /// more is delivered to the node.
-    Forged(ReplyConflict),
+    Forged(Box<ReplyConflict>),
 }
 
 /// Why an action got no usable answer, after all its tries.

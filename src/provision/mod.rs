@@ -15,9 +15,17 @@
 //!
 //! Nodes are reached only through [`NodeRpc`], so the cycle runs the same against the broker
 //! and against a scripted fake. Each step returns a [`StepResult`]: its value, or the
-//! [`CycleStop`] that ends the cycle there: another provisioner owns the node (a refused lock,
-//! at once), the gate closed, or a [`Failure`] naming the step and the cause. A cycle that
-//! runs to its end has [`Finished`]: provisioned, or shut down as the helper asked.
+//! [`CycleStop`] that ends the cycle there: another provisioner owns the node (a refused lock
+//! that stood unchallenged for the grace window), the gate closed, or a [`Failure`] naming the
+//! step and the cause. A cycle that runs to its end has [`Finished`]: provisioned, or shut down
+//! as the helper asked.
+//!
+//! No reply is acted on before it has stood: any node can answer in this node's name, so the
+//! answers of steps 1–4 decide nothing until the last of them has stood unchallenged for the
+//! grace window (`reply_grace`, [`ReplyWatch::wait_stood`]). Only then does the helper, the
+//! first to act on them (it may sign the CSR), run; and the watch is asked again before every
+//! delivery (`shutdown`, `release_update`, `configure`). A second, different reply to any
+//! request of the cycle fails the node as forged.
 
 pub mod decision;
 pub mod error;
@@ -39,7 +47,7 @@ use crate::config::{Config, HelperMode, JwtCheck, Secret, ServerJwtIssuing, Upgr
 use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
 use crate::metrics::Metrics;
 use choria_broker::gate::Gate;
-use choria_broker::rpc::{Action, NodeRpc, ReplyWatch, RpcOutcome};
+use choria_broker::rpc::{Action, Challenge, NodeRpc, ReplyWatch, RpcOutcome};
 use choria_crypto::csr::{validate_csr, CsrError, DenyList, SanKinds, ValidatedCsr};
 use choria_crypto::ed25519::verify_nonce_signature;
 use choria_crypto::jwt::{verify_provisioning_jwt, JwtError, VerifyKey};
@@ -270,7 +278,17 @@ type StepResult<T> = Result<T, CycleStop>;
 fn unforged(replies: &ReplyWatch) -> StepResult<()> {
     match replies.conflict() {
         None => Ok(()),
-        Some(conflict) => Err(Failure::Forged(conflict).into()),
+        Some(conflict) => Err(Failure::Forged(Box::new(conflict)).into()),
+    }
+}
+
+/// Waits until every answer of the cycle so far has stood unchallenged for the grace window;
+/// stops the cycle at a conflict (at once) or when the gate closes.
+fn stood(replies: &ReplyWatch, gate: &Gate) -> StepResult<()> {
+    match replies.wait_stood(gate) {
+        Ok(()) => Ok(()),
+        Err(Challenge::Conflict(conflict)) => Err(Failure::Forged(conflict).into()),
+        Err(Challenge::Halted(_)) => Err(CycleStop::Halted),
     }
 }
 
@@ -326,6 +344,7 @@ fn step_of(action: &'static Action, outcome: RpcOutcome) -> StepResult<Value> {
         RpcOutcome::Ok(data) => return Ok(data),
         RpcOutcome::LockRefused => return Err(CycleStop::OwnedElsewhere),
         RpcOutcome::Halted(_) => return Err(CycleStop::Halted),
+        RpcOutcome::Conflict(conflict) => return Err(Failure::Forged(conflict).into()),
         RpcOutcome::Status { code, message } => RpcFailure::Status { code, message },
         RpcOutcome::Timeout => RpcFailure::NoReply,
         RpcOutcome::Unsent(failure) => RpcFailure::Unsent(failure),
@@ -481,8 +500,9 @@ impl Cycle {
             self.fetch_csr(trail, gate, &mut node)?;
         }
 
-        // What the helper is told comes from the replies so far: none of them may be forged.
-        unforged(&replies)?;
+        // What the helper is told comes from the replies so far: each must have stood
+        // unchallenged for the grace window before the helper acts on it.
+        stood(&replies, gate)?;
         let answer = self.ask_helper(trail, gate, &node)?;
         let decision = decide(settings, &node, &answer, now_unix()).map_err(|err| {
             if matches!(err, AnswerError::ClaimedIdentityInvalid { .. }) {
@@ -980,6 +1000,7 @@ fn rpc_result(outcome: &RpcOutcome) -> String {
         RpcOutcome::Timeout => "timeout".to_string(),
         RpcOutcome::Unsent(_) => "not sent".to_string(),
         RpcOutcome::LockRefused => "lock refused".to_string(),
+        RpcOutcome::Conflict(_) => "conflicting replies".to_string(),
         RpcOutcome::Halted(_) => "halted".to_string(),
     }
 }

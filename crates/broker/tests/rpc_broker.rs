@@ -19,7 +19,9 @@ use serde_json::{json, Value};
 use choria_broker::connection::{reply_prefix, Connection};
 use choria_broker::gate::{Gate, Halt};
 use choria_broker::observe::Counts;
-use choria_broker::rpc::{malformed, Action, NodeRpc, RpcClient, RpcOutcome, SendFailure};
+use choria_broker::rpc::{
+    malformed, Action, Challenge, NodeRpc, RpcClient, RpcOutcome, SendFailure,
+};
 use choria_crypto::{ed25519, jwt};
 use choria_fleet_sim::faults::{self, Fault};
 use choria_fleet_sim::options::FaultFractions;
@@ -890,4 +892,177 @@ fn a_forged_reply_racing_the_real_one_is_caught_as_a_conflict() {
     }
     assert_eq!(metrics.get(&format!("malformed:{}", malformed::REPLY)), 100);
     conn.close();
+}
+
+/// The data each action of the cycle is called with here (a configuration-less `configure`, a
+/// `release_update` the fleet does not allow: the real node refuses both, differently from
+/// the forger).
+fn data_for(action: &Action, identity: &str) -> Value {
+    match action.name {
+        "inventory" => json!({}),
+        "gen25519" => json!({"token": TOKEN, "nonce": "0123456789abcdef0123456789abcdef"}),
+        "gencsr" => json!({"token": TOKEN, "cn": identity}),
+        "restart" => json!({"token": TOKEN, "splay": 1}),
+        "release_update" => {
+            json!({"token": TOKEN, "repository": "https://repo.example.net", "version": "9.9.9"})
+        }
+        _ => json!({"token": TOKEN}),
+    }
+}
+
+/// The attack of issue 22 on every action: a forger answers go-choria's exact lock refusal in
+/// the node's name at once, the node's own reply comes 200 ms later. Honoured at once (as
+/// before), it left the node to an owner that does not exist; now a refusal must stand for the
+/// window (here 5 s), so the real reply makes every call a conflict, counted and not retried
+/// further. To an action that takes no lock the refusal is not even a refusal: an ordinary
+/// status (counted as misplaced), and the real reply during the backoff is the conflict.
+#[test]
+fn a_forged_lock_refusal_racing_the_real_reply_is_a_conflict_on_every_action() {
+    let world = World::new();
+    let nodes = Action::ALL.len();
+    #[rustfmt::skip]
+    let (sim, _) = start_sim(&world, nodes, &[
+        "--forged", "1", "--forge-reply", "lock", "--victim-delay", "200ms",
+        "--forge-actions", "inventory,jwt,gen25519,gencsr,configure,restart,shutdown,release_update",
+    ]);
+    let conn = connect(&world.broker, PROVISIONER);
+    let results: Vec<(&Action, String, RpcOutcome, u32, Arc<Counts>)> =
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = Action::ALL
+                .into_iter()
+                .enumerate()
+                .map(|(index, action)| {
+                    let conn = conn.clone();
+                    std::thread::Builder::new()
+                        .name(format!("case-{}", action.name))
+                        .spawn_scoped(scope, move || {
+                            let target = sim_identity(index);
+                            let metrics = Arc::new(Counts::default());
+                            let rpc = RpcClient::new(conn, metrics.clone())
+                                .with_reply_grace(Duration::from_secs(5));
+                            let (outcome, tries) = rpc.call_counted(
+                                &id(&target),
+                                action,
+                                data_for(action, &target),
+                                &Gate::new(false),
+                            );
+                            (action, target, outcome, tries, metrics)
+                        })
+                        .expect("case thread")
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("case thread ended cleanly"))
+                .collect()
+        });
+    conn.close();
+    let report = sim.stop();
+    for (action, target, outcome, tries, metrics) in results {
+        let label = action.label;
+        let RpcOutcome::Conflict(conflict) = &outcome else {
+            panic!("{label}: {outcome:?}");
+        };
+        assert_eq!(conflict.action, label);
+        assert_eq!(conflict.sender, target);
+        // The forger's refusal came first; the node's own answer after it.
+        assert_eq!(
+            (conflict.first.statuscode, conflict.first.statusmsg.as_str()),
+            (1, "Could not obtain provisioning lock"),
+            "{label}: {conflict}"
+        );
+        assert_ne!(conflict.other, conflict.first, "{label}");
+        assert!(
+            (1..=action.tries).contains(&tries),
+            "{label}: {tries} tries"
+        );
+        assert_eq!(
+            metrics.get(&format!("reply_conflict:{label}")),
+            1,
+            "{label}"
+        );
+        assert_eq!(
+            metrics.get(&format!("malformed:{}", malformed::MISPLACED_LOCK_REFUSAL)),
+            if action.takes_lock {
+                0
+            } else {
+                u64::from(tries)
+            },
+            "{label}: a refusal to an action that takes no lock"
+        );
+        assert_eq!(metrics.get(&format!("rpc_error:{label}")), 0, "{label}");
+        let node = report
+            .nodes
+            .iter()
+            .find(|n| n.identity == target)
+            .expect("in the report");
+        assert_eq!(node.fault.as_deref(), Some("forged"));
+        assert_eq!(
+            node.record.forged.len() as u32,
+            tries,
+            "{label}: {:?}",
+            node.record.forged
+        );
+        assert!(node.record.forged.iter().all(|f| f == label));
+    }
+    assert_eq!(report.totals.violations, 0, "{:#?}", report.nodes);
+}
+
+/// A refusal nobody challenges within the window is honoured, once the window is over (a
+/// lower bound, whatever the load): here the node's own answer is 2 s late and the window
+/// 500 ms, the case no provisioner can tell from a real owner. A forged refusal that comes
+/// 300 ms *after* the node's answer cannot win: the answer is taken, and the cycle's watch
+/// sees the refusal as a conflict within the window.
+#[test]
+fn a_refusal_stands_only_after_the_window_and_a_late_one_is_a_conflict() {
+    let world = World::new();
+    let grace = Duration::from_millis(500);
+    let conn = connect(&world.broker, PROVISIONER);
+    let metrics = Arc::new(Counts::default());
+    let rpc = RpcClient::new(conn.clone(), metrics.clone()).with_reply_grace(grace);
+    #[rustfmt::skip]
+    let (slow_node, _) = start_sim(&world, 1, &[
+        "--forged", "1", "--forge-actions", "jwt", "--victim-delay", "2s",
+    ]);
+    let started = Instant::now();
+    let outcome = rpc.call(
+        &id(&sim_identity(0)),
+        &Action::JWT,
+        json!({"token": TOKEN}),
+        &Gate::new(false),
+    );
+    assert_eq!(outcome, RpcOutcome::LockRefused);
+    assert!(started.elapsed() >= grace, "{:?}", started.elapsed());
+    let report = slow_node.stop();
+    assert_eq!(report.nodes[0].record.forged, vec!["choria_provision#jwt"]);
+
+    let world = World::new();
+    let conn = connect(&world.broker, PROVISIONER);
+    let rpc =
+        RpcClient::new(conn.clone(), metrics.clone()).with_reply_grace(Duration::from_secs(5));
+    #[rustfmt::skip]
+    let (fleet, _) = start_sim(&world, 1, &[
+        "--forged", "1", "--forge-actions", "jwt", "--forge-delay", "300ms",
+    ]);
+    let node = id(&sim_identity(0));
+    let watch = rpc.watch(&node);
+    let outcome = rpc.call(
+        &node,
+        &Action::JWT,
+        json!({"token": TOKEN}),
+        &Gate::new(false),
+    );
+    assert!(matches!(outcome, RpcOutcome::Ok(_)), "{outcome:?}");
+    let stood = watch.wait_stood(&Gate::new(false));
+    let Err(Challenge::Conflict(conflict)) = stood else {
+        panic!("the late refusal is a conflict within the window: {stood:?}");
+    };
+    assert_eq!(
+        (conflict.first.statuscode, conflict.other.statuscode),
+        (0, 1)
+    );
+    assert_eq!(metrics.get("reply_conflict:choria_provision#jwt"), 1);
+    drop(watch);
+    conn.close();
+    fleet.stop();
 }

@@ -31,12 +31,15 @@ pub enum Fault {
     /// An attacker: `gen25519` returns a key of small order (the identity point) with the
     /// signature anyone can make for it, over any nonce.
     WeakKey,
+    /// Behaves, but a forger (another provisioning-mode connection, see `forger`) answers
+    /// the provisioner's requests to it in its name as well.
+    Forged,
 }
 
 impl Fault {
     /// In the order nodes are dealt out: later kinds last, so a seed keeps choosing the same
     /// nodes for the earlier ones.
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 10] = [
         Fault::Dead,
         Fault::Slow,
         Fault::Malformed,
@@ -46,6 +49,7 @@ impl Fault {
         Fault::ForeignLock,
         Fault::CsrExtraBlock,
         Fault::WeakKey,
+        Fault::Forged,
     ];
 
     /// The name used in flags (without `--`) and in the report.
@@ -60,6 +64,7 @@ impl Fault {
             Fault::ForeignLock => "foreign-lock",
             Fault::CsrExtraBlock => "csr-extra-block",
             Fault::WeakKey => "weak-key",
+            Fault::Forged => "forged",
         }
     }
 
@@ -74,6 +79,7 @@ impl Fault {
             Fault::ForeignLock => f.foreign_lock,
             Fault::CsrExtraBlock => f.csr_extra_block,
             Fault::WeakKey => f.weak_key,
+            Fault::Forged => f.forged,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! agents in providers/agent/mcorpc/golang/, lifecycle/, choria/framework.go
 //! ConfigureProvisioning) so that a provisioner passing against it means something.
 //!
-//! - `options`: the command line; `faults`: which nodes misbehave and how.
+//! - `options`: the command line; `faults`: which nodes misbehave and how; `forger`: the
+//!   attacker answering other nodes' requests in their name.
 //! - `check`: what a server checks before an agent sees a request (schemas, window, filter);
 //!   `caller_check`: what a v2 node checks beyond that (the caller JWT, signature, caller id).
 //! - `node`: one server's state machine and action logic; `keys`: its real key material.
@@ -16,6 +17,7 @@ pub mod check;
 pub mod client_jwt_check;
 pub mod events;
 pub mod faults;
+pub mod forger;
 pub mod keys;
 pub mod node;
 pub mod options;

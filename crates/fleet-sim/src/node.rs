@@ -125,6 +125,9 @@ pub struct NodeRecord {
     /// The versions successful `release_update` calls asked for.
     #[serde(default)]
     pub upgrades_requested: Vec<String>,
+    /// The actions (`agent#action`) the forger answered in this node's name, one per reply.
+    #[serde(default)]
+    pub forged: Vec<String>,
 }
 
 /// Settings every node shares.

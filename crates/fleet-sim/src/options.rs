@@ -43,6 +43,8 @@ pub struct Options {
     pub seed: u64,
     pub faults: FaultFractions,
     pub slow_delay: Duration,
+    /// What the forger does to the `--forged` nodes (see `forger`).
+    pub forge: ForgeOptions,
     /// `--schemas DIR`: the request schemas to check against instead of the vendored ones.
     pub schemas: Option<PathBuf>,
     pub report: Option<PathBuf>,
@@ -67,7 +69,56 @@ pub struct FaultFractions {
     pub foreign_lock: f64,
     pub csr_extra_block: f64,
     pub weak_key: f64,
+    /// Nodes whose requests a forger answers in their name too.
+    pub forged: f64,
 }
+
+/// What the forger answers in a `--forged` node's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForgeReply {
+    /// go-choria's lock refusal: status 1, "Could not obtain provisioning lock".
+    Lock,
+    /// Status 0 with data of its own: an inventory with forged facts, the fleet's provisioning
+    /// JWT with the forger's X25519 key, the forger's ed25519 key signing the nonce, a CSR for
+    /// the name asked with the forger's RSA key, a message for the rest.
+    Ok,
+}
+
+/// The forger's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ForgeOptions {
+    /// The actions it forges, as `agent#action`.
+    pub actions: Vec<String>,
+    pub reply: ForgeReply,
+    /// How long after a request it answers (0: at once, racing the node).
+    pub delay: Duration,
+    /// How much later than usual a forged node's own replies leave (a node slower or farther
+    /// from the broker than its forger).
+    pub victim_delay: Duration,
+}
+
+impl Default for ForgeOptions {
+    fn default() -> ForgeOptions {
+        ForgeOptions {
+            actions: vec!["rpcutil#inventory".into()],
+            reply: ForgeReply::Lock,
+            delay: Duration::ZERO,
+            victim_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// The actions the provisioner calls, as `agent#action`; a bare name means its agent's.
+const FORGEABLE: [&str; 8] = [
+    "rpcutil#inventory",
+    "choria_provision#jwt",
+    "choria_provision#gen25519",
+    "choria_provision#gencsr",
+    "choria_provision#configure",
+    "choria_provision#restart",
+    "choria_provision#shutdown",
+    "choria_provision#release_update",
+];
 
 /// What `parse` returns instead of options.
 #[derive(Debug, PartialEq)]
@@ -148,12 +199,25 @@ Faults (fractions 0..1 of the fleet; each node gets at most one, chosen from --s
   --wrong-cn F              gencsr returns a CSR whose CN is not the identity
   --bad-signature F         gen25519 returns a signature that does not verify
   --foreign-lock F          provisioning lock is held by another caller forever
+  --forged F                a forger answers the provisioner's requests to these nodes in
+                            their name too (they behave; see the forger's flags below)
 Attackers (fractions likewise; the provisioner must refuse them):
   --csr-extra-block F       gencsr returns its CSR relabelled, then a CSR of the same key for
                             CN=evil.privileged.mcollective and the node, DNS:broker.example.net
   --weak-key F              gen25519 returns a small-order key (01 then zeros) and the trivial
                             signature that verifies for it over any nonce
   --seed N                  fault selection and delays (default 1)
+
+The forger (one more provisioning-mode connection, subscribed to provisioning.node.>, as any
+node on a Choria broker may be; it answers only for the --forged nodes):
+  --forge-actions A[,A...]  actions it answers, agent#action or a bare name: inventory, jwt,
+                            gen25519, gencsr, configure, restart, shutdown, release_update
+                            (default inventory)
+  --forge-reply lock|ok     lock: go-choria's lock refusal (status 1, the default); ok: status
+                            0 with its own data (forged facts; the fleet's JWT with its X25519
+                            key; its ed25519 key signing the nonce; a CSR with its RSA key)
+  --forge-delay DUR         answer this long after the request (default 0s: racing the node)
+  --victim-delay DUR        the forged nodes' own replies leave this much later (default 0s)
 
 Run:
   --schemas DIR             directory with secure_request.json and request.json
@@ -213,6 +277,7 @@ impl Options {
             seed: 1,
             faults: FaultFractions::default(),
             slow_delay: Duration::from_secs(3),
+            forge: ForgeOptions::default(),
             schemas: None,
             report: None,
             exit_when_done: false,
@@ -253,6 +318,21 @@ fn fraction(flag: &str, value: &str) -> Result<f64, UsageError> {
 
 fn duration(flag: &str, value: &str) -> Result<Duration, UsageError> {
     parse_duration(value).ok_or_else(|| bad(flag, value, "not a duration like 500ms, 2s, 1m"))
+}
+
+/// An action the provisioner calls, as `agent#action`.
+fn forgeable(flag: &str, value: &str, action: &str) -> Result<String, UsageError> {
+    FORGEABLE
+        .iter()
+        .find(|known| **known == action || known.split_once('#').map(|(_, a)| a) == Some(action))
+        .map(|known| known.to_string())
+        .ok_or_else(|| {
+            bad(
+                flag,
+                value,
+                format!("{action} is not an action the provisioner calls"),
+            )
+        })
 }
 
 fn json_object(
@@ -354,6 +434,27 @@ where
             "--foreign-lock" => opts.faults.foreign_lock = fraction(f, v)?,
             "--csr-extra-block" => opts.faults.csr_extra_block = fraction(f, v)?,
             "--weak-key" => opts.faults.weak_key = fraction(f, v)?,
+            "--forged" => opts.faults.forged = fraction(f, v)?,
+            "--forge-actions" => {
+                opts.forge.actions = v
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| forgeable(f, v, a))
+                    .collect::<Result<_, _>>()?;
+                if opts.forge.actions.is_empty() {
+                    return Err(bad(f, v, "no action"));
+                }
+            }
+            "--forge-reply" => {
+                opts.forge.reply = match v {
+                    "lock" => ForgeReply::Lock,
+                    "ok" => ForgeReply::Ok,
+                    _ => return Err(bad(f, v, "not lock or ok")),
+                }
+            }
+            "--forge-delay" => opts.forge.delay = duration(f, v)?,
+            "--victim-delay" => opts.forge.victim_delay = duration(f, v)?,
             "--seed" => opts.seed = number(f, v)?,
             "--schemas" => opts.schemas = Some(PathBuf::from(v)),
             "--report" => opts.report = Some(PathBuf::from(v)),
@@ -388,7 +489,8 @@ where
         + f.bad_signature
         + f.foreign_lock
         + f.csr_extra_block
-        + f.weak_key;
+        + f.weak_key
+        + f.forged;
     if total > 1.0 + 1e-9 {
         return Err(bad(
             "fault flags",
@@ -480,6 +582,48 @@ mod tests {
             assert!(err.contains(needle), "{args:?}: {err}");
         }
         assert_eq!(parse(["--help"]).unwrap(), Parsed::Help);
+    }
+
+    #[test]
+    fn forger_flags() {
+        let o = run(&["--broker", "nats://x:1", "--forged", "0.5"]).unwrap();
+        assert_eq!(o.faults.forged, 0.5);
+        assert_eq!(o.forge, ForgeOptions::default());
+        let o = run(&[
+            "--broker",
+            "nats://x:1",
+            "--forge-actions",
+            "gencsr, rpcutil#inventory,release_update",
+            "--forge-reply",
+            "ok",
+            "--forge-delay",
+            "300ms",
+            "--victim-delay",
+            "1s",
+        ])
+        .unwrap();
+        assert_eq!(
+            o.forge.actions,
+            vec![
+                "choria_provision#gencsr",
+                "rpcutil#inventory",
+                "choria_provision#release_update"
+            ]
+        );
+        assert_eq!(o.forge.reply, ForgeReply::Ok);
+        assert_eq!(o.forge.delay, Duration::from_millis(300));
+        assert_eq!(o.forge.victim_delay, Duration::from_secs(1));
+        for (args, needle) in [
+            (["--forge-actions", "reprovision"], "--forge-actions"),
+            (["--forge-actions", "rpcutil#jwt"], "not an action"),
+            (["--forge-reply", "maybe"], "not lock or ok"),
+            (["--forged", "2"], "--forged"),
+        ] {
+            let mut all = vec!["--broker", "nats://x:1"];
+            all.extend(args);
+            let err = run(&all).unwrap_err().to_string();
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
     }
 
     #[test]

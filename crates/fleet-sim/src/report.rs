@@ -47,6 +47,9 @@ pub struct Totals {
     /// Returns to provisioning mode after service (`--reprovision-after`).
     #[serde(default)]
     pub reprovisioned: u64,
+    /// Replies the forger sent in other nodes' names (`--forged`).
+    #[serde(default)]
+    pub forged_replies: u64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -107,6 +110,7 @@ impl Totals {
             t.pings_answered += r.pings_answered;
             t.provisioned_times += u64::from(r.provisioned_times);
             t.reprovisioned += u64::from(r.reprovisioned);
+            t.forged_replies += r.forged.len() as u64;
         }
         t
     }

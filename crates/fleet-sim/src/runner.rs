@@ -8,9 +8,11 @@
 //! - `sim-work-<k>`: run `choria_provision` actions (RSA keygen may happen here).
 //! - `sim-timer`: delayed work: boots, restarts, shutdowns, slow nodes' replies.
 //! - `sim-keygen-<k>`: pre-generate RSA keys (see `keys::KeyPool`).
+//! - `sim-forger`: with `--forged` nodes, the forger's connection (see `forger`): every
+//!   node's requests, answered in the forged nodes' names.
 
 use std::cmp::Ordering as CmpOrdering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -26,6 +28,7 @@ use crate::caller_check::CallerChecks;
 use crate::check::{self, Drop, Schemas};
 use crate::events::Event;
 use crate::faults::{self, Fault};
+use crate::forger::Forger;
 use crate::keys::KeyPool;
 use crate::node::{ActionCall, ActionRecord, Env, NodeCrypto, RpcAnswer, Scheduled, SimServer};
 use crate::options::{Options, WireProtocol};
@@ -232,6 +235,10 @@ struct Shared {
     callers: Option<CallerChecks>,
     slow_delay: Duration,
     reprovision_after: Option<Duration>,
+    /// The forger and its connection (an index into `links`), with `--forged` nodes.
+    forger: Option<(Forger, usize)>,
+    /// Node index by identity, for the forger.
+    index_of: HashMap<String, usize>,
     timer: Sender<(Instant, Task)>,
     work: Sender<Job>,
     stop: AtomicBool,
@@ -259,12 +266,18 @@ impl Shared {
         self.publish(self.node_link[node], &event.subject(), &payload);
     }
 
-    /// Sends a reply now, or after `--slow-delay` for a slow node.
+    /// Sends a reply now, or after `--slow-delay` for a slow node (`--victim-delay` for a
+    /// forged one).
     fn deliver(&self, node: usize, fault: Option<Fault>, reply_to: &str, payload: Vec<u8>) {
         let link = self.node_link[node];
-        if fault == Some(Fault::Slow) {
+        let delay = match (fault, &self.forger) {
+            (Some(Fault::Slow), _) => self.slow_delay,
+            (Some(Fault::Forged), Some((forger, _))) => forger.options().victim_delay,
+            _ => Duration::ZERO,
+        };
+        if !delay.is_zero() {
             self.schedule(
-                Instant::now() + self.slow_delay,
+                Instant::now() + delay,
                 Task::Publish {
                     link,
                     subject: reply_to.to_string(),
@@ -419,6 +432,10 @@ fn record_action(
 }
 
 fn handle_inbound(shared: &Shared, link: usize, inbound: Inbound) {
+    if inbound.route == Route::Forger {
+        forge(shared, link, &inbound);
+        return;
+    }
     let now = unix_now();
     let verdict = check_message(shared, &inbound.data, now);
     let single: [usize; 1];
@@ -428,6 +445,7 @@ fn handle_inbound(shared: &Shared, link: usize, inbound: Inbound) {
             (&single[..], true)
         }
         Route::Broadcast => (&shared.link_nodes[link], false),
+        Route::Forger => return,
     };
     for &index in targets {
         handle_for_node(shared, index, &inbound.subject, &verdict, now, directed);
@@ -553,6 +571,62 @@ fn handle_for_node(
     drop(node);
     if !dead {
         shared.send_rpc(index, fault, &identity, &request, &answer);
+    }
+}
+
+/// The forger's part: a request to a `--forged` node for an action it forges is answered in
+/// that node's name (its record says so), at once or after `--forge-delay`. Anything else it
+/// hears, it leaves alone, as a careful attacker would.
+fn forge(shared: &Shared, link: usize, inbound: &Inbound) {
+    let Some((forger, _)) = &shared.forger else {
+        return;
+    };
+    let prefix = format!("{}.node.", check::COLLECTIVE);
+    let Some(&index) = inbound
+        .subject
+        .strip_prefix(&prefix)
+        .and_then(|identity| shared.index_of.get(identity))
+    else {
+        return;
+    };
+    let Ok(request) = check_message(shared, &inbound.data, unix_now()) else {
+        return;
+    };
+    let Ok((action, data)) = parse_rpc_body(&request.payload) else {
+        return;
+    };
+    let label = format!("{}#{action}", request.agent);
+    if !forger.forges(&label) {
+        return;
+    }
+    let mut node = shared.nodes[index].lock();
+    if node.fault != Some(Fault::Forged) {
+        return;
+    }
+    let inventory = node.inventory(&shared.env);
+    node.record.forged.push(label.clone());
+    let identity = node.identity.clone();
+    drop(node);
+    let answer = forger.answer(&shared.env, &label, &data, inventory);
+    let message = server::encode_rpc_reply(
+        &answer.action,
+        answer.statuscode,
+        &answer.statusmsg,
+        &answer.data,
+    );
+    let payload = shared.reply(&request, &identity, &message, false);
+    let delay = forger.options().delay;
+    if delay.is_zero() {
+        shared.publish(link, &request.reply_to, &payload);
+    } else {
+        shared.schedule(
+            Instant::now() + delay,
+            Task::Publish {
+                link,
+                subject: request.reply_to.clone(),
+                payload,
+            },
+        );
     }
 }
 
@@ -814,6 +888,24 @@ pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimEr
         inboxes.push(inbox);
         link_nodes.push(members);
     }
+    // The forger: a connection of its own, hearing every node's requests.
+    let forger = if fault_of.contains(&Some(Fault::Forged)) {
+        let (link, mut inbox) = wire::connect(&opts.brokers, "choria-fleet-sim-forger", &auth)
+            .map_err(SimError::Wire)?;
+        let subject = format!("{}.node.>", check::COLLECTIVE);
+        inbox
+            .subscribe(&link, &subject, Route::Forger)
+            .map_err(SimError::Wire)?;
+        link.flush(Duration::from_secs(10))
+            .map_err(SimError::Wire)?;
+        links.push(link);
+        link_nodes.push(Vec::new());
+        inboxes.push(inbox);
+        Some((Forger::new(opts.forge.clone()), links.len() - 1))
+    } else {
+        None
+    };
+    let index_of = (0..opts.nodes).map(|i| (opts.identity(i), i)).collect();
 
     let (timer_tx, timer_rx) = bounded::<(Instant, Task)>(65_536);
     let (work_tx, work_rx) = bounded::<Job>(65_536);
@@ -843,6 +935,8 @@ pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimEr
         callers,
         slow_delay: opts.slow_delay,
         reprovision_after: opts.reprovision_after,
+        forger,
+        index_of,
         timer: timer_tx,
         work: work_tx,
         stop: AtomicBool::new(false),
@@ -858,11 +952,15 @@ pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimEr
         let rx = work_rx.clone();
         threads.push(spawn(format!("sim-work-{k}"), move || worker_loop(s, rx))?);
     }
+    let forger_link = shared.forger.as_ref().map(|(_, link)| *link);
     for (k, inbox) in inboxes.into_iter().enumerate() {
         let s = shared.clone();
-        threads.push(spawn(format!("sim-recv-{k}"), move || {
-            receive_loop(s, k, inbox)
-        })?);
+        let name = if forger_link == Some(k) {
+            "sim-forger".to_string()
+        } else {
+            format!("sim-recv-{k}")
+        };
+        threads.push(spawn(name, move || receive_loop(s, k, inbox))?);
     }
 
     // Boots evenly over the spread, in node order.

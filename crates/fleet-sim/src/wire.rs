@@ -52,6 +52,8 @@ pub enum Route {
     Broadcast,
     /// One node's subject; the global node index.
     Node(usize),
+    /// `provisioning.node.>` on the forger's connection: every node's requests.
+    Forger,
 }
 
 /// The publishing half of one connection.

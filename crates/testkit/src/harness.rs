@@ -352,8 +352,16 @@ impl Provisioner {
         );
         let log_path = world.path(&format!("{identity}.log"));
         let pid_path = world.path(&format!("{identity}.pid"));
+        // Each node's cycle waits out the reply grace window (1 s by default): tests whose
+        // subject is not forgery run with a short one, so hundreds of nodes keep their pace;
+        // a test that sets `reply_grace` itself gets its own.
+        let grace = if setup.yaml.contains("reply_grace:") {
+            ""
+        } else {
+            "reply_grace: 10ms\n"
+        };
         let yaml = format!(
-            "interval: {interval}\nloglevel: info\nlogfile: {log:?}\nmonitor_port: {monitor_port}\nchoria_insecure: {insecure}\nsite: e2e\n{extra}\n",
+            "interval: {interval}\nloglevel: info\nlogfile: {log:?}\nmonitor_port: {monitor_port}\nchoria_insecure: {insecure}\nsite: e2e\n{grace}{extra}\n",
             interval = setup.interval,
             insecure = setup.insecure,
             log = log_path.display().to_string(),
