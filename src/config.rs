@@ -1,6 +1,7 @@
 //! The provisioner's YAML configuration (`choria-provisioner.yaml`): every key the Go daemon reads
 //! (provisioner config/config.go) with its defaults and rules, plus our documented additions
-//! (`helper_timeout`, `work_queue_size`, `release_delay`, `leader_election_api_prefix`).
+//! (`helper_timeout`, `work_queue_size`, `release_delay`, `leader_election_api_prefix`,
+//! `max_reply_size`, ...).
 //!
 //! This module owns every rule about the configuration: types, ranges, the keys each feature
 //! needs, the log level, the helper command line and the deny list (compiled here, once). What
@@ -96,6 +97,10 @@ pub mod limits {
     /// `server_jwt_validity` (0 or unset: a year, as Go).
     pub const SERVER_JWT_VALIDITY: (Duration, Duration) =
         (Duration::ZERO, Duration::from_secs(100 * 365 * DAY));
+    /// `max_reply_size`, bytes: from the largest small reply (a CSR, about 4 KiB on the
+    /// wire) with room, to 16 MiB, which the reply subscription's byte budget holds three
+    /// times over (`choria_broker::connection::REPLY_PENDING_BYTES`).
+    pub const MAX_REPLY_SIZE: (u64, u64) = (16 * 1024, 16 * 1024 * 1024);
 
     /// A duration as a person would write it in the file: `30d`, `1h`, `90s`, `250ms`.
     pub fn show(duration: Duration) -> String {
@@ -287,6 +292,9 @@ pub struct Config {
     /// Overrides the agent DDL timeout of every RPC try (20 s for choria_provision, 2 s for
     /// rpcutil); `discovery_timeout` from choria.cfg is added as in Go. `None`: the DDL's.
     pub rpc_timeout: Option<Duration>,
+    /// Ours: a node's reply larger than this many bytes (payload and headers) is dropped
+    /// unread, and the node's error names the setting.
+    pub max_reply_size: usize,
     /// One JSON line per finished cycle is appended here; `None` (the default): no audit trail.
     pub audit_file: Option<PathBuf>,
     /// The keys the file sets (not null), `features.<name>` for features: what `check-config`
@@ -413,6 +421,7 @@ const KNOWN_KEYS: &[&str] = &[
     "release_delay",
     "rpc_timeout",
     "audit_file",
+    "max_reply_size",
 ];
 
 /// Read and accepted for compatibility, with no effect (Go reads them for features we lack).
@@ -469,6 +478,7 @@ impl Config {
             work_order: work.work_order,
             release_delay: work.release_delay,
             rpc_timeout: broker.rpc_timeout,
+            max_reply_size: broker.max_reply_size,
             audit_file: logging.audit_file,
             set_in_file: keys.set_in_file(),
         };
@@ -636,6 +646,7 @@ struct Broker {
     plain_tcp: bool,
     provisioning_password: Option<Secret>,
     rpc_timeout: Option<Duration>,
+    max_reply_size: usize,
     leader_election: bool,
     leader_election_api_prefix: String,
 }
@@ -664,6 +675,12 @@ fn read_broker(keys: &KeyReader) -> Result<Broker, ConfigError> {
             Some(timeout).filter(|d| !d.is_zero())
         }
     };
+    let max_reply_size = keys.uint_within(
+        "max_reply_size",
+        choria_broker::connection::DEFAULT_MAX_REPLY_SIZE as u64,
+        limits::MAX_REPLY_SIZE,
+        " (bytes)",
+    )? as usize;
     Ok(Broker {
         lifecycle_component,
         choria_insecure: keys.boolean("choria_insecure", false)?,
@@ -672,6 +689,7 @@ fn read_broker(keys: &KeyReader) -> Result<Broker, ConfigError> {
             .optional_string("broker_provisioning_password")?
             .map(Secret::new),
         rpc_timeout,
+        max_reply_size,
         leader_election: keys.boolean("leader_election", false)?,
         leader_election_api_prefix: keys.string("leader_election_api_prefix", "choria.streams")?,
     })
@@ -1144,6 +1162,7 @@ mod tests {
         );
         assert_eq!(c.release_delay, Duration::from_secs(60));
         assert_eq!(c.rpc_timeout, None);
+        assert_eq!(c.max_reply_size, 512 * 1024, "ours: 512 KiB");
         assert_eq!(c.audit_file, None, "no audit trail unless asked");
         assert_eq!(c.leader_election_api_prefix, "choria.streams");
         assert_eq!(c.features, Features::default());
@@ -1584,6 +1603,7 @@ features:
             ("release_delay", "1d", "25h"),
             ("rpc_timeout", "1h", "3601s"),
             ("server_jwt_validity", "100y", "101y"),
+            ("max_reply_size", "16777216", "16777217"),
         ];
         let ranges = [
             ("workers", "must be 0 to 1024 (0: one per CPU)"),
@@ -1593,6 +1613,7 @@ features:
             ("release_delay", "must be 0 to 1d"),
             ("rpc_timeout", "must be 0 to 1h"),
             ("server_jwt_validity", "must be 0 to 100y"),
+            ("max_reply_size", "must be 16384 to 16777216 (bytes)"),
         ];
         for (key, largest, past) in cases {
             let quote = |v: &str| {
@@ -1615,6 +1636,33 @@ features:
                 assert!(err.contains(needle), "{text:?}: {err:?} lacks {needle:?}");
             }
         }
+    }
+
+    #[test]
+    fn max_reply_size_is_bytes_within_its_range_which_the_reply_budget_holds() {
+        let size = |text: &str| parse(&format!("helper: h\n{text}")).map(|(c, _)| c.max_reply_size);
+        assert_eq!(size(""), Ok(512 * 1024));
+        assert_eq!(size("max_reply_size: 16384\n"), Ok(16 * 1024));
+        assert_eq!(size("max_reply_size: 0x100000\n"), Ok(1024 * 1024));
+        for (text, needle) in [
+            (
+                "max_reply_size: 16383\n",
+                "must be 16384 to 16777216 (bytes)",
+            ),
+            ("max_reply_size: 0\n", "must be 16384 to 16777216 (bytes)"),
+            ("max_reply_size: 1MB\n", "max_reply_size"),
+            ("max_reply_size: -1\n", "max_reply_size"),
+        ] {
+            let err = size(text).expect_err(text).to_string();
+            assert!(
+                err.contains(needle) && err.contains("/etc/test.yaml"),
+                "{text:?}: {err}"
+            );
+        }
+        // Three of the largest fit the reply subscription's byte budget, with their subjects
+        // and the crate's overhead.
+        let largest = limits::MAX_REPLY_SIZE.1 as usize;
+        assert!(3 * (largest + 4096) <= choria_broker::connection::REPLY_PENDING_BYTES);
     }
 
     #[test]
@@ -1690,6 +1738,7 @@ features:
             (c.work_queue_size, c.release_delay, c.rpc_timeout),
             (d.work_queue_size, d.release_delay, d.rpc_timeout)
         );
+        assert_eq!(c.max_reply_size, d.max_reply_size);
         assert!(c.cert_deny_list.entries().eq(d.cert_deny_list.entries()));
         assert_eq!(
             (&c.token, &c.broker_provisioning_password),

@@ -320,6 +320,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
         settings.protocol.name()
     );
     conn.observe(metrics.clone());
+    conn.limit_replies(config.max_reply_size);
     let mut rpc = RpcClient::new(conn.clone(), metrics.clone());
     if let Some(timeout) = config.rpc_timeout {
         rpc = rpc.with_ddl_timeout(timeout);
