@@ -1,12 +1,14 @@
 //! The test kit of the workspace, a dev-dependency only: a real `nats-server` started on a
 //! free loopback port with its own temporary JetStream store and stopped by its pid (never
 //! another broker); the [`relay`] that checks CONNECTs in front of it as an Organization Issuer
-//! broker does; the [`harness`] that runs the real binaries and helper processes; and the
+//! broker does; the [`harness`] that runs the real binaries and helper processes; a [`flood`]
+//! of large messages on every subject a node may publish to; and the
 //! test vectors in `vectors/` (origins in `vectors/README.md`), found through [`vector_path`].
 //!
 //! It never becomes a normal dependency of a crate the daemon ships.
 
 pub mod certificates;
+pub mod flood;
 pub mod harness;
 pub mod relay;
 
