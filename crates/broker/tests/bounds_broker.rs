@@ -297,7 +297,10 @@ fn forged_680_kb_replies_to_a_live_request_are_dropped_unread_and_the_real_reply
     conn.observe(counts.clone());
     let node_id = "node.example.net";
     let forgeries = 200;
-    // A forger sees every request (it may subscribe to provisioning.node.>) and answers first.
+    // A forger sees every request (it may subscribe to provisioning.node.>) and answers
+    // first: its forgeries are through the broker (flushed) before the node may answer.
+    let (sent_tx, sent) = crossbeam_channel::bounded::<()>(1);
+    let forging = connect(&server, "forging");
     let forger = Responder::start(
         &server.url(),
         "forger",
@@ -305,16 +308,21 @@ fn forged_680_kb_replies_to_a_live_request_are_dropped_unread_and_the_real_reply
         Box::new(move |request, _| {
             let forged = ok_reply(request, node_id, &inventory_of(680_000));
             assert!(forged.len() > 680_000 && forged.len() < 1024 * 1024);
-            vec![forged; forgeries]
+            for _ in 0..forgeries {
+                forging
+                    .publish(&request.reply_to, &forged)
+                    .expect("publish");
+            }
+            forging.flush(WAIT).expect("flush");
+            let _ = sent_tx.try_send(());
+            vec![]
         }),
     );
-    // The real node answers once the forger has sent everything (its own connection, so
-    // nothing but the broker orders them).
     let node = hand_node(
         &server.url(),
         node_id,
         Box::new(move |request, _| {
-            std::thread::sleep(Duration::from_millis(500));
+            sent.recv_timeout(WAIT).expect("the forgeries are sent");
             vec![ok_reply(request, node_id, &json!({"version": "real"}))]
         }),
     );
