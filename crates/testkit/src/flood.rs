@@ -107,6 +107,9 @@ impl Flood {
     }
 }
 
+/// How long one pacing round trip may take before the flood goes on regardless.
+const FLUSH_LIMIT: Duration = Duration::from_secs(2);
+
 fn flood_one(plan: &FloodPlan, connection: usize, stop: &AtomicBool) -> FloodSent {
     let name = format!("flood-{connection}");
     let conn = Connection::connect_with(
@@ -146,10 +149,10 @@ fn flood_one(plan: &FloodPlan, connection: usize, stop: &AtomicBool) -> FloodSen
         // Paced by the broker's round trip, so the flood is a stream through the broker,
         // not a burst sitting in our own buffer.
         if n % 16 == 15 {
-            let _ = conn.flush(Duration::from_secs(10));
+            let _ = conn.flush(FLUSH_LIMIT);
         }
     }
-    let _ = conn.flush(Duration::from_secs(10));
+    let _ = conn.flush(FLUSH_LIMIT);
     conn.close();
     sent
 }
