@@ -751,8 +751,10 @@ impl Connection {
         self.inner
             .max_reply_size
             .store(max_reply_size, Ordering::SeqCst);
+        // Only the size limit: a new byte budget would leave what is queued counted against
+        // the old one.
         for sub in self.inner.reply_subs.lock().iter() {
-            bound_replies(sub, max_reply_size);
+            sub.set_message_size_limit(max_reply_size);
         }
     }
 
