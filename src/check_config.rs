@@ -808,6 +808,7 @@ fn settings(config: &Config) -> Vec<Setting> {
         .to_string(),
     );
     push("work_queue_size", config.work_queue_size.to_string());
+    push("max_reply_size", format!("{} bytes", config.max_reply_size));
     push(
         "work_order",
         format!("{:?}", config.work_order).to_lowercase(),

@@ -1,6 +1,7 @@
 //! The provisioner's YAML configuration (`choria-provisioner.yaml`): every key the Go daemon reads
 //! (provisioner config/config.go) with its defaults and rules, plus our documented additions
-//! (`helper_timeout`, `work_queue_size`, `release_delay`, `leader_election_api_prefix`).
+//! (`helper_timeout`, `work_queue_size`, `release_delay`, `leader_election_api_prefix`,
+//! `max_reply_size`, ...).
 //!
 //! This module owns every rule about the configuration: types, ranges, the keys each feature
 //! needs, the log level, the helper command line and the deny list (compiled here, once). What
@@ -99,6 +100,10 @@ pub mod limits {
     /// `server_jwt_validity` (0 or unset: a year, as Go).
     pub const SERVER_JWT_VALIDITY: (Duration, Duration) =
         (Duration::ZERO, Duration::from_secs(100 * 365 * DAY));
+    /// `max_reply_size`, bytes: from the largest small reply (a CSR, about 4 KiB on the
+    /// wire) with room, to 16 MiB, which the reply subscription's byte budget holds three
+    /// times over (`choria_broker::connection::REPLY_PENDING_BYTES`).
+    pub const MAX_REPLY_SIZE: (u64, u64) = (16 * 1024, 16 * 1024 * 1024);
 
     /// A duration as a person would write it in the file: `30d`, `1h`, `90s`, `250ms`.
     pub fn show(duration: Duration) -> String {
@@ -296,6 +301,9 @@ pub struct Config {
     /// Ours: how long a node's reply must stand unchallenged by a different one before it is
     /// acted on (the helper, a delivery, a lock refusal); see `choria_broker::rpc`.
     pub reply_grace: Duration,
+    /// Ours: a node's reply larger than this many bytes (payload and headers) is dropped
+    /// unread, and the node's error names the setting.
+    pub max_reply_size: usize,
     /// One JSON line per finished cycle is appended here; `None` (the default): no audit trail.
     pub audit_file: Option<PathBuf>,
     /// The keys the file sets (not null), `features.<name>` for features: what `check-config`
@@ -424,6 +432,7 @@ const KNOWN_KEYS: &[&str] = &[
     "rpc_timeout",
     "reply_grace",
     "audit_file",
+    "max_reply_size",
 ];
 
 /// Read and accepted for compatibility, with no effect (Go reads them for features we lack).
@@ -482,6 +491,7 @@ impl Config {
             release_delay: work.release_delay,
             rpc_timeout: broker.rpc_timeout,
             reply_grace: broker.reply_grace,
+            max_reply_size: broker.max_reply_size,
             audit_file: logging.audit_file,
             set_in_file: keys.set_in_file(),
         };
@@ -650,6 +660,7 @@ struct Broker {
     provisioning_password: Option<Secret>,
     rpc_timeout: Option<Duration>,
     reply_grace: Duration,
+    max_reply_size: usize,
     leader_election: bool,
     leader_election_api_prefix: String,
 }
@@ -683,6 +694,12 @@ fn read_broker(keys: &KeyReader) -> Result<Broker, ConfigError> {
         &limits::show(choria_broker::rpc::DEFAULT_REPLY_GRACE),
     )?;
     keys.within("reply_grace", reply_grace, limits::REPLY_GRACE)?;
+    let max_reply_size = keys.uint_within(
+        "max_reply_size",
+        choria_broker::connection::DEFAULT_MAX_REPLY_SIZE as u64,
+        limits::MAX_REPLY_SIZE,
+        " (bytes)",
+    )? as usize;
     Ok(Broker {
         lifecycle_component,
         choria_insecure: keys.boolean("choria_insecure", false)?,
@@ -692,6 +709,7 @@ fn read_broker(keys: &KeyReader) -> Result<Broker, ConfigError> {
             .map(Secret::new),
         rpc_timeout,
         reply_grace,
+        max_reply_size,
         leader_election: keys.boolean("leader_election", false)?,
         leader_election_api_prefix: keys.string("leader_election_api_prefix", "choria.streams")?,
     })
@@ -1204,6 +1222,7 @@ mod tests {
             Duration::from_secs(1),
             "ours: a reply stands 1 s"
         );
+        assert_eq!(c.max_reply_size, 512 * 1024, "ours: 512 KiB");
         assert_eq!(c.audit_file, None, "no audit trail unless asked");
         assert_eq!(c.leader_election_api_prefix, "choria.streams");
         assert_eq!(c.features, Features::default());
@@ -1672,6 +1691,7 @@ features:
             ("rpc_timeout", "1h", "3601s"),
             ("reply_grace", "1m", "61s"),
             ("server_jwt_validity", "100y", "101y"),
+            ("max_reply_size", "16777216", "16777217"),
         ];
         let ranges = [
             ("workers", "must be 0 to 1024 (0: one per CPU)"),
@@ -1682,6 +1702,7 @@ features:
             ("rpc_timeout", "must be 0 to 1h"),
             ("reply_grace", "must be 0 to 1m"),
             ("server_jwt_validity", "must be 0 to 100y"),
+            ("max_reply_size", "must be 16384 to 16777216 (bytes)"),
         ];
         for (key, largest, past) in cases {
             let quote = |v: &str| {
@@ -1704,6 +1725,33 @@ features:
                 assert!(err.contains(needle), "{text:?}: {err:?} lacks {needle:?}");
             }
         }
+    }
+
+    #[test]
+    fn max_reply_size_is_bytes_within_its_range_which_the_reply_budget_holds() {
+        let size = |text: &str| parse(&format!("helper: h\n{text}")).map(|(c, _)| c.max_reply_size);
+        assert_eq!(size(""), Ok(512 * 1024));
+        assert_eq!(size("max_reply_size: 16384\n"), Ok(16 * 1024));
+        assert_eq!(size("max_reply_size: 0x100000\n"), Ok(1024 * 1024));
+        for (text, needle) in [
+            (
+                "max_reply_size: 16383\n",
+                "must be 16384 to 16777216 (bytes)",
+            ),
+            ("max_reply_size: 0\n", "must be 16384 to 16777216 (bytes)"),
+            ("max_reply_size: 1MB\n", "max_reply_size"),
+            ("max_reply_size: -1\n", "max_reply_size"),
+        ] {
+            let err = size(text).expect_err(text).to_string();
+            assert!(
+                err.contains(needle) && err.contains("/etc/test.yaml"),
+                "{text:?}: {err}"
+            );
+        }
+        // Three of the largest fit the reply subscription's byte budget, with their subjects
+        // and the crate's overhead.
+        let largest = limits::MAX_REPLY_SIZE.1 as usize;
+        assert!(3 * (largest + 4096) <= choria_broker::connection::REPLY_PENDING_BYTES);
     }
 
     #[test]
@@ -1779,6 +1827,7 @@ features:
             (c.work_queue_size, c.release_delay, c.rpc_timeout),
             (d.work_queue_size, d.release_delay, d.rpc_timeout)
         );
+        assert_eq!(c.max_reply_size, d.max_reply_size);
         assert!(c.cert_deny_list.entries().eq(d.cert_deny_list.entries()));
         assert_eq!(
             (&c.token, &c.broker_provisioning_password),

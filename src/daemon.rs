@@ -445,6 +445,7 @@ impl Started {
             settings.protocol.name()
         );
         conn.observe(self.metrics.clone());
+        conn.limit_replies(self.config.max_reply_size);
         self.conn = Some(conn);
         Ok(true)
     }

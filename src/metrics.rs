@@ -350,7 +350,7 @@ impl Metrics {
             ),
             dropped_messages: counter_vec(
                 "choria_provisioner_dropped_messages",
-                "Messages dropped because a bound was reached (a subscription's pending limit, a reply queue, discovery's budget)",
+                "Messages dropped because a bound was reached (a message's size, a subscription's pending bytes or count, a reply queue, discovery's budget)",
                 &["kind"],
             ),
             audit_errors: counter(

@@ -135,11 +135,13 @@ fn bounded_json_lines(what: &str, text: &str) -> Vec<Value> {
 fn run(nodes: usize, answer: Answer, yaml: &str) -> (String, String) {
     let world = World::new();
     let audit = world.path("audit.jsonl");
+    // The replies are large on purpose (the lines that quote them are under test), so they
+    // must not be dropped unread by the default `max_reply_size`.
     let provisioner = Provisioner::start(
         &world,
         ProvisionerSetup {
             yaml: format!(
-                "{}workers: 4\naudit_file: {}\n{yaml}",
+                "{}workers: 4\nmax_reply_size: 4194304\naudit_file: {}\n{yaml}",
                 yaml_helper("/bin/false"),
                 audit.display()
             ),

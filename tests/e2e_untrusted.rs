@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 
 use choria_broker::connection::Connection;
 use choria_broker::discovery::DISCOVERY_SUBJECT;
+use choria_broker::listener::EVENT_MAX_BYTES;
 use choria_wire::lifecycle;
 use choria_wire::v1::server::{self, IncomingRequest};
 use support::*;
@@ -359,9 +360,29 @@ fn hostile_identities_are_refused_and_a_real_node_is_provisioned_meanwhile() {
     assert_eq!(report.nodes.len(), 1);
     assert_provisioned_once(&report.nodes[0]);
 
-    let events = (2 * hostile.len()) as f64;
+    // An event above the listener's bound (the 5 KB identity's) is dropped unread, never parsed.
+    let event_size = |identity: &str| {
+        lifecycle::encode_choria_event(
+            "startup",
+            identity,
+            "provision_mode_server",
+            Some("0.29.4"),
+            unix_now(),
+        )
+        .len()
+    };
+    let too_large = hostile
+        .iter()
+        .filter(|id| event_size(id) > EVENT_MAX_BYTES)
+        .count();
+    assert_eq!(too_large, 1);
+    let (parsed, dropped) = (
+        (2 * (hostile.len() - too_large)) as f64,
+        (2 * too_large) as f64,
+    );
     let metrics = provisioner.wait_metrics("every hostile event counted", |m| {
-        m.get("choria_provisioner_malformed_messages{kind=\"event_identity\"}") == events
+        m.get("choria_provisioner_malformed_messages{kind=\"event_identity\"}") == parsed
+            && m.get("choria_provisioner_dropped_messages{kind=\"lifecycle_event\"}") == dropped
     });
     assert!(
         metrics.get("choria_provisioner_malformed_messages{kind=\"discovery_sender\"}")

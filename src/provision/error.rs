@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use choria_broker::connection::Oversized;
 use choria_broker::rpc::{Action, ReplyConflict, SendFailure};
 use choria_crypto::csr::CsrError;
 use choria_crypto::ed25519::NonceError;
@@ -76,6 +77,8 @@ pub enum RpcFailure {
     Status { code: u8, message: String },
     /// No valid reply on any try.
     NoReply,
+    /// No valid reply on any try, and replies to the last were dropped unread for their size.
+    TooLarge(Oversized),
     /// The last try's request never reached the broker.
     Unsent(SendFailure),
 }
@@ -91,6 +94,12 @@ impl RpcFailure {
             RpcFailure::NoReply => {
                 write!(f, "{action} failed: no reply after {} tries", action.tries)
             }
+            RpcFailure::TooLarge(oversized) => write!(
+                f,
+                "{action} failed: no usable reply after {} tries: {oversized} (raise \
+                 max_reply_size if the node's facts are this large)",
+                action.tries
+            ),
             RpcFailure::Unsent(failure) => {
                 write!(f, "{action} failed: the request was not sent: {failure}")
             }

@@ -347,6 +347,7 @@ fn step_of(action: &'static Action, outcome: RpcOutcome) -> StepResult<Value> {
         RpcOutcome::Conflict(conflict) => return Err(Failure::Forged(conflict).into()),
         RpcOutcome::Status { code, message } => RpcFailure::Status { code, message },
         RpcOutcome::Timeout => RpcFailure::NoReply,
+        RpcOutcome::TooLarge(oversized) => RpcFailure::TooLarge(oversized),
         RpcOutcome::Unsent(failure) => RpcFailure::Unsent(failure),
     };
     Err(Failure::Rpc { action, cause }.into())
@@ -998,6 +999,7 @@ fn rpc_result(outcome: &RpcOutcome) -> String {
         RpcOutcome::Ok(_) => "ok".to_string(),
         RpcOutcome::Status { code, .. } => format!("status {code}"),
         RpcOutcome::Timeout => "timeout".to_string(),
+        RpcOutcome::TooLarge(_) => "reply too large".to_string(),
         RpcOutcome::Unsent(_) => "not sent".to_string(),
         RpcOutcome::LockRefused => "lock refused".to_string(),
         RpcOutcome::Conflict(_) => "conflicting replies".to_string(),

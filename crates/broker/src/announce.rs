@@ -8,6 +8,11 @@
 //! election on the identity it writes, so two instances with one identity may both provision a
 //! node. A twin is logged as an error and counted, and answered once with a fresh announcement
 //! of ours, so the twin (which started later, and missed our first one) hears of us too.
+//!
+//! Nodes may publish on `choria.lifecycle.>` too, so the watch is bounded in bytes like the
+//! lifecycle listener: an announcement above [`listener::EVENT_MAX_BYTES`] is dropped unread,
+//! at most [`PENDING_BYTES`] wait to be read, and what is dropped is counted
+//! (`dropped{kind="announcement"}`) and logged (rate-limited).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,8 +25,9 @@ use choria_wire::lifecycle;
 use choria_wire::text::escape;
 
 use crate::clock::unix_now;
-use crate::connection::{Connection, ConnectionError, Subscription};
+use crate::connection::{Connection, ConnectionError, Received, Subscription};
 use crate::gate::Never;
+use crate::listener;
 use crate::log_limit;
 
 /// How long `TwinWatch::start` waits for the broker to confirm its subscription.
@@ -30,6 +36,13 @@ const SUBSCRIBE_CONFIRM_LIMIT: Duration = Duration::from_secs(5);
 /// Announcements the `nats` crate may hold for the watch; beyond, they are dropped (the
 /// subject carries one event per provisioner start: only a flood reaches this).
 const PENDING_LIMIT: usize = 1_000;
+
+/// Bytes the announcements waiting for the watch may hold: 64 of the largest event read, far
+/// more than the provisioners of a site start at once.
+pub const PENDING_BYTES: usize = 64 * listener::EVENT_MAX_BYTES;
+
+/// `dropped{kind}` for announcements beyond the watch's bounds.
+pub const DROPPED_ANNOUNCEMENT: &str = "announcement";
 
 /// The component of the provisioner's own lifecycle events.
 pub const OWN_COMPONENT: &str = "provisioner";
@@ -71,6 +84,7 @@ impl TwinWatch {
     ) -> Result<TwinWatch, ConnectionError> {
         let subscription = conn.subscribe(&lifecycle::event_subject("startup", OWN_COMPONENT))?;
         subscription.limit_pending(PENDING_LIMIT);
+        subscription.limit_bytes(PENDING_BYTES, Some(listener::EVENT_MAX_BYTES));
         if let Err(err) = conn.flush(SUBSCRIBE_CONFIRM_LIMIT) {
             log::warn!("could not confirm the subscription to our peers' startup events: {err}");
         }
@@ -126,14 +140,40 @@ struct Watch {
 
 impl Watch {
     fn run(mut self, subscription: &Subscription, stopped: &Receiver<Never>) {
+        // What the crate dropped beyond the pending bounds is counted once a second.
+        let tally = crossbeam_channel::tick(Duration::from_secs(1));
+        let mut dropped_before = 0;
+        let mut count_dropped = |conn: &Connection| {
+            let dropped = subscription.dropped();
+            if dropped > dropped_before {
+                conn.report_dropped(DROPPED_ANNOUNCEMENT, dropped - dropped_before);
+                dropped_before = dropped;
+            }
+        };
         loop {
             select! {
-                recv(subscription.messages()) -> msg => match msg {
-                    Ok(msg) => self.hear(&msg.data),
+                recv(subscription.messages()) -> msg => match msg.map(Received::from) {
+                    Ok(Received::Message(bytes)) => self.hear(&bytes),
+                    Ok(Received::Oversized(bytes)) => self.dropped_unread(bytes),
                     Err(_) => break,
                 },
                 recv(stopped) -> _ => break,
+                recv(tally) -> _ => count_dropped(&self.conn),
             }
+        }
+        count_dropped(&self.conn);
+    }
+
+    /// A message too large to be an announcement, dropped by the crate unread.
+    fn dropped_unread(&self, bytes: usize) {
+        self.conn.report_dropped(DROPPED_ANNOUNCEMENT, 1);
+        if log_limit::global().allow("announcement_too_large", "") {
+            log::warn!(
+                "dropping a message of {bytes} bytes on {} unread: an announcement is at most \
+                 {} bytes",
+                lifecycle::event_subject("startup", OWN_COMPONENT),
+                listener::EVENT_MAX_BYTES
+            );
         }
     }
 

@@ -20,6 +20,16 @@
 //! with headers whose answer comes back on a lazily made `_INBOX.<random>.*` subscription,
 //! routed by id the same way (the election's JetStream writes use it).
 //!
+//! Every subscription is bounded in bytes, not only in messages: the vendored crate's patch
+//! (`vendor/nats/PATCHED.md`) makes each queued message hold its bytes of the subscription's
+//! budget until it is dropped, and drops a message above a size limit before it is queued,
+//! queueing a notice of it instead. The reply subscriptions hold at most
+//! [`REPLY_PENDING_BYTES`], and a reply above `max_reply_size` ([`Connection::limit_replies`])
+//! is never read: its request learns that one was dropped ([`ReplyWaiter::oversized`]), so the
+//! caller's error can name the limit. A plain subscription holds at most
+//! [`SUBSCRIPTION_PENDING_BYTES`] unless its owner bounds it tighter
+//! ([`Subscription::limit_bytes`]).
+//!
 //! The `nats` crate marks every item deprecated in 0.26; that lint is allowed in this crate
 //! only, the one place that wraps it. No public signature mentions a `nats` type.
 
@@ -27,7 +37,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -455,6 +465,11 @@ struct Inner {
     /// Where drops are reported, once the daemon says (see [`Connection::observe`]).
     observer: Mutex<Option<Arc<dyn Observer>>>,
     overflowed_replies: AtomicU64,
+    /// The reply subscriptions (the wildcard, and the inbox once made), for
+    /// [`Connection::limit_replies`].
+    reply_subs: Mutex<Vec<nats::Subscription>>,
+    /// `max_reply_size`: a reply above it is dropped unread.
+    max_reply_size: AtomicUsize,
 }
 
 impl Inner {
@@ -610,7 +625,7 @@ impl Connection {
                     subject: wildcard.clone(),
                     source,
                 })?;
-            sub.set_message_limits(REPLY_PENDING_LIMIT);
+            bound_replies(&sub, DEFAULT_MAX_REPLY_SIZE);
             Some(sub)
         } else {
             None
@@ -640,6 +655,8 @@ impl Connection {
             unknown_replies: AtomicU64::new(0),
             overflowed_replies: AtomicU64::new(0),
             observer: Mutex::new(None),
+            reply_subs: Mutex::new(reply_sub.iter().cloned().collect()),
+            max_reply_size: AtomicUsize::new(DEFAULT_MAX_REPLY_SIZE),
         });
         let conn = Connection { inner };
 
@@ -705,7 +722,8 @@ impl Connection {
         Ok(())
     }
 
-    /// A plain subscription (no queue group).
+    /// A plain subscription (no queue group), its messages holding at most
+    /// [`SUBSCRIPTION_PENDING_BYTES`] until [`Subscription::limit_bytes`] says otherwise.
     pub fn subscribe(&self, subject: &str) -> Result<Subscription, ConnectionError> {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(ConnectionError::Closed);
@@ -719,10 +737,30 @@ impl Connection {
                     subject: subject.to_string(),
                     source,
                 })?;
+        sub.set_pending_bytes_limit(SUBSCRIPTION_PENDING_BYTES);
         Ok(Subscription {
             sub,
             subject: subject.to_string(),
         })
+    }
+
+    /// Bounds every reply to our requests at `max_reply_size` bytes (the daemon's setting;
+    /// [`DEFAULT_MAX_REPLY_SIZE`] until it is called): a larger one is dropped unread, counted
+    /// in `dropped{kind="reply"}` and reported to its request ([`ReplyWaiter::oversized`]).
+    pub fn limit_replies(&self, max_reply_size: usize) {
+        self.inner
+            .max_reply_size
+            .store(max_reply_size, Ordering::SeqCst);
+        // Only the size limit: a new byte budget would leave what is queued counted against
+        // the old one.
+        for sub in self.inner.reply_subs.lock().iter() {
+            sub.set_message_size_limit(max_reply_size);
+        }
+    }
+
+    /// The bound on one reply, in bytes (see [`Connection::limit_replies`]).
+    pub fn max_reply_size(&self) -> usize {
+        self.inner.max_reply_size.load(Ordering::SeqCst)
     }
 
     /// The broker URL to record as our `seen-by` hop (go-choria protocol/v1/transport.go,
@@ -873,13 +911,21 @@ impl Connection {
         F: Fn(Vec<u8>) -> Option<T> + Send + Sync + 'static,
     {
         let (tx, rx) = bounded(capacity.max(1));
-        let route: Route = Arc::new(move |delivery: Delivery| match screen(delivery.data) {
-            None => Routed::Screened,
-            Some(item) => match tx.try_send(item) {
-                Ok(()) => Routed::Queued,
-                Err(TrySendError::Full(_)) => Routed::Full,
-                Err(TrySendError::Disconnected(_)) => Routed::Gone,
-            },
+        let oversized = Arc::new(OversizedTally::default());
+        let tally = oversized.clone();
+        let route: Route = Arc::new(move |delivery: Delivery| {
+            if let Some(bytes) = delivery.oversized {
+                tally.add(bytes);
+                return Routed::Oversized(bytes);
+            }
+            match screen(delivery.data) {
+                None => Routed::Screened,
+                Some(item) => match tx.try_send(item) {
+                    Ok(()) => Routed::Queued,
+                    Err(TrySendError::Full(_)) => Routed::Full,
+                    Err(TrySendError::Disconnected(_)) => Routed::Gone,
+                },
+            }
         });
         // Taken before the request goes out, so a drop in between is seen too.
         let link = self.inner.link.watch();
@@ -892,6 +938,7 @@ impl Connection {
             request_id: request_id.to_string(),
             replies: rx,
             link,
+            oversized,
         }
     }
 
@@ -899,6 +946,12 @@ impl Connection {
     /// request's queue and messages beyond a subscription's pending limit.
     pub fn observe(&self, observer: Arc<dyn Observer>) {
         *self.inner.observer.lock() = Some(observer);
+    }
+
+    /// Reports `count` messages of `kind` dropped at a bound of this crate's own threads
+    /// (`dropped{kind}`), to the observer [`Connection::observe`] named.
+    pub(crate) fn report_dropped(&self, kind: &str, count: u64) {
+        report_dropped(&self.inner, kind, count);
     }
 
     /// Replies that arrived for a request id nobody waits for (late or stray), since start.
@@ -970,10 +1023,18 @@ impl Connection {
         let id = v1::new_request_id();
         let reply_to = format!("{prefix}{id}");
         let (tx, rx) = bounded(1);
-        let route: Route = Arc::new(move |delivery: Delivery| match tx.try_send(delivery) {
-            Ok(()) => Routed::Queued,
-            Err(TrySendError::Full(_)) => Routed::Full,
-            Err(TrySendError::Disconnected(_)) => Routed::Gone,
+        let oversized = Arc::new(OversizedTally::default());
+        let tally = oversized.clone();
+        let route: Route = Arc::new(move |delivery: Delivery| {
+            if let Some(bytes) = delivery.oversized {
+                tally.add(bytes);
+                return Routed::Oversized(bytes);
+            }
+            match tx.try_send(delivery) {
+                Ok(()) => Routed::Queued,
+                Err(TrySendError::Full(_)) => Routed::Full,
+                Err(TrySendError::Disconnected(_)) => Routed::Gone,
+            }
         });
         let link = self.inner.link.watch();
         if link.is_lost() {
@@ -985,6 +1046,7 @@ impl Connection {
             request_id: id,
             replies: rx,
             link,
+            oversized,
         };
         let header_map = if headers.is_empty() {
             None
@@ -1033,7 +1095,8 @@ impl Connection {
                     subject: wildcard.clone(),
                     source,
                 })?;
-        sub.set_message_limits(REPLY_PENDING_LIMIT);
+        bound_replies(&sub, self.max_reply_size());
+        self.inner.reply_subs.lock().push(sub.clone());
         let dispatcher = self.inner.clone();
         let routed = prefix.clone();
         self.spawn("broker-inbox", move || {
@@ -1156,10 +1219,12 @@ fn reconnect_delay(attempt: usize) -> Duration {
     Duration::from_millis(base_ms + jitter_ms)
 }
 
-/// One routed message: its payload, and whether it is the broker's "no responders" status.
+/// One routed message: its payload, and whether it is the broker's "no responders" status;
+/// or, for a reply dropped above `max_reply_size`, its size alone.
 struct Delivery {
     data: Vec<u8>,
     no_responders: bool,
+    oversized: Option<usize>,
 }
 
 /// What the dispatcher does with a message for a registered request id: screen it, queue it.
@@ -1174,12 +1239,81 @@ enum Routed {
     Full,
     /// The caller is gone.
     Gone,
+    /// It was dropped unread for its size (bytes), and its request told.
+    Oversized(usize),
 }
 
 /// Pending messages a reply subscription may hold in the `nats` crate before it drops (the
-/// crate's channels are unbounded otherwise). The dispatcher screens a message in
-/// microseconds, so only a flood reaches this.
-pub const REPLY_PENDING_LIMIT: usize = 10_000;
+/// crate's channels are unbounded otherwise): a discovery round of [`crate::discovery::MAX_SENDERS`]
+/// nodes. The dispatcher screens a message in microseconds; [`REPLY_PENDING_BYTES`] binds first
+/// for any reply above 670 bytes.
+pub const REPLY_PENDING_LIMIT: usize = 100_000;
+
+/// Bytes a reply subscription's pending messages may hold (from the crate's reader to the
+/// dispatcher, which screens them one at a time): a 50,000-node discovery round whole, as the
+/// broker may deliver it faster than the dispatcher screens. One discovery reply from a node
+/// with a 64-byte name is 751 bytes in protocol v1 and 851 in v2 (with the broker hop a Go
+/// server records; `connection::tests::a_50000_node_discovery_round_fits_the_reply_bounds`),
+/// plus its subject of about 90 bytes and the crate's 256 bytes of overhead per message: at
+/// most 1,200 bytes, 60 MB for 50,000 nodes. Three replies of the largest `max_reply_size`
+/// the configuration accepts fit too.
+pub const REPLY_PENDING_BYTES: usize = 64 * 1024 * 1024;
+
+/// The default `max_reply_size`, in bytes. The largest reply a node sends is its
+/// `rpcutil#inventory`, whose `facts` are the site's provisioning facts file: a `facter`
+/// output of some tens of KB, larger on hosts with many interfaces or mounts. Each byte of
+/// facts costs about 2.1 bytes on the wire in protocol v1 and 2.4 in v2 (JSON escaped twice,
+/// then base64; `connection::tests::inventory_replies_grow_with_their_facts`), so 512 KiB
+/// holds a facts file of about 220 KB in v2 (250 KB in v1): several times a typical one. The
+/// broker's own limit (`max_payload`, 1 MiB by default, which go-choria's broker keeps) is
+/// twice this.
+pub const DEFAULT_MAX_REPLY_SIZE: usize = 512 * 1024;
+
+/// Bytes a plain subscription's pending messages may hold by default
+/// ([`Connection::subscribe`]).
+pub const SUBSCRIPTION_PENDING_BYTES: usize = 8 * 1024 * 1024;
+
+/// The bounds of a reply subscription (the wildcard or the inbox).
+fn bound_replies(sub: &nats::Subscription, max_reply_size: usize) {
+    sub.set_message_limits(REPLY_PENDING_LIMIT);
+    sub.set_pending_bytes_limit(REPLY_PENDING_BYTES);
+    sub.set_message_size_limit(max_reply_size);
+}
+
+/// Replies to one request dropped unread for their size.
+#[derive(Default)]
+struct OversizedTally {
+    count: AtomicUsize,
+    largest: AtomicUsize,
+}
+
+impl OversizedTally {
+    fn add(&self, bytes: usize) {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        self.largest.fetch_max(bytes, Ordering::SeqCst);
+    }
+}
+
+/// Replies to one request that were dropped unread because they exceeded `max_reply_size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Oversized {
+    pub count: usize,
+    /// The largest of them, in bytes (payload and headers).
+    pub largest: usize,
+    /// `max_reply_size` now.
+    pub limit: usize,
+}
+
+impl fmt::Display for Oversized {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let replies = if self.count == 1 { "reply" } else { "replies" };
+        write!(
+            f,
+            "{} {replies} of up to {} bytes dropped unread, above max_reply_size ({} bytes)",
+            self.count, self.largest, self.limit
+        )
+    }
+}
 
 /// `dropped{kind}` for replies beyond a subscription's pending limit or a request's queue.
 pub const DROPPED_REPLY: &str = "reply";
@@ -1231,13 +1365,21 @@ fn dispatch_replies(inner: &Inner, sub: nats::Subscription, prefix: &str) {
                 continue;
             }
         };
+        let oversized = msg.oversized();
         let route = inner.waiters.lock().get(request_id).cloned();
+        if let (Some(bytes), None) = (oversized, &route) {
+            inner.unknown_replies.fetch_add(1, Ordering::Relaxed);
+            dropped_oversized(inner, request_id, bytes);
+            continue;
+        }
         match route {
             Some(route) => match route(Delivery {
                 no_responders: msg.is_no_responders(),
                 data: msg.data,
+                oversized,
             }) {
                 Routed::Queued | Routed::Screened => {}
+                Routed::Oversized(bytes) => dropped_oversized(inner, request_id, bytes),
                 Routed::Full => {
                     inner.overflowed_replies.fetch_add(1, Ordering::Relaxed);
                     report_dropped(inner, DROPPED_REPLY, 1);
@@ -1259,6 +1401,19 @@ fn dispatch_replies(inner: &Inner, sub: nats::Subscription, prefix: &str) {
                 }
             }
         }
+    }
+}
+
+/// Counts and logs (rate-limited) a reply dropped unread for its size.
+fn dropped_oversized(inner: &Inner, request_id: &str, bytes: usize) {
+    report_dropped(inner, DROPPED_REPLY, 1);
+    if crate::log_limit::global().allow("reply_too_large", "") {
+        log::warn!(
+            "dropping a reply of {bytes} bytes to request {} unread: above max_reply_size ({} \
+             bytes)",
+            choria_wire::text::escape(request_id),
+            inner.max_reply_size.load(Ordering::SeqCst)
+        );
     }
 }
 
@@ -1396,11 +1551,24 @@ pub struct ReplyWaiter<T = Vec<u8>> {
     replies: Receiver<T>,
     /// The link as it was when the waiter was registered.
     link: LinkWatch,
+    oversized: Arc<OversizedTally>,
 }
 
 impl<T> ReplyWaiter<T> {
     pub fn request_id(&self) -> &str {
         &self.request_id
+    }
+
+    /// The replies to this request dropped unread for their size so far, if any: a node
+    /// whose reply is larger than `max_reply_size` (or somebody sending such replies in its
+    /// name) looks silent otherwise.
+    pub fn oversized(&self) -> Option<Oversized> {
+        let count = self.oversized.count.load(Ordering::SeqCst);
+        (count > 0).then(|| Oversized {
+            count,
+            largest: self.oversized.largest.load(Ordering::SeqCst),
+            limit: self.inner.max_reply_size.load(Ordering::SeqCst),
+        })
     }
 
     /// Replies queued right now.
@@ -1463,11 +1631,14 @@ pub struct Subscription {
 impl Subscription {
     /// The next message's payload, or `None` after `timeout` (or once the connection closed).
     /// An interrupted wait (EINTR while signals arrive) is retried within the same bound.
+    /// Notices of messages dropped for their size ([`Subscription::limit_bytes`]) are
+    /// skipped: [`Subscription::oversized`] counts them.
     pub fn next_timeout(&self, timeout: Duration) -> Option<Vec<u8>> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.sub.next_timeout(left) {
+                Ok(msg) if msg.oversized().is_some() => continue,
                 Ok(msg) => return Some(msg.data),
                 Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return None,
@@ -1493,6 +1664,46 @@ impl Subscription {
     /// Messages dropped beyond the pending limit, since the subscription was made.
     pub fn dropped(&self) -> u64 {
         self.sub.dropped_messages().unwrap_or(0) as u64
+    }
+
+    /// Bounds the bytes the subscription's messages may hold, from the crate's reader until
+    /// the consumer drops them (more are dropped and counted in [`Subscription::dropped`]),
+    /// and, with `max_message`, each message: a larger one is dropped unread before it is
+    /// queued, counted in [`Subscription::oversized`], and a notice of it queued in its place
+    /// (see [`Received`]).
+    pub fn limit_bytes(&self, pending: usize, max_message: Option<usize>) {
+        self.sub.set_pending_bytes_limit(pending);
+        if let Some(max) = max_message {
+            self.sub.set_message_size_limit(max);
+        }
+    }
+
+    /// Bytes the subscription's queued and undropped messages hold now.
+    pub fn pending_bytes(&self) -> usize {
+        self.sub.pending_bytes()
+    }
+
+    /// Messages dropped unread for their size, since the subscription was made.
+    pub fn oversized(&self) -> u64 {
+        self.sub.oversized_messages().unwrap_or(0) as u64
+    }
+}
+
+/// One message of a [`Subscription`] as this crate's threads read it.
+pub(crate) enum Received {
+    /// Its payload.
+    Message(Vec<u8>),
+    /// The notice of a message dropped unread because its payload and headers, this many
+    /// bytes, exceeded the subscription's size limit.
+    Oversized(usize),
+}
+
+impl From<nats::Message> for Received {
+    fn from(msg: nats::Message) -> Received {
+        match msg.oversized() {
+            Some(bytes) => Received::Oversized(bytes),
+            None => Received::Message(msg.data),
+        }
     }
 }
 
@@ -1601,6 +1812,264 @@ mod tests {
         assert!(held <= 10, "{held} messages held beyond the limit of 10");
         assert_eq!(held as u64 + sub.dropped(), 200);
         conn.close();
+    }
+
+    /// What the vendored crate counts per message against a byte budget besides its subject,
+    /// reply and payload (`vendor/nats/src/message.rs`, `MESSAGE_OVERHEAD`).
+    const CRATE_OVERHEAD: usize = 256;
+
+    /// Receives every message `sub` has queued within `limit` of quiet, holding each (so its
+    /// bytes stay taken from the budget) until the caller drops them.
+    fn hold_all(sub: &Subscription, limit: Duration) -> Vec<nats::Message> {
+        let mut held = Vec::new();
+        while let Ok(msg) = sub.messages().recv_timeout(limit) {
+            held.push(msg);
+        }
+        held
+    }
+
+    #[test]
+    fn bytes_held_by_a_subscription_never_exceed_its_bound() {
+        let server = NatsServer::start().expect("nats-server");
+        let conn = Connection::connect(&settings(&server.url()), "test").expect("connect");
+        let node = Connection::connect(&settings(&server.url()), "node").expect("connect");
+        let subject = "flood.bytes";
+        let sub = conn.subscribe(subject).unwrap();
+        let bound = 1024 * 1024;
+        sub.limit_bytes(bound, None);
+        conn.flush(Duration::from_secs(10)).unwrap();
+        let payload = vec![b'x'; 64 * 1024];
+        let sent = 200;
+        for _ in 0..sent {
+            node.publish(subject, &payload).unwrap();
+        }
+        node.flush(Duration::from_secs(10)).unwrap();
+        wait_for(
+            Duration::from_secs(10),
+            "every message queued or dropped",
+            || sub.messages().len() as u64 + sub.dropped() == sent,
+        );
+        // The consumer keeps every message it reads: the budget counts them until dropped.
+        let held = hold_all(&sub, Duration::from_millis(300));
+        let each = CRATE_OVERHEAD + subject.len() + payload.len();
+        let held_bytes: usize = held
+            .iter()
+            .map(|m| CRATE_OVERHEAD + m.subject.len() + m.data.len())
+            .sum();
+        assert_eq!(held.len(), bound / each, "as many as fit");
+        assert!(
+            held_bytes <= bound,
+            "{held_bytes} bytes held, bound {bound}"
+        );
+        assert_eq!(sub.pending_bytes(), held_bytes);
+        assert_eq!(
+            held.len() as u64 + sub.dropped(),
+            sent,
+            "each kept or counted"
+        );
+
+        // Dropped, they give their bytes back: the next messages fit again.
+        drop(held);
+        assert_eq!(sub.pending_bytes(), 0);
+        for _ in 0..5 {
+            node.publish(subject, &payload).unwrap();
+        }
+        node.flush(Duration::from_secs(10)).unwrap();
+        let mut again = 0;
+        while sub.next_timeout(Duration::from_secs(2)).is_some() {
+            again += 1;
+            if again == 5 {
+                break;
+            }
+        }
+        assert_eq!(again, 5);
+        node.close();
+        conn.close();
+    }
+
+    #[test]
+    fn a_message_above_the_size_limit_is_dropped_unread_leaving_a_notice() {
+        let server = NatsServer::start().expect("nats-server");
+        let conn = Connection::connect(&settings(&server.url()), "test").expect("connect");
+        let sub = conn.subscribe("sized").unwrap();
+        sub.limit_bytes(1024 * 1024, Some(1000));
+        conn.flush(Duration::from_secs(10)).unwrap();
+        for size in [999, 1000, 1001, 100_000, 1000] {
+            conn.publish("sized", &vec![b'y'; size]).unwrap();
+        }
+        conn.flush(Duration::from_secs(10)).unwrap();
+        let received: Vec<Received> = (0..5)
+            .filter_map(|_| sub.messages().recv_timeout(Duration::from_secs(10)).ok())
+            .map(Received::from)
+            .collect();
+        let shown: Vec<String> = received
+            .iter()
+            .map(|r| match r {
+                Received::Message(bytes) => format!("message {}", bytes.len()),
+                Received::Oversized(size) => format!("notice {size}"),
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "message 999",
+                "message 1000",
+                "notice 1001",
+                "notice 100000",
+                "message 1000"
+            ]
+        );
+        assert_eq!(sub.oversized(), 2);
+        // `next_timeout` passes over notices.
+        conn.publish("sized", &vec![b'y'; 5000]).unwrap();
+        conn.publish("sized", b"small").unwrap();
+        assert_eq!(
+            sub.next_timeout(Duration::from_secs(10)),
+            Some(b"small".to_vec())
+        );
+        assert_eq!(sub.oversized(), 3);
+        conn.close();
+    }
+
+    #[test]
+    fn a_reply_above_max_reply_size_is_dropped_unread_and_its_request_told() {
+        let server = NatsServer::start().expect("nats-server");
+        let conn = Connection::connect(&settings(&server.url()), "test").expect("connect");
+        let counts = Arc::new(crate::observe::Counts::default());
+        conn.observe(counts.clone());
+        assert_eq!(conn.max_reply_size(), DEFAULT_MAX_REPLY_SIZE);
+        conn.limit_replies(16 * 1024);
+        let waiter = conn.expect_replies("ffff", 4);
+        assert_eq!(waiter.oversized(), None);
+        conn.publish(&conn.reply_subject("ffff"), &vec![b'r'; 20_000])
+            .unwrap();
+        conn.publish(&conn.reply_subject("ffff"), &vec![b'r'; 17_000])
+            .unwrap();
+        conn.publish(&conn.reply_subject("nobody"), &vec![b'r'; 30_000])
+            .unwrap();
+        conn.publish(&conn.reply_subject("ffff"), &vec![b'r'; 16 * 1024])
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert_eq!(
+            waiter.next_until(deadline).map(|r| r.len()),
+            Some(16 * 1024)
+        );
+        assert_eq!(waiter.next_until(Instant::now()), None);
+        wait_for(Duration::from_secs(10), "the stray counted", || {
+            conn.unknown_replies() == 1
+        });
+        assert_eq!(
+            waiter.oversized(),
+            Some(Oversized {
+                count: 2,
+                largest: 20_000,
+                limit: 16 * 1024
+            })
+        );
+        assert_eq!(counts.get("dropped:reply"), 3, "each dropped reply counted");
+        assert_eq!(
+            waiter.oversized().unwrap().to_string(),
+            "2 replies of up to 20000 bytes dropped unread, above max_reply_size (16384 bytes)"
+        );
+        conn.close();
+    }
+
+    /// The arithmetic behind [`REPLY_PENDING_BYTES`] and [`REPLY_PENDING_LIMIT`], with the
+    /// replies a Go server sends (the broker hop recorded) for a node named in 64 bytes.
+    #[test]
+    fn a_50000_node_discovery_round_fits_the_reply_bounds() {
+        let identity = "n".repeat(64);
+        let broker = "nats://broker1.example.net:4222";
+        let caller = "choria=provisioner.example.net";
+        let v1_id = v1::new_request_id();
+        let v2_id = v2::new_request_id(1_700_000_000);
+        let v1_reply = v1::server::encode_reply_via(
+            &v1_id,
+            &identity,
+            "discovery",
+            "pong",
+            1_700_000_000,
+            broker,
+        );
+        let v2_reply = v2::server::encode_reply_via(
+            &v2_id,
+            &identity,
+            "discovery",
+            b"pong",
+            1_700_000_000_000_000_000,
+            broker,
+        );
+        assert_eq!((v1_reply.len(), v2_reply.len()), (751, 851));
+        let held = |reply: &[u8], id: &str| {
+            CRATE_OVERHEAD + reply_prefix(caller).len() + id.len() + reply.len()
+        };
+        let largest = held(&v1_reply, &v1_id).max(held(&v2_reply, &v2_id));
+        assert!(largest <= 1_200, "{largest} bytes per discovery reply");
+        assert!(50_000 * largest <= REPLY_PENDING_BYTES);
+        const { assert!(REPLY_PENDING_LIMIT >= 50_000) };
+    }
+
+    /// An inventory reply as a node sends it, its facts object about `facts_bytes` long.
+    fn inventory_reply(facts_bytes: usize, v2: bool) -> (usize, usize) {
+        let mut facts = serde_json::Map::new();
+        let mut text_len = 2;
+        let mut n = 0;
+        // facter-like values: nested objects, strings, numbers and lists.
+        while text_len < facts_bytes {
+            let value = serde_json::json!({
+                "name": format!("eth{n}"), "mtu": 1500, "ip": format!("10.0.{}.{}", n / 250, n % 250),
+                "bindings": [{"address": format!("10.0.{}.{}", n / 250, n % 250), "netmask": "255.255.255.0"}]
+            });
+            text_len += format!("\"fact_{n}\":{value},").len();
+            facts.insert(format!("fact_{n}"), value);
+            n += 1;
+        }
+        let data = serde_json::json!({
+            "agents": ["choria_provision", "choria_util", "discovery", "rpcutil"], "classes": [],
+            "collectives": ["provisioning"], "data_plugins": [], "facts": facts, "machines": [],
+            "main_collective": "provisioning", "version": "0.30.2", "upgradable": false
+        });
+        let facts_len = serde_json::to_string(&data["facts"]).unwrap().len();
+        let message = v1::server::encode_rpc_reply("inventory", 0, "OK", &data);
+        let broker = "nats://broker1.example.net:4222";
+        let reply = if v2 {
+            v2::server::encode_reply_via(
+                "2Y8SbSXnB2ZKKkBQw7XKMOwQDoE",
+                "node1.example.net",
+                "rpcutil",
+                message.as_bytes(),
+                1,
+                broker,
+            )
+        } else {
+            v1::server::encode_reply_via(
+                "a2f0ca717c694f2086cfa81b6c494648",
+                "node1.example.net",
+                "rpcutil",
+                &message,
+                1,
+                broker,
+            )
+        };
+        (facts_len, reply.len())
+    }
+
+    /// The arithmetic behind [`DEFAULT_MAX_REPLY_SIZE`].
+    #[test]
+    fn inventory_replies_grow_with_their_facts() {
+        for (v2, low, high) in [(false, 2.0, 2.3), (true, 2.2, 2.5)] {
+            let (facts, reply) = inventory_reply(100_000, v2);
+            let ratio = reply as f64 / facts as f64;
+            assert!(
+                (low..high).contains(&ratio),
+                "v2 {v2}: {reply} / {facts} = {ratio:.2}"
+            );
+        }
+        // A facts file of 200 KB fits the default in either protocol; of 260 KB in neither.
+        for v2 in [false, true] {
+            assert!(inventory_reply(200_000, v2).1 <= DEFAULT_MAX_REPLY_SIZE);
+            assert!(inventory_reply(260_000, v2).1 > DEFAULT_MAX_REPLY_SIZE);
+        }
     }
 
     #[test]

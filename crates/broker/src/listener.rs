@@ -10,6 +10,12 @@
 //! the leader. Both event formats are accepted (parsed by `choria_wire::lifecycle`); anything
 //! else on the subject is logged, counted as malformed and ignored. While the gate is closed
 //! events are ignored, as in Go.
+//!
+//! Anyone in provisioning mode may publish on these subjects, so an event is bounded in bytes
+//! before anything reads it: one above [`EVENT_MAX_BYTES`] is dropped by the `nats` crate's
+//! reader unread, never queued and never parsed, and counted
+//! (`dropped{kind="lifecycle_event"}`); what waits to be read is bounded by
+//! [`EVENT_PENDING_BYTES`] and [`EVENT_PENDING_LIMIT`].
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -21,7 +27,7 @@ use choria_wire::identity::Identity;
 use choria_wire::lifecycle;
 use choria_wire::text::escape;
 
-use crate::connection::{Connection, ConnectionError, Subscription};
+use crate::connection::{Connection, ConnectionError, Received, Subscription};
 use crate::gate::{Gate, Never};
 use crate::log_limit;
 use crate::observe::Observer;
@@ -38,6 +44,20 @@ const SUBSCRIBE_CONFIRM_LIMIT: Duration = Duration::from_secs(5);
 /// Events the `nats` crate may hold before the listener reads them; beyond, a flood is
 /// dropped and counted (`dropped{kind="lifecycle_event"}`) instead of growing memory.
 pub const EVENT_PENDING_LIMIT: usize = 10_000;
+
+/// The largest event read, in bytes. A real startup event is a few hundred bytes: go-choria's
+/// CloudEvents form (server/lifecycle.go) of a node named in 17 bytes is about 430, and with
+/// the longest identity we accept (255 bytes, twice in it), a long component and version it
+/// stays near 1 KiB. Four times that leaves room for fields a later go-choria adds; anything
+/// larger is not an event a node needs to send.
+pub const EVENT_MAX_BYTES: usize = 4 * 1024;
+
+/// Bytes the events waiting for the listener may hold: about 9,000 real ones, a fleet
+/// booting at once, read in microseconds each.
+pub const EVENT_PENDING_BYTES: usize = 4 * 1024 * 1024;
+
+/// `dropped{kind}` for events beyond a bound (their size, or what waits to be read).
+pub const DROPPED_EVENT: &str = "lifecycle_event";
 
 /// What the listener does with the node an event names.
 pub type NodeHandler = Box<dyn Fn(&Identity) + Send>;
@@ -73,12 +93,12 @@ impl EventListener {
         }
         let subject = lifecycle::event_subject("startup", component);
         let subscription = conn.subscribe(&subject)?;
-        subscription.limit_pending(EVENT_PENDING_LIMIT);
+        bound_events(&subscription);
         let provisioned = match provisioned {
             Some(handler) => {
                 let subject = lifecycle::event_subject("provisioned", component);
                 let subscription = conn.subscribe(&subject)?;
-                subscription.limit_pending(EVENT_PENDING_LIMIT);
+                bound_events(&subscription);
                 log::info!("listening for provisioned events on {subject}");
                 Some((subscription, handler))
             }
@@ -133,6 +153,12 @@ impl EventListener {
     }
 }
 
+/// The bounds of an event subscription: its count and bytes waiting, and each event's size.
+fn bound_events(subscription: &Subscription) {
+    subscription.limit_pending(EVENT_PENDING_LIMIT);
+    subscription.limit_bytes(EVENT_PENDING_BYTES, Some(EVENT_MAX_BYTES));
+}
+
 /// One subscription the listener hears, the event kind it takes there, and what it does with
 /// each such event's node.
 struct Hearing<'a> {
@@ -158,7 +184,7 @@ fn listen(
         for (hearing, before) in hearings.iter().zip(dropped_before.iter_mut()) {
             let dropped = hearing.subscription.dropped();
             if dropped > *before {
-                observer.dropped(MALFORMED_EVENT, dropped - *before);
+                observer.dropped(DROPPED_EVENT, dropped - *before);
                 *before = dropped;
             }
         }
@@ -169,13 +195,13 @@ fn listen(
         select! {
             recv(startup.subscription.messages()) -> msg => match msg {
                 Ok(msg) => {
-                    handle_event(&msg.data, startup, gate, observer);
+                    hear(msg.into(), startup, gate, observer);
                 }
                 Err(_) => break,
             },
             recv(provisioned_messages) -> msg => match (msg, provisioned) {
                 (Ok(msg), Some(hearing)) => {
-                    handle_event(&msg.data, hearing, gate, observer);
+                    hear(msg.into(), hearing, gate, observer);
                 }
                 _ => break,
             },
@@ -195,6 +221,26 @@ enum EventHandling {
     IgnoredClosedGate,
     IgnoredKind(String),
     Malformed,
+}
+
+/// One message of a subscription the listener hears: an event to take, or the notice of one
+/// dropped unread for its size, which is only counted and logged.
+fn hear(received: Received, hearing: &Hearing, gate: &Gate, observer: &dyn Observer) {
+    match received {
+        Received::Message(bytes) => {
+            handle_event(&bytes, hearing, gate, observer);
+        }
+        Received::Oversized(bytes) => {
+            observer.dropped(DROPPED_EVENT, 1);
+            if log_limit::global().allow("event_too_large", "") {
+                log::warn!(
+                    "dropping a message of {bytes} bytes on {} unread: a lifecycle event is at \
+                     most {EVENT_MAX_BYTES} bytes",
+                    hearing.subscription.subject()
+                );
+            }
+        }
+    }
 }
 
 fn handle_event(

@@ -46,7 +46,7 @@ use choria_wire::v1::client::{self, Reply, RpcReply};
 use choria_wire::v1::{Filter, ProtocolError};
 
 use crate::backoff;
-use crate::connection::{Connection, Next, Outgoing, ReplyWaiter};
+use crate::connection::{Connection, Next, Outgoing, Oversized, ReplyWaiter};
 use crate::gate::{Gate, Halt, Watch};
 use crate::observe::Observer;
 
@@ -133,6 +133,9 @@ pub enum RpcOutcome {
     Status { code: u8, message: String },
     /// No valid reply from the node on any try.
     Timeout,
+    /// No valid reply on the last try either, but replies to it were dropped unread for
+    /// exceeding `max_reply_size`: the node's answer may be larger than the setting allows.
+    TooLarge(Oversized),
     /// The last try's request never reached the broker.
     Unsent(SendFailure),
     /// go-choria's lock refusal to an action that takes the lock, unchallenged for the grace
@@ -582,6 +585,8 @@ enum TryOutcome {
     LockRefused,
     Conflict(Box<ReplyConflict>),
     Timeout,
+    /// No reply in time, and replies above `max_reply_size` dropped meanwhile.
+    TooLarge(Oversized),
     /// The link the request went out on dropped before its reply came.
     Disconnected,
     Unsent(SendFailure),
@@ -785,7 +790,12 @@ impl RpcClient {
             },
             // Only after a first reply, which is queued before it.
             Next::Reply(Screened::Conflict(conflict)) => TryOutcome::Conflict(conflict),
-            Next::Deadline => TryOutcome::Timeout,
+            // A reply dropped for its size is no answer (anyone may send one in the node's
+            // name), but it is why this try may have had none: the caller says so.
+            Next::Deadline => match waiter.oversized() {
+                Some(oversized) => TryOutcome::TooLarge(oversized),
+                None => TryOutcome::Timeout,
+            },
             Next::Halted(halt) => TryOutcome::Halted(halt),
             Next::Disconnected => TryOutcome::Disconnected,
         };
@@ -959,6 +969,15 @@ impl NodeRpc for RpcClient {
                         self.try_timeout(action)
                     );
                     RpcOutcome::Timeout
+                }
+                TryOutcome::TooLarge(oversized) => {
+                    log::warn!(
+                        "{label} on {identity} try {}/{tries}: no usable reply within {:?}: \
+                         {oversized}",
+                        attempt + 1,
+                        self.try_timeout(action)
+                    );
+                    RpcOutcome::TooLarge(oversized)
                 }
                 TryOutcome::Unsent(failure) => {
                     log::warn!(

@@ -2,12 +2,14 @@
 //! free loopback port with its own temporary JetStream store and stopped by its pid (never
 //! another broker); the [`relay`] that checks CONNECTs in front of it as an Organization Issuer
 //! broker does; the [`harness`] that runs the real binaries and helper processes; the
-//! [`slow_clients`] of an HTTP port, misbehaving from addresses of their own; and the
+//! [`slow_clients`] of an HTTP port, misbehaving from addresses of their own; a [`flood`] of
+//! large messages on every subject a node may publish to; and the
 //! test vectors in `vectors/` (origins in `vectors/README.md`), found through [`vector_path`].
 //!
 //! It never becomes a normal dependency of a crate the daemon ships.
 
 pub mod certificates;
+pub mod flood;
 pub mod harness;
 pub mod relay;
 pub mod slow_clients;

@@ -10,6 +10,10 @@
 // WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 // See the License for the specific language governing permissions and
 // limitations under the License.
+//
+// Modified by the choria-provisioner project (see PATCHED.md): the byte bounds of a
+// subscription (`Subscription::bound_bytes`), applied to every MSG and HMSG before it is
+// queued.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -26,7 +30,7 @@ use crossbeam_channel::RecvTimeoutError;
 use parking_lot::Mutex;
 
 use crate::connector::{Connector, NatsStream, ServerAddress};
-use crate::message::Message;
+use crate::message::{ByteBudget, Message};
 use crate::proto::{self, ClientOp, ServerOp};
 use crate::{header::HeaderMap, inject_delay, inject_io_failure, Options, ServerInfo};
 
@@ -94,6 +98,47 @@ pub(crate) struct Subscription {
     preprocess: Preprocessor,
     pub(crate) pending_messages_limit: Option<usize>,
     pub(crate) dropped_messages: usize,
+    /// choria-provisioner patch: the bytes its queued and undropped messages may hold.
+    pub(crate) pending_bytes: Option<Arc<ByteBudget>>,
+    /// choria-provisioner patch: a message whose payload and headers exceed this is dropped
+    /// before it is queued, and a notice of it (`Message::oversized`) queued instead.
+    pub(crate) max_message_bytes: Option<usize>,
+    /// choria-provisioner patch: messages dropped for exceeding `max_message_bytes`.
+    pub(crate) oversized_messages: usize,
+}
+
+impl Subscription {
+    /// choria-provisioner patch: applies the byte bounds to a message about to be queued.
+    /// One above the size limit becomes the notice of its drop (its payload freed here, read
+    /// by no one); what does not fit the byte budget is dropped and counted as a slow
+    /// consumer's message, and the error says why.
+    fn bound_bytes(&mut self, mut msg: Message) -> Result<Message, String> {
+        if let Some(max) = self.max_message_bytes {
+            let size = msg.payload_size();
+            if size > max {
+                self.oversized_messages += 1;
+                msg.data = Vec::new();
+                msg.headers = None;
+                msg.oversized = Some(size);
+            }
+        }
+        if let Some(budget) = &self.pending_bytes {
+            let size = msg.budget_size();
+            match budget.take(size) {
+                Some(held) => msg.held = Some(Arc::new(held)),
+                None => {
+                    self.dropped_messages += 1;
+                    return Err(format!(
+                        "slow consumer detected for subscription on subject {}: its messages \
+                         hold {} bytes, no room for {size} more. dropping messages",
+                        self.subject,
+                        budget.held()
+                    ));
+                }
+            }
+        }
+        Ok(msg)
+    }
 }
 
 /// A NATS client.
@@ -447,6 +492,9 @@ impl Client {
                 preprocess: message_processor,
                 pending_messages_limit: None,
                 dropped_messages: 0,
+                pending_bytes: None,
+                max_message_bytes: None,
+                oversized_messages: 0,
             },
         );
 
@@ -889,7 +937,7 @@ impl Client {
                     let mut read = self.state.read.lock();
 
                     // Send the message to matching subscription.
-                    if let Some(subscription) = read.subscriptions.get(&sid) {
+                    if let Some(subscription) = read.subscriptions.get_mut(&sid) {
                         let msg = Message {
                             subject,
                             reply: reply_to,
@@ -897,6 +945,8 @@ impl Client {
                             headers: None,
                             client: Some(self.clone()),
                             double_acked: Default::default(),
+                            held: None,
+                            oversized: None,
                         };
 
                         // Preprocess and drop the message from the buffer if it the predicate
@@ -926,6 +976,18 @@ impl Client {
                             }
                         }
 
+                        // choria-provisioner patch: bounded in bytes before it is queued.
+                        let msg = match subscription.bound_bytes(msg) {
+                            Ok(msg) => msg,
+                            Err(reason) => {
+                                connector
+                                    .get_options()
+                                    .error_callback
+                                    .call(self, io::Error::new(ErrorKind::Other, reason));
+                                continue;
+                            }
+                        };
+
                         // Send a message or drop it if the channel is
                         // disconnected or full.
                         subscription.messages.send(msg).unwrap();
@@ -944,9 +1006,9 @@ impl Client {
                         continue;
                     }
 
-                    let read = self.state.read.lock();
+                    let mut read = self.state.read.lock();
                     // Send the message to matching subscription.
-                    if let Some(subscription) = read.subscriptions.get(&sid) {
+                    if let Some(subscription) = read.subscriptions.get_mut(&sid) {
                         let msg = Message {
                             subject,
                             reply: reply_to,
@@ -954,6 +1016,8 @@ impl Client {
                             headers: Some(headers),
                             client: Some(self.clone()),
                             double_acked: Default::default(),
+                            held: None,
+                            oversized: None,
                         };
 
                         // Preprocess and drop the message from the buffer if it the predicate
@@ -976,9 +1040,22 @@ impl Client {
                                         ),
                                     ),
                                 );
+                                // choria-provisioner patch: counted, as a MSG's drop is.
+                                subscription.dropped_messages += 1;
                                 continue;
                             }
                         }
+                        // choria-provisioner patch: bounded in bytes before it is queued.
+                        let msg = match subscription.bound_bytes(msg) {
+                            Ok(msg) => msg,
+                            Err(reason) => {
+                                connector
+                                    .get_options()
+                                    .error_callback
+                                    .call(self, io::Error::new(ErrorKind::Other, reason));
+                                continue;
+                            }
+                        };
                         // Send a message or drop it if the channel is
                         // disconnected or full.
                         subscription.messages.send(msg).unwrap();

@@ -10,11 +10,15 @@
 // WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 // See the License for the specific language governing permissions and
 // limitations under the License.
+//
+// Modified by the choria-provisioner project (see PATCHED.md): the byte budget a message
+// holds while it lives (`ByteBudget`, `HeldBytes`, `Message::held`), and the notice of a
+// message dropped for its size (`Message::oversized`).
 
 use std::{
     fmt, io,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc,
     },
 };
@@ -52,7 +56,76 @@ pub struct Message {
     /// using `JetStream`.
     #[doc(hidden)]
     pub double_acked: Arc<AtomicBool>,
+
+    /// choria-provisioner patch: the bytes this message holds of its subscription's budget,
+    /// given back when its last copy is dropped.
+    pub(crate) held: Option<Arc<HeldBytes>>,
+
+    /// choria-provisioner patch: set when this is the notice of a message dropped for
+    /// exceeding its subscription's size limit: that message's payload bytes.
+    pub(crate) oversized: Option<usize>,
 }
+
+/// choria-provisioner patch: what a subscription's delivered messages may hold in bytes
+/// (payload, subject, reply, headers and a fixed overhead each), from the moment they are
+/// queued until the consumer drops them. A message that does not fit is dropped, never queued.
+#[derive(Debug)]
+pub(crate) struct ByteBudget {
+    limit: usize,
+    held: AtomicUsize,
+}
+
+impl ByteBudget {
+    pub(crate) fn new(limit: usize) -> ByteBudget {
+        ByteBudget {
+            limit,
+            held: AtomicUsize::new(0),
+        }
+    }
+
+    /// Takes `bytes` if they fit under the limit; the guard gives them back when dropped.
+    pub(crate) fn take(self: &Arc<Self>, bytes: usize) -> Option<HeldBytes> {
+        let mut held = self.held.load(Ordering::Acquire);
+        loop {
+            let after = held.checked_add(bytes).filter(|after| *after <= self.limit)?;
+            match self
+                .held
+                .compare_exchange_weak(held, after, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    return Some(HeldBytes {
+                        budget: self.clone(),
+                        bytes,
+                    })
+                }
+                Err(now) => held = now,
+            }
+        }
+    }
+
+    /// The bytes held now.
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
+/// choria-provisioner patch: bytes taken from a [`ByteBudget`], given back on drop.
+#[derive(Debug)]
+pub(crate) struct HeldBytes {
+    budget: Arc<ByteBudget>,
+    bytes: usize,
+}
+
+impl Drop for HeldBytes {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// choria-provisioner patch: what one queued message counts against its subscription's byte
+/// budget besides its subject, reply, headers and payload: the `Message` itself, its budget
+/// guard and the channel's slot, rounded up.
+pub(crate) const MESSAGE_OVERHEAD: usize = 256;
 
 impl From<crate::asynk::Message> for Message {
     fn from(asynk: crate::asynk::Message) -> Message {
@@ -63,6 +136,8 @@ impl From<crate::asynk::Message> for Message {
             headers: asynk.headers,
             client: asynk.client,
             double_acked: asynk.double_acked,
+            held: None,
+            oversized: None,
         }
     }
 }
@@ -98,6 +173,35 @@ impl Message {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, MESSAGE_NOT_BOUND))?;
         client.publish(reply.as_str(), None, None, msg.as_ref())?;
         Ok(())
+    }
+
+    /// choria-provisioner patch: `Some(bytes)` when this message is the notice of a message
+    /// dropped, payload unread by anyone, because its `bytes` (payload and headers) exceeded
+    /// the subscription's size limit (`Subscription::set_message_size_limit`); its subject and
+    /// reply are that message's, its data is empty.
+    pub fn oversized(&self) -> Option<usize> {
+        self.oversized
+    }
+
+    /// choria-provisioner patch: its payload and headers in bytes (what a broker's
+    /// `max_payload` counts, near enough: headers as `name: value\r\n` lines).
+    pub(crate) fn payload_size(&self) -> usize {
+        let headers = self.headers.as_ref().map_or(0, |headers| {
+            headers
+                .iter()
+                .map(|(name, values)| values.iter().map(|v| name.len() + v.len() + 4).sum::<usize>())
+                .sum()
+        });
+        headers + self.data.len()
+    }
+
+    /// choria-provisioner patch: the bytes this message counts against its subscription's
+    /// byte budget (`Subscription::set_pending_bytes_limit`).
+    pub(crate) fn budget_size(&self) -> usize {
+        MESSAGE_OVERHEAD
+            + self.subject.len()
+            + self.reply.as_ref().map_or(0, String::len)
+            + self.payload_size()
     }
 
     /// Determine if the message is a no responders response from the server.
@@ -395,6 +499,8 @@ impl Default for Message {
             headers: None,
             client: None,
             double_acked: Arc::new(AtomicBool::new(false)),
+            held: None,
+            oversized: None,
         }
     }
 }

@@ -10,6 +10,10 @@
 // WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 // See the License for the specific language governing permissions and
 // limitations under the License.
+//
+// Modified by the choria-provisioner project (see PATCHED.md): byte bounds per subscription
+// (`set_pending_bytes_limit`, `set_message_size_limit`, `pending_bytes`,
+// `oversized_messages`).
 
 use std::io;
 use std::sync::Arc;
@@ -19,7 +23,7 @@ use std::time::Duration;
 use crossbeam_channel as channel;
 
 use crate::client::Client;
-use crate::message::Message;
+use crate::message::{ByteBudget, Message};
 
 #[derive(Debug)]
 struct Inner {
@@ -306,6 +310,66 @@ impl Subscription {
             .get(&self.0.sid)
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "subscription not found"))
             .map(|subscription| subscription.dropped_messages)
+    }
+
+    /// choria-provisioner patch: bounds the bytes this subscription's messages may hold, from
+    /// the moment they are queued until the consumer drops the last copy of each (payload,
+    /// subject, reply, headers and a fixed overhead per message). A message that does not fit
+    /// is dropped before it is queued, counted in `dropped_messages`, and reported to the
+    /// `error_callback` as a slow consumer. Messages queued before a new limit count against
+    /// the old one until they are dropped.
+    pub fn set_pending_bytes_limit(&self, bytes: usize) {
+        let budget = Arc::new(ByteBudget::new(bytes));
+        self.0
+            .client
+            .state
+            .read
+            .lock()
+            .subscriptions
+            .entry(self.0.sid)
+            .and_modify(|sub| sub.pending_bytes = Some(budget));
+    }
+
+    /// choria-provisioner patch: a message whose payload and headers exceed `bytes` is
+    /// dropped before it is queued (its payload freed unread) and counted in
+    /// `oversized_messages`; a notice of it is queued in its place: a message with its subject
+    /// and reply, no data, and `Message::oversized` set to its size.
+    pub fn set_message_size_limit(&self, bytes: usize) {
+        self.0
+            .client
+            .state
+            .read
+            .lock()
+            .subscriptions
+            .entry(self.0.sid)
+            .and_modify(|sub| sub.max_message_bytes = Some(bytes));
+    }
+
+    /// choria-provisioner patch: the bytes this subscription's queued and undropped messages
+    /// hold now, under `set_pending_bytes_limit` (0 without a limit).
+    pub fn pending_bytes(&self) -> usize {
+        self.0
+            .client
+            .state
+            .read
+            .lock()
+            .subscriptions
+            .get(&self.0.sid)
+            .and_then(|sub| sub.pending_bytes.as_ref().map(|budget| budget.held()))
+            .unwrap_or(0)
+    }
+
+    /// choria-provisioner patch: messages dropped for exceeding `set_message_size_limit`.
+    pub fn oversized_messages(&self) -> io::Result<usize> {
+        self.0
+            .client
+            .state
+            .read
+            .lock()
+            .subscriptions
+            .get(&self.0.sid)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "subscription not found"))
+            .map(|subscription| subscription.oversized_messages)
     }
 
     /// Unsubscribe a subscription immediately without draining.
