@@ -82,11 +82,12 @@ pub trait Discover: Send + Sync {
     fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, DiscoveryError>;
 
     /// Those of `names` (at most `MAX_NAMED`, `MAX_NAMED_BYTES` of them) that answered one
-    /// discovery naming them.
+    /// discovery naming them, each also given to `answered` as it came.
     fn discover_named(
         &self,
         names: &[Identity],
         gate: &Gate,
+        answered: &mut dyn FnMut(&Identity),
     ) -> Result<Vec<Identity>, DiscoveryError>;
 }
 
@@ -99,8 +100,9 @@ impl Discover for choria_broker::discovery::Discovery {
         &self,
         names: &[Identity],
         gate: &Gate,
+        answered: &mut dyn FnMut(&Identity),
     ) -> Result<Vec<Identity>, DiscoveryError> {
-        choria_broker::discovery::Discovery::discover_named(self, names, gate)
+        choria_broker::discovery::Discovery::discover_named(self, names, gate, answered)
     }
 }
 
@@ -1538,18 +1540,29 @@ pub fn run_verification(fleet: &Fleet, discover: &dyn Discover) {
     let Some(round) = fleet.next_round() else {
         return;
     };
+    // A named round's answers are queued as they come, so a real node does not wait for
+    // the silent ones it was named with.
+    let mut queued = 0;
+    let mut admit = |identity: &Identity| {
+        if matches!(
+            fleet.admit(identity, Source::Discovery),
+            Admission::Admitted(_) | Admission::Readmitted(_) | Admission::Verified(_)
+        ) {
+            queued += 1;
+        }
+    };
     let (kind, asked, answers) = match &round {
         Round::Named(named) => {
             let names: Vec<Identity> = named.iter().map(|(_, name)| name.clone()).collect();
-            (
-                "named",
-                names.len(),
-                discover.discover_named(&names, &fleet.gate),
-            )
+            let answers = discover.discover_named(&names, &fleet.gate, &mut admit);
+            ("named", names.len(), answers)
         }
         Round::Everyone { up_to } => {
             let asked = fleet.admissions.lock().awaiting.range(..=*up_to).count();
-            ("everyone", asked, discover.discover(&fleet.gate))
+            let answers = discover
+                .discover(&fleet.gate)
+                .inspect(|found| found.iter().for_each(&mut admit));
+            ("everyone", asked, answers)
         }
     };
     fleet
@@ -1559,7 +1572,6 @@ pub fn run_verification(fleet: &Fleet, discover: &dyn Discover) {
         .inc();
     match answers {
         Ok(identities) => {
-            let queued = admit_found(fleet, &identities);
             let settled = fleet.settle(&round);
             let how = match round {
                 Round::Named(_) => "named in one discovery".to_string(),
@@ -2299,13 +2311,12 @@ mod tests {
             &self,
             names: &[Identity],
             gate: &Gate,
+            answered: &mut dyn FnMut(&Identity),
         ) -> Result<Vec<Identity>, DiscoveryError> {
-            let found = self.fleet.discover_named(names, gate)?;
-            Ok(if self.booted.load(Ordering::SeqCst) {
-                found
-            } else {
-                Vec::new()
-            })
+            if !self.booted.load(Ordering::SeqCst) {
+                return Ok(Vec::new());
+            }
+            self.fleet.discover_named(names, gate, answered)
         }
     }
 
@@ -2503,13 +2514,16 @@ mod tests {
             &self,
             names: &[Identity],
             _gate: &Gate,
+            answered: &mut dyn FnMut(&Identity),
         ) -> Result<Vec<Identity>, DiscoveryError> {
             self.named_rounds.fetch_add(1, Ordering::SeqCst);
-            Ok(names
+            let found: Vec<Identity> = names
                 .iter()
                 .filter(|name| self.identities.contains(name))
                 .cloned()
-                .collect())
+                .collect();
+            found.iter().for_each(answered);
+            Ok(found)
         }
     }
 

@@ -20,11 +20,13 @@
 //!
 //! A round may also name the nodes it asks ([`Discovery::discover_named`]): the ping carries
 //! Choria's identity filter (go-choria filter/identity/identity.go, Match), so only the named
-//! nodes answer, and the window ends as soon as every one of them has. The fleet verifies
-//! sightings that only a startup event vouches for this way, hundreds in one broadcast. What
-//! an answer proves is only that something on the provisioning network answered in that
-//! name: the sender header is the replier's own claim, and every provisioning-mode node sees
-//! the ping and its reply subject. A sender the ping did not name is refused and counted.
+//! nodes answer. Knowing whom it waits for, such a round does not slide: it ends as soon as
+//! every named node has answered, else at the cap (Go's 2 s), so a node slower than its peers
+//! is not missed; each answer is handed over as it comes. The fleet verifies sightings that
+//! only a startup event vouches for this way, hundreds in one broadcast. What an answer proves
+//! is only that something on the provisioning network answered in that name: the sender
+//! header is the replier's own claim, and every provisioning-mode node sees the ping and its
+//! reply subject. A sender the ping did not name is refused and counted.
 
 use std::collections::{BTreeSet, HashSet};
 use std::fmt;
@@ -188,17 +190,19 @@ impl Discovery {
         // Nothing goes out while paused or stopping.
         let watch = gate.watch().map_err(DiscoveryError::Halted)?;
         self.observer.discover_cycle();
-        self.round(&[], None, &watch)
+        self.round(&[], None, &watch, &mut |_| {})
     }
 
     /// One discovery naming `names` in its identity filter: those of them that answered
-    /// within the window, which ends early once every one has. Names that go-choria would
-    /// read as a pattern ([`reads_as_pattern`]) are left out of the filter, so they never
-    /// answer. Not one of Go's discovery cycles (`discover_cycles` does not count it).
+    /// before every one had or the cap passed, each also given to `answered` as it came.
+    /// Names that go-choria would read as a pattern ([`reads_as_pattern`]) are left out of the
+    /// filter, so they never answer. Not one of Go's discovery cycles (`discover_cycles` does
+    /// not count it).
     pub fn discover_named(
         &self,
         names: &[Identity],
         gate: &Gate,
+        answered: &mut dyn FnMut(&Identity),
     ) -> Result<Vec<Identity>, DiscoveryError> {
         let bytes = names.iter().map(|name| name.len()).sum();
         if names.len() > MAX_NAMED || bytes > MAX_NAMED_BYTES {
@@ -217,16 +221,18 @@ impl Discovery {
             return Ok(Vec::new());
         }
         let asked: HashSet<Identity> = named.iter().cloned().collect();
-        self.round(&named, Some(asked), &watch)
+        self.round(&named, Some(asked), &watch, answered)
     }
 
     /// One round: the ping (naming `named`, if any), then the window. With `asked`, only
-    /// those senders are taken, and the window ends once all of them answered.
+    /// those senders are taken, each given to `answered` as it comes, and the window ends
+    /// once all of them answered, else at the cap.
     fn round(
         &self,
         named: &[Identity],
         asked: Option<HashSet<Identity>>,
         watch: &Watch,
+        answered: &mut dyn FnMut(&Identity),
     ) -> Result<Vec<Identity>, DiscoveryError> {
         let request_id = self.conn.new_request_id();
         let expected = asked.as_ref().map(HashSet::len);
@@ -251,7 +257,11 @@ impl Discovery {
 
         let start = Instant::now();
         let discovery_timeout = self.conn.settings().discovery_timeout;
-        let mut ends_at = window_end(start, discovery_timeout, self.cap, None);
+        let mut ends_at = match expected {
+            // Named: as patient as Go's cap for every node it names.
+            Some(_) => start + self.cap,
+            None => window_end(start, discovery_timeout, self.cap, None),
+        };
         let mut senders = BTreeSet::new();
         loop {
             if expected.is_some_and(|all| senders.len() >= all) {
@@ -260,9 +270,12 @@ impl Discovery {
             }
             match waiter.next_before(ends_at, watch) {
                 Next::Reply(identity) => {
+                    answered(&identity);
                     senders.insert(identity);
-                    let now = Some(Instant::now());
-                    ends_at = window_end(start, discovery_timeout, self.cap, now);
+                    if expected.is_none() {
+                        let now = Some(Instant::now());
+                        ends_at = window_end(start, discovery_timeout, self.cap, now);
+                    }
                 }
                 // Answers to this ping cannot come back on a link that dropped; the next
                 // round (or a startup event) finds the rest.
@@ -275,6 +288,7 @@ impl Discovery {
         let now = Instant::now();
         for _ in 0..waiter.queued() {
             if let Some(identity) = waiter.next_until(now) {
+                answered(&identity);
                 senders.insert(identity);
             }
         }

@@ -312,9 +312,14 @@ fn a_named_round_asks_and_finds_only_the_nodes_it_names() {
         id("/node/"),
     ];
 
+    let mut handed = Vec::new();
     let found = discovery
-        .discover_named(&names, &Gate::new(false))
+        .discover_named(&names, &Gate::new(false), &mut |name| {
+            handed.push(name.clone())
+        })
         .expect("a named round");
+    handed.sort();
+    assert_eq!(handed, found, "each answer handed over once, as it came");
 
     let mut expected = vec![
         sim_identity(0),
@@ -352,7 +357,7 @@ fn a_named_round_asks_and_finds_only_the_nodes_it_names() {
     // Too many names for one round: refused before anything is sent.
     let many: Vec<Identity> = (0..=MAX_NAMED).map(|n| id(&format!("n{n}.net"))).collect();
     assert!(matches!(
-        discovery.discover_named(&many, &Gate::new(false)),
+        discovery.discover_named(&many, &Gate::new(false), &mut |_| {}),
         Err(DiscoveryError::TooManyNames { names, .. }) if names == MAX_NAMED + 1
     ));
     conn.close();
