@@ -287,9 +287,16 @@ fn a_forger_of_provisioned_events_for_every_node_asked_stops_no_provisioning() {
     });
     assert_eq!(metrics.get("choria_provisioner_provision_errors"), 0.0);
     assert!(forged.load(Ordering::SeqCst) >= NODES, "the forger forged");
+    // Each cycle the forger's event reached in time was stopped and its node delayed (all five
+    // on main's code, which then never provisioned them); each delay was then overruled.
+    let delays = provisioner.log().matches("delaying node").count();
     assert!(
-        metrics.get("choria_provisioner_provisioned_events_overruled") >= NODES as f64,
-        "each node's delay was overruled\n{}",
+        delays >= 1,
+        "the forger stopped no cycle: the attack did not happen"
+    );
+    assert!(
+        metrics.get("choria_provisioner_provisioned_events_overruled") >= delays as f64,
+        "{delays} delays, each overruled\n{}",
         metrics.summary()
     );
     provisioner.stop();
