@@ -26,7 +26,8 @@
 //! once, by at most `release_delay` from the event, and is never extended by further events;
 //! the node is then verified and provisioned if it still answers. The authority that a node
 //! belongs to another provisioner is the node's own lock refusal, which leaves it to its owner
-//! for go-choria's lock window ([`LOCK_WINDOW`]).
+//! for go-choria's lock window ([`LOCK_WINDOW`]); then it is verified again, and provisioned
+//! if it still answers (its owner may have died mid-cycle).
 //!
 //! Invariant: `fleet` never touches the network; discovery and the provisioning cycle reach
 //! it through the [`Discover`] and [`ProvisionCycle`] traits, and time through a `Clock`.
@@ -175,13 +176,17 @@ struct Entry {
     verified: bool,
     /// A `provisioned` event has delayed this sighting once: later ones are overruled.
     delayed: bool,
+    /// Checked again after a delay or a lock window: silent then, it is taken to be in
+    /// service and forgotten, not kept.
+    rechecked: bool,
 }
 
 /// The lock window of go-choria's provisioning agent: a lock stands this long after its
 /// holder's last locked call, and a refused call does not extend it (go-choria
 /// providers/agent/mcorpc/golang/provision/provision.go, `LockWindow`; util.go, `lockFor`).
-/// A node whose lock was refused is left to its owner this long; a sighting after it admits
-/// the node again (the owner may have died mid-cycle, leaving it in provisioning mode).
+/// A node whose lock was refused is left to its owner this long, then checked with the next
+/// verification round: still answering (the owner may have died mid-cycle, leaving it in
+/// provisioning mode), it is admitted again; silent (in service), forgotten.
 pub const LOCK_WINDOW: Duration = Duration::from_secs(120);
 
 /// The shortest time between the starts of two verification rounds. Each is a broadcast that
@@ -226,6 +231,9 @@ struct Admissions {
     /// an unverified one.
     busy: usize,
     busy_unverified: usize,
+    /// Entries left to their owner: known, but neither waiting for us nor ours in progress,
+    /// so `waiting_nodes` leaves them out.
+    left_to_owner: usize,
     /// The state of the picker's random sequence (splitmix64), for `WorkOrder::Random`.
     picker: u64,
     /// Nodes another provisioner reported provisioned.
@@ -302,6 +310,7 @@ impl Admissions {
             workers: 0,
             busy: 0,
             busy_unverified: 0,
+            left_to_owner: 0,
             picker: seed.finish(),
             reported: Reports::default(),
         }
@@ -829,7 +838,7 @@ impl Fleet {
     }
 
     /// A cycle refused the node's lock ([`ProvisionOutcome::OwnedElsewhere`]): the node is
-    /// left to its owner for the lock window, sightings meanwhile ignored.
+    /// left to its owner for the lock window, sightings meanwhile ignored, then checked again.
     pub fn leave_to_owner(&self, ticket: &Ticket) {
         let until = self.clock.now() + LOCK_WINDOW;
         let mut admissions = self.admissions.lock();
@@ -837,13 +846,15 @@ impl Fleet {
             Some(entry) if entry.number == ticket.number => entry.stage = Stage::LeftToOwner,
             _ => return,
         }
+        admissions.left_to_owner += 1;
         self.set_timer(&mut admissions, until, ticket);
         self.update_gauges(&admissions);
     }
 
-    /// Ends every delay and lock window that is over: a delayed ticket waits for the next
-    /// verification round, a node left to its owner is forgotten (its next sighting admits
-    /// it again). Returns the next timer's moment, if any.
+    /// Ends every delay and lock window that is over: the ticket waits for the next
+    /// verification round, whose answer is the sighting that admits it again (a node left to
+    /// its owner may have been abandoned mid-cycle, still in provisioning mode). Returns the
+    /// next timer's moment, if any.
     pub fn fire_timers(&self) -> Option<Instant> {
         let now = self.clock.now();
         let mut admissions = self.admissions.lock();
@@ -860,24 +871,21 @@ impl Fleet {
                 Some(entry) if entry.number == number => entry.stage,
                 _ => continue,
             };
-            match stage {
-                Stage::LeftToOwner => {
-                    admissions.entries.remove(&identity);
-                    log::debug!(
-                        "{identity}: its lock window has passed; a sighting admits it again"
-                    );
-                }
-                Stage::Delayed => {
-                    if let Some(entry) = admissions.entries.get_mut(&identity) {
-                        entry.stage = Stage::Unverified;
-                        entry.verified = false;
-                        entry.admitted = now;
-                    }
-                    admissions.awaiting.insert(number, identity);
-                    moved = true;
-                }
-                _ => {}
+            if !matches!(stage, Stage::LeftToOwner | Stage::Delayed) {
+                continue;
             }
+            if stage == Stage::LeftToOwner {
+                admissions.left_to_owner = admissions.left_to_owner.saturating_sub(1);
+                log::debug!("{identity}: its lock window has passed: checking it again");
+            }
+            if let Some(entry) = admissions.entries.get_mut(&identity) {
+                entry.stage = Stage::Unverified;
+                entry.verified = false;
+                entry.rechecked = true;
+                entry.admitted = now;
+            }
+            admissions.awaiting.insert(number, identity);
+            moved = true;
         }
         if moved {
             let _ = self.wake_tx.try_send(());
@@ -913,9 +921,9 @@ impl Fleet {
     }
 
     /// After a round's answers were admitted (which queued every ticket that answered): the
-    /// round's tickets still awaiting did not answer. Those a `provisioned` event delayed are
-    /// taken to be in service and forgotten; others are kept at low priority, up to the
-    /// bound, and the rest forgotten (counted; a later sighting admits them again).
+    /// round's tickets still awaiting did not answer. Those checked again after a delay or a
+    /// lock window are taken to be in service and forgotten; others are kept at low priority,
+    /// up to the bound, and the rest forgotten (counted; a later sighting admits them again).
     pub fn settle(&self, round: &Round) -> Settled {
         let mut admissions = self.admissions.lock();
         let silent: Vec<(u64, Identity)> = match round {
@@ -933,13 +941,13 @@ impl Fleet {
         let mut settled = Settled::default();
         for (number, identity) in silent {
             admissions.awaiting.remove(&number);
-            let delayed = match admissions.entries.get(&identity) {
+            let rechecked = match admissions.entries.get(&identity) {
                 Some(entry) if entry.number == number && entry.stage == Stage::Unverified => {
-                    entry.delayed
+                    entry.rechecked
                 }
                 _ => continue,
             };
-            if !delayed && admissions.unanswered.len() < admissions.unanswered_kept() {
+            if !rechecked && admissions.unanswered.len() < admissions.unanswered_kept() {
                 admissions.unanswered.insert(number, identity);
                 settled.kept += 1;
                 self.metrics
@@ -954,9 +962,9 @@ impl Fleet {
                 .unverified_sightings
                 .with_label_values(&[FORGOTTEN])
                 .inc();
-            if delayed {
+            if rechecked {
                 log::debug!(
-                    "{identity} answered no discovery after its delay: taken to be in service, forgotten"
+                    "{identity} answered no discovery after its delay or lock window: taken to be in service, forgotten"
                 );
             } else if log_limit::global().allow(FORGOTTEN, &identity) {
                 log::warn!(
@@ -1022,6 +1030,7 @@ impl Fleet {
         admissions
             .entries
             .retain(|_, entry| entry.stage == Stage::InFlight);
+        admissions.left_to_owner = 0;
         let running = admissions.entries.len();
         let drained = admissions.waiting();
         admissions.pending.clear();
@@ -1084,9 +1093,9 @@ impl Fleet {
     }
 
     fn update_gauges(&self, admissions: &Admissions) {
-        self.metrics
-            .waiting_nodes
-            .set(admissions.entries.len() as f64);
+        // Nodes left to their owner are not waiting for us, nor ours in progress.
+        let ours = admissions.entries.len() - admissions.left_to_owner;
+        self.metrics.waiting_nodes.set(ours as f64);
         self.metrics
             .work_queue_entries
             .set(admissions.waiting() as f64);
@@ -1102,6 +1111,7 @@ fn entry(ticket: &Ticket, stage: Stage, delayed: bool) -> Entry {
         source: ticket.source,
         verified: ticket.verified,
         delayed,
+        rechecked: false,
     }
 }
 
@@ -2233,14 +2243,23 @@ mod tests {
 
     #[test]
     fn a_node_left_to_its_owner_is_admitted_again_on_a_sighting_after_the_lock_window() {
-        let (fleet, clock, _) = fleet_with(10);
-        fleet.admit(&id("locked"), Source::Event);
-        let ticket = pop(&fleet);
-        assert_eq!(fleet.start(&ticket), Start::Provision);
-        fleet.leave_to_owner(&ticket);
+        let (fleet, clock, metrics) = fleet_with(10);
+        for name in ["locked", "taken"] {
+            fleet.admit(&id(name), Source::Event);
+            let ticket = pop(&fleet);
+            assert_eq!(fleet.start(&ticket), Start::Provision);
+            fleet.leave_to_owner(&ticket);
+        }
+        let refused = clock.now();
         assert_eq!(
             fleet.stage_of("locked").map(|s| s.0),
             Some(Stage::LeftToOwner)
+        );
+        assert_eq!(fleet.len(), 2);
+        assert_eq!(
+            metrics.waiting_nodes.get(),
+            0.0,
+            "left to their owner: not waiting for us"
         );
         // Sightings within the window would only be refused the lock again.
         clock.advance(INTERVAL * 3 / 2);
@@ -2248,21 +2267,35 @@ mod tests {
             fleet.admit(&id("locked"), Source::Discovery),
             Admission::Ignored
         );
-        assert_eq!(fleet.fire_timers(), Some(ticket.admitted + LOCK_WINDOW));
+        assert_eq!(fleet.fire_timers(), Some(refused + LOCK_WINDOW));
         assert_eq!(
             fleet.admit(&id("locked"), Source::Event),
             Admission::Ignored
         );
+        // After it, both are checked: one still answers (its owner died mid-cycle) and is
+        // admitted again; the other is in service (its owner finished) and is forgotten.
         clock.advance(LOCK_WINDOW - INTERVAL * 3 / 2);
         assert_eq!(fleet.fire_timers(), None);
-        assert_eq!(fleet.stage_of("locked"), None, "forgotten after the window");
         assert_eq!(
-            fleet.admit(&id("locked"), Source::Discovery),
-            Admission::Admitted(2)
+            fleet.stage_of("locked").map(|s| s.0),
+            Some(Stage::Unverified)
         );
-        // A stale ticket's late timer does nothing to the new admission.
-        assert!(!fleet.finish(&ticket));
-        assert_eq!(fleet.stage_of("locked"), Some((Stage::Queued, 2)));
+        assert_eq!(
+            verify(&fleet, &["locked"]),
+            Round::Named(vec![(1, id("locked")), (2, id("taken"))])
+        );
+        assert_eq!(fleet.stage_of("locked"), Some((Stage::Queued, 1)));
+        assert_eq!(fleet.stage_of("taken"), None, "forgotten, not kept");
+        assert_eq!(unverified(&metrics, FORGOTTEN), 1);
+        assert_eq!(metrics.provision_errors.get(), 0);
+        let again = pop(&fleet);
+        assert_eq!((again.number, again.verified), (1, true));
+        assert_eq!(fleet.start(&again), Start::Provision);
+        // The one forgotten is admitted on its next sighting.
+        assert!(matches!(
+            fleet.admit(&id("taken"), Source::Discovery),
+            Admission::Admitted(_)
+        ));
     }
 
     /// A cycle that answers at once for the nodes named `real*` and, for any other, waits
@@ -2731,15 +2764,8 @@ mod tests {
             fleet.stage_of("foreign").map(|s| s.0),
             Some(Stage::LeftToOwner)
         );
-        // Past the lock window: the next sighting admits the node again.
+        // Past the lock window the node is checked again; it answers and is tried again.
         clock.advance(LOCK_WINDOW);
-        wait_until("the lock window's end", || {
-            fleet.stage_of("foreign").is_none()
-        });
-        threads.trigger().send(()).unwrap();
-        wait_until("a third round", || {
-            discovery.rounds.load(Ordering::SeqCst) == 3
-        });
         wait_until("the locked node tried again", || {
             cycle
                 .calls
@@ -2749,12 +2775,13 @@ mod tests {
                 .count()
                 == 2
         });
+        assert_eq!(discovery.named_rounds.load(Ordering::SeqCst), 1);
 
         // Paused: a trigger does not discover.
         fleet.pause();
         threads.trigger().send(()).unwrap();
         std::thread::sleep(Duration::from_millis(200));
-        assert_eq!(discovery.rounds.load(Ordering::SeqCst), 3);
+        assert_eq!(discovery.rounds.load(Ordering::SeqCst), 2);
         assert_eq!(metrics.busy_workers.get(), 0.0);
 
         let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {
