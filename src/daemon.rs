@@ -520,12 +520,13 @@ impl Started {
     ) -> Result<(), DaemonError> {
         let admitting = self.fleet.clone();
         // In random order a queued node may wait while another instance provisions it: its
-        // `provisioned` event lets this instance forget it instead of calling a node that has
-        // restarted into service (README, "Running several provisioners").
-        let forgetting = self.fleet.clone();
+        // `provisioned` event delays it here (once) and it is verified before it is called, so
+        // a node restarted into service is not called as a dead one (README, "Running several
+        // provisioners"). A hint only: anyone may publish one.
+        let hinted = self.fleet.clone();
         let provisioned = (self.config.work_order == WorkOrder::Random).then(|| {
             Box::new(move |identity: &Identity| {
-                forgetting.provisioned_elsewhere(identity);
+                hinted.provisioned_elsewhere(identity);
             }) as NodeHandler
         });
         let listener = EventListener::start(

@@ -2,16 +2,38 @@
 //! the releaser and the finisher, and the pause switch.
 //!
 //! One mutex guards the map identity → admission. Every admission is a distinct ticket with a
-//! fresh number, in one of three stages: queued, in flight, or held (provisioned, waiting out
-//! `release_delay` while the node restarts). A worker provisions a ticket only if it is still
-//! the current one for its identity, and the finisher removes an identity only if the map
-//! still holds that same ticket, so provisioning is exactly-once per admission (Go checks
-//! identities only). Admission is the only writer of the queue and never blocks.
+//! fresh number, in one stage at a time: queued, unverified (waiting for a verification
+//! round), in flight, held (provisioned, waiting out `release_delay` while the node restarts),
+//! delayed (by a `provisioned` report) or left to its owner (its lock was refused). A worker
+//! provisions a ticket only if it is still the current one for its identity, and the finisher
+//! removes an identity only if the map still holds that same ticket, so provisioning is
+//! exactly-once per admission (Go checks identities only). Admission is the only writer of the
+//! queue and never blocks.
+//!
+//! **Fair admission.** A sighting that only a startup event vouches for is *unverified*: anyone
+//! on the provisioning network can publish one, for a name that never answers, and each such
+//! name would hold a worker for its first call's tries (about 25 s). Such tickets may occupy at
+//! most `workers - 1` workers (a budget; one worker is always kept for verified nodes), and
+//! are taken only when no verified ticket waits. An event finds a worker at once when one is
+//! idle and the budget has room (the quiet path: no added round trip); otherwise its node is
+//! verified: the discovery ticker names every such node in one discovery (Choria's identity
+//! filter, hundreds per broadcast; one unfiltered round when there are more), and those that
+//! answer are queued as verified. Those that do not are kept at low priority, a few per
+//! budgeted worker ([`UNANSWERED_PER_WORKER`]; a dead node still fails as in Go), and the rest
+//! forgotten: counted, and admitted again on their next sighting.
+//!
+//! **Events are hints.** A `provisioned` event (anyone may publish one) may delay a sighting
+//! once, by at most `release_delay` from the event, and is never extended by further events;
+//! the node is then verified and provisioned if it still answers. The authority that a node
+//! belongs to another provisioner is the node's own lock refusal, which leaves it to its owner
+//! for go-choria's lock window ([`LOCK_WINDOW`]); then it is verified again, and provisioned
+//! if it still answers (its owner may have died mid-cycle).
 //!
 //! Invariant: `fleet` never touches the network; discovery and the provisioning cycle reach
 //! it through the [`Discover`] and [`ProvisionCycle`] traits, and time through a `Clock`.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -23,7 +45,7 @@ use crate::health::Probe;
 use crate::metrics::Metrics;
 use crate::provision::ProvisionError;
 use choria_broker::clock::Clock;
-use choria_broker::discovery::DiscoveryError;
+use choria_broker::discovery::{DiscoveryError, MAX_NAMED, MAX_NAMED_BYTES};
 use choria_broker::gate::Gate;
 use choria_broker::log_limit;
 use choria_wire::identity::Identity;
@@ -37,10 +59,11 @@ pub enum ProvisionOutcome {
     /// Shut down, as the helper asked (a node refusing is logged and carried on from, as in
     /// Go). Held like a provisioned node; Go's metrics count it as provisioned.
     ShutDown,
-    /// The node's provisioning lock belongs to another provisioner: done, not an error.
+    /// The node's provisioning lock belongs to another provisioner: done, not an error; the
+    /// node is left to it for the lock window.
     OwnedElsewhere,
-    /// Another provisioner provisioned the node meanwhile (its `provisioned` event came during
-    /// the cycle, which stopped before its next call): done, not an error.
+    /// A `provisioned` event named the node during the cycle, which stopped before its next
+    /// call: the node is delayed once, then verified and provisioned if it still answers.
     ProvisionedElsewhere,
     /// The cycle failed; the error names the node, the step and the cause.
     Failed(ProvisionError),
@@ -58,11 +81,29 @@ pub trait ProvisionCycle: Send + Sync {
 pub trait Discover: Send + Sync {
     /// The identities that answered one discovery round.
     fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, DiscoveryError>;
+
+    /// Those of `names` (at most `MAX_NAMED`, `MAX_NAMED_BYTES` of them) that answered one
+    /// discovery naming them, each also given to `answered` as it came.
+    fn discover_named(
+        &self,
+        names: &[Identity],
+        gate: &Gate,
+        answered: &mut dyn FnMut(&Identity),
+    ) -> Result<Vec<Identity>, DiscoveryError>;
 }
 
 impl Discover for choria_broker::discovery::Discovery {
     fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, DiscoveryError> {
         choria_broker::discovery::Discovery::discover(self, gate)
+    }
+
+    fn discover_named(
+        &self,
+        names: &[Identity],
+        gate: &Gate,
+        answered: &mut dyn FnMut(&Identity),
+    ) -> Result<Vec<Identity>, DiscoveryError> {
+        choria_broker::discovery::Discovery::discover_named(self, names, gate, answered)
     }
 }
 
@@ -81,6 +122,9 @@ pub struct Ticket {
     pub admitted: Instant,
     /// How the node was found.
     pub source: Source,
+    /// Whether a discovery answer vouches for the node (else only its startup event does, and
+    /// the ticket counts against the budget of workers for unverified nodes).
+    pub verified: bool,
 }
 
 /// What `admit` did with a sighting.
@@ -90,7 +134,16 @@ pub enum Admission {
     Admitted(u64),
     /// A held identity admitted more than one interval ago was replaced by this new ticket.
     Readmitted(u64),
-    /// The identity is already queued, in flight, or recently held.
+    /// Sighted by its startup event only, with no worker to spare for it: a new ticket waits
+    /// for the next verification round.
+    Unverified(u64),
+    /// Discovery answered for a node only an event had vouched for: its ticket is queued now.
+    Verified(u64),
+    /// A `provisioned` event names the node: a new ticket, delayed (once) until the event is
+    /// `release_delay` old.
+    Delayed(u64),
+    /// The identity is already known (queued, waiting, in flight, recently held, delayed or
+    /// left to its owner).
     Ignored,
     /// The queue was full: the fresh ticket was forgotten and counted.
     Dropped,
@@ -100,9 +153,17 @@ pub enum Admission {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
+    /// On the work queue: a doorbell rang for it.
     Queued,
+    /// Sighted by its startup event only: waiting to be named in a verification round, or
+    /// (having not answered one) for a worker the budget spares.
+    Unverified,
     InFlight,
     Held,
+    /// A `provisioned` event delays it until its timer; it is then verified again.
+    Delayed,
+    /// Its lock was refused: left to its owner until the lock window has passed.
+    LeftToOwner,
 }
 
 #[derive(Debug)]
@@ -110,15 +171,69 @@ struct Entry {
     number: u64,
     admitted: Instant,
     stage: Stage,
+    source: Source,
+    /// A discovery answer vouches for it.
+    verified: bool,
+    /// A `provisioned` event has delayed this sighting once: later ones are overruled.
+    delayed: bool,
+    /// Checked again after a delay or a lock window: silent then, it is taken to be in
+    /// service and forgotten, not kept.
+    rechecked: bool,
 }
+
+/// The lock window of go-choria's provisioning agent: a lock stands this long after its
+/// holder's last locked call, and a refused call does not extend it (go-choria
+/// providers/agent/mcorpc/golang/provision/provision.go, `LockWindow`; util.go, `lockFor`).
+/// A node whose lock was refused is left to its owner this long, then checked with the next
+/// verification round: still answering (the owner may have died mid-cycle, leaving it in
+/// provisioning mode), it is admitted again; silent (in service), forgotten.
+pub const LOCK_WINDOW: Duration = Duration::from_secs(120);
+
+/// The shortest time between the starts of two verification rounds. Each is a broadcast that
+/// every provisioning-mode node receives, and a round whose names all answer ends at once, so
+/// someone answering for names it announces could otherwise make a broadcast per round trip.
+pub const VERIFY_GAP: Duration = Duration::from_millis(250);
+
+/// Unverified sightings kept, per worker of the budget, after they did not answer their
+/// verification: each may still hold a worker for its first call's tries (so a dead node
+/// fails and is counted, as in Go), and the waste a flood of silent names causes is bounded
+/// by this many first calls per budgeted worker.
+pub const UNANSWERED_PER_WORKER: usize = 8;
+
+/// `unverified_sightings{result}`: the node answered discovery and was queued.
+pub const ANSWERED: &str = "answered";
+/// `unverified_sightings{result}`: named in a round, did not answer; kept at low priority.
+pub const UNANSWERED: &str = "unanswered";
+/// `unverified_sightings{result}`: did not answer and was forgotten (beyond the bound, or
+/// after a `provisioned` event's delay: taken to be in service).
+pub const FORGOTTEN: &str = "forgotten";
 
 #[derive(Debug)]
 struct Admissions {
     entries: HashMap<Identity, Entry>,
     last_number: u64,
-    /// The queued tickets, in admission order; the queue channel carries one doorbell per
-    /// ticket, so workers wait on a channel and take the ticket `work_order` picks.
+    /// The queued verified tickets, in admission order; the queue channel carries one doorbell
+    /// per ticket here and in `spare`, so workers wait on a channel and take the ticket
+    /// `work_order` picks.
     pending: VecDeque<Ticket>,
+    /// Unverified tickets given a doorbell within the budget, taken only when `pending` is
+    /// empty; at most the budget of them.
+    spare: VecDeque<Ticket>,
+    /// Unverified tickets to name in the next verification round, by number (admission order).
+    awaiting: BTreeMap<u64, Identity>,
+    /// Unverified tickets that did not answer a round: a spare worker takes them, oldest first.
+    unanswered: BTreeMap<u64, Identity>,
+    /// When each delayed or left-to-its-owner ticket's time is up (stale ones are skipped).
+    timers: BinaryHeap<Reverse<(Instant, u64, Identity)>>,
+    /// The workers running (0 until they start: then every sighting is queued as it comes).
+    workers: usize,
+    /// Workers holding a ticket (from taking it to the end of its cycle), and those holding
+    /// an unverified one.
+    busy: usize,
+    busy_unverified: usize,
+    /// Entries left to their owner: known, but neither waiting for us nor ours in progress,
+    /// so `waiting_nodes` leaves them out.
+    left_to_owner: usize,
     /// The state of the picker's random sequence (splitmix64), for `WorkOrder::Random`.
     picker: u64,
     /// Nodes another provisioner reported provisioned.
@@ -126,7 +241,7 @@ struct Admissions {
 }
 
 /// Bound on the `provisioned` reports kept: node-sent, so a flood of made-up names must not
-/// grow memory; beyond it a report is not kept (a node then costs a timed-out call, at worst).
+/// grow memory; beyond it a report is not kept (it would only have delayed a node).
 const REPORTS_KEPT: usize = 100_000;
 
 /// `provisioned` reports and when they came, each kept `release_delay`; expired ones leave
@@ -163,10 +278,17 @@ impl Reports {
         true
     }
 
-    fn contains(&self, identity: &Identity, now: Instant, keep: Duration) -> bool {
+    /// When the standing report of `identity` came, if one is younger than `keep`.
+    fn standing(&self, identity: &Identity, now: Instant, keep: Duration) -> Option<Instant> {
         self.at
             .get(identity)
-            .is_some_and(|at| now.saturating_duration_since(*at) <= keep)
+            .copied()
+            .filter(|at| now.saturating_duration_since(*at) <= keep)
+    }
+
+    #[cfg(test)]
+    fn contains(&self, identity: &Identity, now: Instant, keep: Duration) -> bool {
+        self.standing(identity, now, keep).is_some()
     }
 }
 
@@ -181,24 +303,34 @@ impl Admissions {
             entries: HashMap::new(),
             last_number: 0,
             pending: VecDeque::new(),
+            spare: VecDeque::new(),
+            awaiting: BTreeMap::new(),
+            unanswered: BTreeMap::new(),
+            timers: BinaryHeap::new(),
+            workers: 0,
+            busy: 0,
+            busy_unverified: 0,
+            left_to_owner: 0,
             picker: seed.finish(),
             reported: Reports::default(),
         }
     }
 
-    /// The next queued ticket in `order`.
+    /// The next queued ticket: a verified one in `order`, else the oldest spare unverified.
     fn take(&mut self, order: WorkOrder) -> Option<Ticket> {
         match order {
             WorkOrder::Fifo => self.pending.pop_front(),
             WorkOrder::Random => {
                 let len = self.pending.len();
                 if len == 0 {
-                    return None;
+                    None
+                } else {
+                    let pick = (self.next_random() % len as u64) as usize;
+                    self.pending.swap_remove_back(pick)
                 }
-                let pick = (self.next_random() % len as u64) as usize;
-                self.pending.swap_remove_back(pick)
             }
         }
+        .or_else(|| self.spare.pop_front())
     }
 
     /// splitmix64: statistically fine for spreading picks, and never blocks on entropy.
@@ -208,6 +340,53 @@ impl Admissions {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
+    }
+
+    /// Whether sightings are weighed against the workers (once they run).
+    fn controlled(&self) -> bool {
+        self.workers > 0
+    }
+
+    /// Workers unverified tickets may hold at once: all but one kept for verified nodes
+    /// (with a single worker, that one: the quiet path must not wait for a round trip).
+    fn budget(&self) -> usize {
+        if self.workers >= 2 {
+            self.workers - 1
+        } else {
+            self.workers
+        }
+    }
+
+    /// Whether one more unverified ticket fits the budget (held or given a doorbell).
+    fn budget_has_room(&self) -> bool {
+        self.busy_unverified + self.spare.len() < self.budget()
+    }
+
+    /// How many unanswered tickets are kept.
+    fn unanswered_kept(&self) -> usize {
+        UNANSWERED_PER_WORKER * self.budget().max(1)
+    }
+
+    /// Nodes waiting for a worker, in every queue.
+    fn waiting(&self) -> usize {
+        self.pending.len() + self.spare.len() + self.awaiting.len() + self.unanswered.len()
+    }
+
+    /// Takes an unverified ticket out of the verification queues (it is moving on).
+    fn leave_queues(&mut self, number: u64) {
+        self.awaiting.remove(&number);
+        self.unanswered.remove(&number);
+    }
+
+    /// The ticket of a known entry, as the queues carry it.
+    fn ticket_of(&self, identity: &Identity) -> Option<Ticket> {
+        self.entries.get(identity).map(|entry| Ticket {
+            identity: identity.clone(),
+            number: entry.number,
+            admitted: entry.admitted,
+            source: entry.source,
+            verified: entry.verified,
+        })
     }
 }
 
@@ -219,7 +398,7 @@ pub enum WorkOrder {
     Fifo,
     /// Any queued node, picked at random (provisioner #167): instances sharing a fleet
     /// without an election then work on different nodes instead of all racing for the same
-    /// one, and a node another instance reports provisioned is forgotten while queued.
+    /// one, and a node another instance reports provisioned is delayed while queued.
     Random,
 }
 
@@ -243,12 +422,36 @@ pub struct FleetSettings {
     pub work_order: WorkOrder,
 }
 
+/// One verification round: the unverified tickets it answers for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Round {
+    /// A discovery naming these (number, identity): within `MAX_NAMED` and `MAX_NAMED_BYTES`.
+    Named(Vec<(u64, Identity)>),
+    /// More than one named round holds: one unfiltered discovery answers for every ticket
+    /// awaiting verification up to this number.
+    Everyone { up_to: u64 },
+}
+
+/// What became of one round's unverified tickets that did not answer.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// Named, and still waiting: kept at low priority.
+    pub kept: usize,
+    /// Forgotten: beyond the bound, or silent after a `provisioned` event's delay.
+    pub forgotten: usize,
+}
+
 /// The admission map, the queue and the pause switch.
 pub struct Fleet {
     admissions: Mutex<Admissions>,
-    /// One doorbell per ticket in `Admissions::pending` (bounded: `work_queue_size`).
+    /// One doorbell per ticket in `Admissions::pending` and `spare` (bounded:
+    /// `work_queue_size`).
     queue_tx: Sender<()>,
     queue_rx: Receiver<()>,
+    /// Wakes the discovery ticker when there is admission work for it: a ticket to verify, a
+    /// timer set (capacity one: wakes coalesce).
+    wake_tx: Sender<()>,
+    wake_rx: Receiver<()>,
     gate: Arc<Gate>,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
@@ -263,12 +466,15 @@ impl Fleet {
         clock: Arc<dyn Clock>,
     ) -> Arc<Fleet> {
         let (queue_tx, queue_rx) = bounded(settings.work_queue_size.max(1));
+        let (wake_tx, wake_rx) = bounded(1);
         // The paused gauge follows the gate from now on, whoever flips it.
         gate.observe(metrics.clone());
         Arc::new(Fleet {
             admissions: Mutex::new(Admissions::new()),
             queue_tx,
             queue_rx,
+            wake_tx,
+            wake_rx,
             gate,
             metrics,
             clock,
@@ -280,6 +486,11 @@ impl Fleet {
         &self.gate
     }
 
+    /// `workers` run from now on: sightings are weighed against them (see the module doc).
+    pub fn workers_started(&self, workers: usize) {
+        self.admissions.lock().workers = workers;
+    }
+
     /// Admits a sighting of `identity`. Never blocks.
     pub fn admit(&self, identity: &Identity, source: Source) -> Admission {
         if self.gate.check().is_err() {
@@ -287,66 +498,80 @@ impl Fleet {
         }
         let now = self.clock.now();
         let mut admissions = self.admissions.lock();
-        // Seen after another provisioner configured it, before it restarted into service.
-        if self.reported_within(&admissions, identity, now) {
-            return Admission::Ignored;
-        }
         let mut readmission = false;
         if let Some(entry) = admissions.entries.get(identity.as_str()) {
-            // One cycle per node at a time: a second cycle would share the node's provisioning
-            // lock and its `jwt` call would replace the ECDH key under the first.
-            if entry.stage != Stage::Held {
-                return Admission::Ignored;
+            match entry.stage {
+                // A discovery answer vouches for a node only its event had announced.
+                Stage::Unverified if source == Source::Discovery => {
+                    let result = self.vouch(&mut admissions, identity);
+                    self.update_gauges(&admissions);
+                    return result;
+                }
+                // Go compares the age of the new sighting (always ~0) and so never
+                // re-admits; we compare the age of the held admission (provisioner
+                // hosts/hosts.go, add; see ARCHITECTURE.md, deliberate differences).
+                Stage::Held
+                    if now.saturating_duration_since(entry.admitted) > self.settings.interval =>
+                {
+                    readmission = true;
+                }
+                // One cycle per node at a time: a second cycle would share the node's
+                // provisioning lock and its `jwt` call would replace the ECDH key under the
+                // first. A delayed node waits out its delay; one left to its owner, the lock.
+                _ => return Admission::Ignored,
             }
-            // Go compares the age of the new sighting (always ~0) and so never re-admits; we
-            // compare the age of the held admission (provisioner hosts/hosts.go, add; see
-            // ARCHITECTURE.md, deliberate differences).
-            if now.saturating_duration_since(entry.admitted) <= self.settings.interval {
-                return Admission::Ignored;
-            }
-            readmission = true;
         }
         admissions.last_number += 1;
         let number = admissions.last_number;
+        let verified = source == Source::Discovery || !admissions.controlled();
         let ticket = Ticket {
             identity: identity.clone(),
             number,
             admitted: now,
             source,
+            verified,
         };
-        admissions.entries.insert(
-            identity.clone(),
-            Entry {
-                number,
-                admitted: now,
-                stage: Stage::Queued,
-            },
-        );
-        admissions.pending.push_back(ticket);
-        let result = match self.queue_tx.try_send(()) {
-            Ok(()) => {
+        let keep = self.settings.release_delay;
+        let standing = admissions.reported.standing(identity, now, keep);
+        let result = if let Some(reported) = standing {
+            // Seen after a `provisioned` event named it: delayed once, at most until the
+            // event is `release_delay` old (the node restarting into service would answer no
+            // more), then verified.
+            admissions
+                .entries
+                .insert(identity.clone(), entry(&ticket, Stage::Delayed, true));
+            self.set_timer(&mut admissions, reported + keep, &ticket);
+            log_delay(identity, (reported + keep).saturating_duration_since(now));
+            Admission::Delayed(number)
+        } else if verified || self.worker_free_now(&admissions) {
+            admissions
+                .entries
+                .insert(identity.clone(), entry(&ticket, Stage::Queued, false));
+            if self.enqueue(&mut admissions, ticket) {
                 log::debug!("admitted {identity} from {source:?} as ticket {number}");
                 if readmission {
                     Admission::Readmitted(number)
                 } else {
                     Admission::Admitted(number)
                 }
-            }
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                // Forget the fresh ticket so a later sighting can admit the node again
-                // (provisioner #190: a known-but-unqueued node was never provisioned).
-                admissions.entries.remove(identity);
-                admissions.pending.pop_back();
-                self.metrics.work_queue_dropped.inc();
-                // A flood of made-up names would log one line each: rate-limited per kind.
-                if log_limit::global().allow("work_queue_full", "") {
-                    log::error!(
-                        "work queue is full ({} entries): dropped {identity} from {source:?}; it will be admitted again on its next sighting",
-                        self.settings.work_queue_size
-                    );
-                }
+            } else {
                 Admission::Dropped
             }
+        } else if admissions.awaiting.len() + admissions.unanswered.len()
+            >= self.settings.work_queue_size
+        {
+            self.count_full(identity, source);
+            Admission::Dropped
+        } else {
+            admissions
+                .entries
+                .insert(identity.clone(), entry(&ticket, Stage::Unverified, false));
+            admissions.awaiting.insert(number, identity.clone());
+            let _ = self.wake_tx.try_send(());
+            log::debug!(
+                "admitted {identity} from {source:?} as ticket {number}, unverified: no worker to spare, it waits for a verification round"
+            );
+            Admission::Unverified(number)
         };
         self.update_gauges(&admissions);
         drop(admissions);
@@ -354,14 +579,97 @@ impl Fleet {
         result
     }
 
+    /// Whether an unverified ticket queued now would be taken at once: a worker is idle with
+    /// no doorbell waiting for it, and the budget has room.
+    fn worker_free_now(&self, admissions: &Admissions) -> bool {
+        let claimed = admissions.busy + self.queue_rx.len();
+        admissions.workers > claimed && admissions.budget_has_room()
+    }
+
+    /// Puts a ticket on its queue with a doorbell. A full queue forgets the fresh ticket so a
+    /// later sighting can admit the node again (provisioner #190: a known-but-unqueued node
+    /// was never provisioned): returns false then, counted.
+    fn enqueue(&self, admissions: &mut Admissions, ticket: Ticket) -> bool {
+        let (identity, source, verified) =
+            (ticket.identity.clone(), ticket.source, ticket.verified);
+        if verified {
+            admissions.pending.push_back(ticket);
+        } else {
+            admissions.spare.push_back(ticket);
+        }
+        match self.queue_tx.try_send(()) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                admissions.entries.remove(&identity);
+                if verified {
+                    admissions.pending.pop_back();
+                } else {
+                    admissions.spare.pop_back();
+                }
+                self.count_full(&identity, source);
+                false
+            }
+        }
+    }
+
+    /// A sighting the full queue could not take: counted, and logged (rate-limited per kind:
+    /// a flood of made-up names would log one line each).
+    fn count_full(&self, identity: &Identity, source: Source) {
+        self.metrics.work_queue_dropped.inc();
+        if log_limit::global().allow("work_queue_full", "") {
+            log::error!(
+                "work queue is full ({} entries): dropped {identity} from {source:?}; it will be admitted again on its next sighting",
+                self.settings.work_queue_size
+            );
+        }
+    }
+
+    /// An unverified ticket answered discovery: queued now as verified.
+    fn vouch(&self, admissions: &mut Admissions, identity: &Identity) -> Admission {
+        let Some(entry) = admissions.entries.get_mut(identity) else {
+            return Admission::Ignored;
+        };
+        entry.stage = Stage::Queued;
+        entry.verified = true;
+        let number = entry.number;
+        let delayed = entry.delayed;
+        admissions.leave_queues(number);
+        self.metrics
+            .unverified_sightings
+            .with_label_values(&[ANSWERED])
+            .inc();
+        if delayed {
+            // It answers after a `provisioned` event's delay: still in provisioning mode,
+            // so the event did not stop it (it was forged, or the node did not restart).
+            self.metrics.provisioned_events_overruled.inc();
+            log::info!(
+                "{identity} still answers discovery after its delay: provisioning it; events saying it was provisioned elsewhere are overruled from now on"
+            );
+        }
+        let Some(ticket) = admissions.ticket_of(identity) else {
+            return Admission::Ignored;
+        };
+        if self.enqueue(admissions, ticket) {
+            log::debug!("{identity} answered discovery: ticket {number} queued");
+            Admission::Verified(number)
+        } else {
+            Admission::Dropped
+        }
+    }
+
     /// `discovered` and `event_discovered` count nodes newly added, not sightings: Go moves
     /// them only when `add` returns true (provisioner hosts/hosts.go,
     /// discoverProvisionableNodes; hosts/event.go, listen), which it also does when the full
-    /// queue then drops the node. Our re-admission of a long-held node is an addition too.
+    /// queue then drops the node. Our re-admission of a long-held node is an addition too, and
+    /// so is a node waiting for its verification or its delay.
     fn count_new(&self, admission: &Admission, source: Source) {
         let added = matches!(
             admission,
-            Admission::Admitted(_) | Admission::Readmitted(_) | Admission::Dropped
+            Admission::Admitted(_)
+                | Admission::Readmitted(_)
+                | Admission::Unverified(_)
+                | Admission::Delayed(_)
+                | Admission::Dropped
         );
         if added {
             match source {
@@ -397,29 +705,63 @@ impl Fleet {
         }
     }
 
-    fn reported_within(&self, admissions: &Admissions, identity: &Identity, now: Instant) -> bool {
-        admissions
-            .reported
-            .contains(identity, now, self.settings.release_delay)
-    }
-
-    /// The ticket for a doorbell just taken; `None` when `remove_all` emptied the queue
-    /// between the doorbell and the lock (the caller waits for the next one).
+    /// The ticket for a doorbell just taken, now held by the caller's worker until
+    /// [`Fleet::worker_free`]; `None` when `remove_all` emptied the queue between the doorbell
+    /// and the lock (the caller waits for the next one).
     fn take(&self) -> Option<Ticket> {
         let mut admissions = self.admissions.lock();
         let ticket = admissions.take(self.settings.work_order);
+        if let Some(ticket) = &ticket {
+            admissions.busy += 1;
+            if !ticket.verified {
+                admissions.busy_unverified += 1;
+            }
+        }
         self.metrics
             .work_queue_entries
-            .set(admissions.pending.len() as f64);
+            .set(admissions.waiting() as f64);
         ticket
+    }
+
+    /// A worker is done with a ticket it took (whatever became of it): the budget it held is
+    /// free, and a spare worker may take an unverified ticket that did not answer.
+    pub fn worker_free(&self, ticket: &Ticket) {
+        let mut admissions = self.admissions.lock();
+        admissions.busy = admissions.busy.saturating_sub(1);
+        if !ticket.verified {
+            admissions.busy_unverified = admissions.busy_unverified.saturating_sub(1);
+        }
+        self.spare_out(&mut admissions);
+        self.update_gauges(&admissions);
+    }
+
+    /// Gives unanswered tickets doorbells while the budget has room, oldest first.
+    fn spare_out(&self, admissions: &mut Admissions) {
+        while admissions.budget_has_room() {
+            let Some((number, identity)) = admissions.unanswered.pop_first() else {
+                return;
+            };
+            let current = match admissions.entries.get_mut(&identity) {
+                Some(entry) if entry.number == number && entry.stage == Stage::Unverified => {
+                    entry.stage = Stage::Queued;
+                    true
+                }
+                _ => false,
+            };
+            if let Some(ticket) = admissions.ticket_of(&identity).filter(|_| current) {
+                self.enqueue(admissions, ticket);
+            }
+        }
     }
 
     /// Another provisioner reports `identity` provisioned (its `provisioned` lifecycle
     /// event, heard with `WorkOrder::Random`; our own nodes' events come too, harmlessly: they
-    /// are held). The report is kept `release_delay`, while the node restarts: a sighting
-    /// meanwhile is ignored, and a cycle of it in flight here stops before its next call
-    /// ([`crate::provision::ElsewhereReports`]). A ticket of it still queued is forgotten, so
-    /// no worker spends a call on it. Returns whether a queued ticket was forgotten.
+    /// are held). Anyone may publish one, so it is a hint: the report is kept `release_delay`,
+    /// and a sighting of the node (a new one, or one queued or waiting now) is delayed by it
+    /// once, until the report is `release_delay` old, then verified; a cycle in flight stops
+    /// before its next call and is delayed likewise ([`crate::provision::ElsewhereReports`]).
+    /// A report for a sighting already delayed once is overruled (counted), and never extends
+    /// a delay. Returns whether it delayed a ticket.
     pub fn provisioned_elsewhere(&self, identity: &Identity) -> bool {
         let now = self.clock.now();
         let mut admissions = self.admissions.lock();
@@ -431,17 +773,208 @@ impl Fleet {
                 "not keeping the provisioned event of {identity}: {REPORTS_KEPT} are kept already"
             );
         }
-        let queued = matches!(
-            admissions.entries.get(identity),
-            Some(entry) if entry.stage == Stage::Queued
-        );
-        if queued {
-            // Its ticket stays in `pending` and is skipped as stale when taken.
-            admissions.entries.remove(identity);
-            self.update_gauges(&admissions);
-            log::debug!("{identity} was provisioned by another provisioner: forgotten here");
+        let Some(entry) = admissions.entries.get(identity) else {
+            return false;
+        };
+        let delayed = match (entry.stage, entry.delayed) {
+            (Stage::Queued | Stage::Unverified, false) => {
+                let ticket = admissions.ticket_of(identity);
+                if let Some(ticket) = ticket {
+                    // Its ticket stays on its queue and is skipped as stale when taken.
+                    self.delay(&mut admissions, &ticket, now + keep);
+                }
+                true
+            }
+            (Stage::Queued | Stage::Unverified | Stage::Delayed, _) => {
+                self.metrics.provisioned_events_overruled.inc();
+                log::debug!(
+                    "{identity}: a provisioned event overruled: this sighting was delayed once already"
+                );
+                false
+            }
+            (Stage::InFlight | Stage::Held | Stage::LeftToOwner, _) => false,
+        };
+        self.update_gauges(&admissions);
+        delayed
+    }
+
+    /// Delays a current ticket until `until` (once per sighting), then it is verified.
+    fn delay(&self, admissions: &mut Admissions, ticket: &Ticket, until: Instant) {
+        let Some(entry) = admissions.entries.get_mut(&ticket.identity) else {
+            return;
+        };
+        if entry.number != ticket.number {
+            return;
         }
-        queued
+        entry.stage = Stage::Delayed;
+        entry.delayed = true;
+        admissions.leave_queues(ticket.number);
+        self.set_timer(admissions, until, ticket);
+        log_delay(
+            &ticket.identity,
+            until.saturating_duration_since(self.clock.now()),
+        );
+    }
+
+    fn set_timer(&self, admissions: &mut Admissions, at: Instant, ticket: &Ticket) {
+        admissions
+            .timers
+            .push(Reverse((at, ticket.number, ticket.identity.clone())));
+        let _ = self.wake_tx.try_send(());
+    }
+
+    /// A cycle stopped by a `provisioned` event ([`ProvisionOutcome::ProvisionedElsewhere`]):
+    /// its ticket is delayed until the event is `release_delay` old.
+    pub fn delay_after_report(&self, ticket: &Ticket) {
+        let now = self.clock.now();
+        let keep = self.settings.release_delay;
+        let mut admissions = self.admissions.lock();
+        let until = admissions
+            .reported
+            .standing(&ticket.identity, now, keep)
+            .map_or(now, |at| at + keep);
+        self.delay(&mut admissions, ticket, until);
+        self.update_gauges(&admissions);
+    }
+
+    /// A cycle refused the node's lock ([`ProvisionOutcome::OwnedElsewhere`]): the node is
+    /// left to its owner for the lock window, sightings meanwhile ignored, then checked again.
+    pub fn leave_to_owner(&self, ticket: &Ticket) {
+        let until = self.clock.now() + LOCK_WINDOW;
+        let mut admissions = self.admissions.lock();
+        match admissions.entries.get_mut(&ticket.identity) {
+            Some(entry) if entry.number == ticket.number => entry.stage = Stage::LeftToOwner,
+            _ => return,
+        }
+        admissions.left_to_owner += 1;
+        self.set_timer(&mut admissions, until, ticket);
+        self.update_gauges(&admissions);
+    }
+
+    /// Ends every delay and lock window that is over: the ticket waits for the next
+    /// verification round, whose answer is the sighting that admits it again (a node left to
+    /// its owner may have been abandoned mid-cycle, still in provisioning mode). Returns the
+    /// next timer's moment, if any.
+    pub fn fire_timers(&self) -> Option<Instant> {
+        let now = self.clock.now();
+        let mut admissions = self.admissions.lock();
+        let mut moved = false;
+        while let Some(Reverse((at, number, _))) = admissions.timers.peek() {
+            if *at > now {
+                break;
+            }
+            let number = *number;
+            let Some(Reverse((_, _, identity))) = admissions.timers.pop() else {
+                break;
+            };
+            let stage = match admissions.entries.get(&identity) {
+                Some(entry) if entry.number == number => entry.stage,
+                _ => continue,
+            };
+            if !matches!(stage, Stage::LeftToOwner | Stage::Delayed) {
+                continue;
+            }
+            if stage == Stage::LeftToOwner {
+                admissions.left_to_owner = admissions.left_to_owner.saturating_sub(1);
+                log::debug!("{identity}: its lock window has passed: checking it again");
+            }
+            if let Some(entry) = admissions.entries.get_mut(&identity) {
+                entry.stage = Stage::Unverified;
+                entry.verified = false;
+                entry.rechecked = true;
+                entry.admitted = now;
+            }
+            admissions.awaiting.insert(number, identity);
+            moved = true;
+        }
+        if moved {
+            let _ = self.wake_tx.try_send(());
+        }
+        self.update_gauges(&admissions);
+        admissions.timers.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// Whether a verification round has tickets to name.
+    pub fn awaits_verification(&self) -> bool {
+        !self.admissions.lock().awaiting.is_empty()
+    }
+
+    /// The next verification round: the oldest tickets awaiting one, named, when they fit one
+    /// named round; else one unfiltered round for all of them.
+    pub fn next_round(&self) -> Option<Round> {
+        let admissions = self.admissions.lock();
+        if admissions.awaiting.is_empty() {
+            return None;
+        }
+        let bytes: usize = admissions.awaiting.values().map(|name| name.len()).sum();
+        if admissions.awaiting.len() > MAX_NAMED || bytes > MAX_NAMED_BYTES {
+            return Some(Round::Everyone {
+                up_to: admissions.last_number,
+            });
+        }
+        let named = admissions
+            .awaiting
+            .iter()
+            .map(|(number, identity)| (*number, identity.clone()))
+            .collect();
+        Some(Round::Named(named))
+    }
+
+    /// After a round's answers were admitted (which queued every ticket that answered): the
+    /// round's tickets still awaiting did not answer. Those checked again after a delay or a
+    /// lock window are taken to be in service and forgotten; others are kept at low priority,
+    /// up to the bound, and the rest forgotten (counted; a later sighting admits them again).
+    pub fn settle(&self, round: &Round) -> Settled {
+        let mut admissions = self.admissions.lock();
+        let silent: Vec<(u64, Identity)> = match round {
+            Round::Named(named) => named
+                .iter()
+                .filter(|(number, _)| admissions.awaiting.contains_key(number))
+                .cloned()
+                .collect(),
+            Round::Everyone { up_to } => admissions
+                .awaiting
+                .range(..=*up_to)
+                .map(|(number, identity)| (*number, identity.clone()))
+                .collect(),
+        };
+        let mut settled = Settled::default();
+        for (number, identity) in silent {
+            admissions.awaiting.remove(&number);
+            let rechecked = match admissions.entries.get(&identity) {
+                Some(entry) if entry.number == number && entry.stage == Stage::Unverified => {
+                    entry.rechecked
+                }
+                _ => continue,
+            };
+            if !rechecked && admissions.unanswered.len() < admissions.unanswered_kept() {
+                admissions.unanswered.insert(number, identity);
+                settled.kept += 1;
+                self.metrics
+                    .unverified_sightings
+                    .with_label_values(&[UNANSWERED])
+                    .inc();
+                continue;
+            }
+            admissions.entries.remove(&identity);
+            settled.forgotten += 1;
+            self.metrics
+                .unverified_sightings
+                .with_label_values(&[FORGOTTEN])
+                .inc();
+            if rechecked {
+                log::debug!(
+                    "{identity} answered no discovery after its delay or lock window: taken to be in service, forgotten"
+                );
+            } else if log_limit::global().allow(FORGOTTEN, &identity) {
+                log::warn!(
+                    "{identity} announced its startup but answered no discovery: not queued (it is admitted again on its next sighting)"
+                );
+            }
+        }
+        self.spare_out(&mut admissions);
+        self.update_gauges(&admissions);
+        settled
     }
 
     /// Decides whether a popped ticket is provisioned, and marks it in flight if so.
@@ -487,19 +1020,24 @@ impl Fleet {
         same
     }
 
-    /// Leadership lost: forget every queued and held admission and drain the queue. A node
-    /// whose cycle is still running stays known until the cycle ends (the finisher removes
-    /// it), so a quick Lost → Won flap cannot admit it again while, say, its helper still
-    /// runs: one cycle per node, whatever the election does.
+    /// Leadership lost: forget every queued, waiting, delayed and held admission and drain the
+    /// queue. A node whose cycle is still running stays known until the cycle ends (the
+    /// finisher removes it), so a quick Lost → Won flap cannot admit it again while, say, its
+    /// helper still runs: one cycle per node, whatever the election does.
     pub fn remove_all(&self) {
         let mut admissions = self.admissions.lock();
         let before = admissions.entries.len();
         admissions
             .entries
             .retain(|_, entry| entry.stage == Stage::InFlight);
+        admissions.left_to_owner = 0;
         let running = admissions.entries.len();
-        let drained = admissions.pending.len();
+        let drained = admissions.waiting();
         admissions.pending.clear();
+        admissions.spare.clear();
+        admissions.awaiting.clear();
+        admissions.unanswered.clear();
+        admissions.timers.clear();
         while self.queue_rx.try_recv().is_ok() {}
         self.update_gauges(&admissions);
         log::info!(
@@ -521,7 +1059,7 @@ impl Fleet {
         self.gate.is_paused()
     }
 
-    /// Identities known (queued, in flight or held).
+    /// Identities known (queued, waiting, in flight, held, delayed or left to their owner).
     pub fn len(&self) -> usize {
         self.admissions.lock().entries.len()
     }
@@ -530,8 +1068,9 @@ impl Fleet {
         self.len() == 0
     }
 
+    /// Nodes waiting for a worker: queued, or unverified.
     pub fn queue_len(&self) -> usize {
-        self.admissions.lock().pending.len()
+        self.admissions.lock().waiting()
     }
 
     /// The stage and ticket number of an identity, if known.
@@ -554,24 +1093,68 @@ impl Fleet {
     }
 
     fn update_gauges(&self, admissions: &Admissions) {
-        self.metrics
-            .waiting_nodes
-            .set(admissions.entries.len() as f64);
+        // Nodes left to their owner are not waiting for us, nor ours in progress.
+        let ours = admissions.entries.len() - admissions.left_to_owner;
+        self.metrics.waiting_nodes.set(ours as f64);
         self.metrics
             .work_queue_entries
-            .set(admissions.pending.len() as f64);
+            .set(admissions.waiting() as f64);
     }
 }
 
+/// A fresh entry for `ticket` in `stage`.
+fn entry(ticket: &Ticket, stage: Stage, delayed: bool) -> Entry {
+    Entry {
+        number: ticket.number,
+        admitted: ticket.admitted,
+        stage,
+        source: ticket.source,
+        verified: ticket.verified,
+        delayed,
+        rechecked: false,
+    }
+}
+
+/// The one line a delay logs (once per sighting).
+fn log_delay(identity: &Identity, left: Duration) {
+    log::info!(
+        "delaying {identity} for up to {left:?}: a provisioned event says another provisioner configured it; it is provisioned after that if it still answers discovery"
+    );
+}
+
+/// The cycle's question, answered once per sighting: a `provisioned` event stands for the
+/// node and has not delayed this sighting yet (so the cycle stops, and is delayed).
 impl crate::provision::ElsewhereReports for Fleet {
     fn reported_provisioned(&self, identity: &Identity) -> bool {
         let admissions = self.admissions.lock();
-        self.reported_within(&admissions, identity, self.clock.now())
+        let now = self.clock.now();
+        let first = admissions
+            .entries
+            .get(identity)
+            .is_some_and(|entry| entry.stage == Stage::InFlight && !entry.delayed);
+        first
+            && admissions
+                .reported
+                .standing(identity, now, self.settings.release_delay)
+                .is_some()
     }
 }
 
-/// Runs one worker's decision for a popped ticket and reports where it goes next.
+/// Runs one worker's decision for a popped ticket and reports where it goes next; the worker
+/// is free again when it returns.
 fn work_one(
+    fleet: &Fleet,
+    cycle: &dyn ProvisionCycle,
+    ticket: Ticket,
+    done: &Sender<Ticket>,
+    release: &Releases,
+) {
+    let held = ticket.clone();
+    run_ticket(fleet, cycle, ticket, done, release);
+    fleet.worker_free(&held);
+}
+
+fn run_ticket(
     fleet: &Fleet,
     cycle: &dyn ProvisionCycle,
     ticket: Ticket,
@@ -614,14 +1197,16 @@ fn work_one(
                 "{} is locked by another provisioner: leaving it to them",
                 ticket.identity
             );
-            false
+            fleet.leave_to_owner(&ticket);
+            return;
         }
         ProvisionOutcome::ProvisionedElsewhere => {
             log::info!(
-                "{} was provisioned by another provisioner meanwhile: leaving it",
+                "{}: a provisioned event came during its cycle: stopped before the next call",
                 ticket.identity
             );
-            false
+            fleet.delay_after_report(&ticket);
+            return;
         }
         ProvisionOutcome::ShutDown => {
             log::info!("shut down {} as the helper asked", ticket.identity);
@@ -742,6 +1327,7 @@ impl FleetThreads {
         probe: &dyn Fn(&str) -> Probe,
     ) -> std::io::Result<FleetThreads> {
         let workers = workers.max(1);
+        fleet.workers_started(workers);
         let (trigger, trigger_rx) = bounded::<()>(1);
         let (stop_ticker, stop_ticker_rx) = bounded::<()>(1);
         let (done_tx, done_rx) = bounded::<Ticket>(workers * 4 + 16);
@@ -922,6 +1508,10 @@ fn run_finisher(fleet: &Fleet, done: Receiver<Ticket>, probe: Probe) {
     probe.retire();
 }
 
+/// The discovery ticker, which also runs admission's timed work: discovery at once, then
+/// every interval and on each trigger; a verification round whenever tickets await one (at
+/// most one start per [`VERIFY_GAP`]); and the ends of delays and lock windows, on the fleet's
+/// clock. One thread, so rounds never overlap.
 fn run_ticker(
     fleet: &Fleet,
     discover: &dyn Discover,
@@ -930,8 +1520,19 @@ fn run_ticker(
     probe: &Probe,
 ) {
     let mut next = Instant::now();
+    let mut next_round = Instant::now();
     loop {
-        let wait = next.saturating_duration_since(Instant::now());
+        let timer = match fleet.fire_timers() {
+            Some(at) => fleet.clock.at(at),
+            None => never(),
+        };
+        let now = Instant::now();
+        let verifying = fleet.gate.check().is_ok() && fleet.awaits_verification();
+        let wake_at = if verifying {
+            next.min(next_round.max(now))
+        } else {
+            next
+        };
         select! {
             recv(stop) -> _ => return,
             recv(probe.questions()) -> _ => {
@@ -942,9 +1543,17 @@ fn run_ticker(
                 if msg.is_err() { return; }
                 run_discovery(fleet, discover);
             },
-            default(wait) => {
-                run_discovery(fleet, discover);
-                next = Instant::now() + fleet.settings.interval;
+            recv(fleet.wake_rx) -> _ => {},
+            recv(timer) -> _ => {},
+            default(wake_at.saturating_duration_since(now)) => {
+                let now = Instant::now();
+                if now >= next {
+                    run_discovery(fleet, discover);
+                    next = Instant::now() + fleet.settings.interval;
+                } else if verifying && now >= next_round {
+                    next_round = now + VERIFY_GAP;
+                    run_verification(fleet, discover);
+                }
             },
         }
         if fleet.gate.is_stopping() {
@@ -961,15 +1570,7 @@ pub fn run_discovery(fleet: &Fleet, discover: &dyn Discover) {
     }
     match discover.discover(&fleet.gate) {
         Ok(identities) => {
-            let mut admitted = 0;
-            for identity in &identities {
-                if matches!(
-                    fleet.admit(identity, Source::Discovery),
-                    Admission::Admitted(_) | Admission::Readmitted(_)
-                ) {
-                    admitted += 1;
-                }
-            }
+            let admitted = admit_found(fleet, &identities);
             log::info!(
                 "discovery found {} nodes, admitted {admitted}",
                 identities.len()
@@ -978,6 +1579,83 @@ pub fn run_discovery(fleet: &Fleet, discover: &dyn Discover) {
         // Paused or stopping: nobody would use the answers; not a failure.
         Err(DiscoveryError::Halted(halt)) => log::info!("discovery ended early: {halt}"),
         Err(err) => log::error!("discovery failed: {err}"),
+    }
+}
+
+/// Admits what a discovery found; returns how many went on the queue (new, re-admitted, or
+/// vouched for after only an event had announced them).
+fn admit_found(fleet: &Fleet, identities: &[Identity]) -> usize {
+    identities
+        .iter()
+        .filter(|identity| {
+            matches!(
+                fleet.admit(identity, Source::Discovery),
+                Admission::Admitted(_) | Admission::Readmitted(_) | Admission::Verified(_)
+            )
+        })
+        .count()
+}
+
+/// One verification round ([`Fleet::next_round`]): the tickets that answered are queued, the
+/// rest settled ([`Fleet::settle`]). Skipped while paused; a failed round leaves its tickets
+/// waiting for the next.
+pub fn run_verification(fleet: &Fleet, discover: &dyn Discover) {
+    if let Err(halt) = fleet.gate.check() {
+        log::debug!("skipping verification: {halt}");
+        return;
+    }
+    let Some(round) = fleet.next_round() else {
+        return;
+    };
+    // A named round's answers are queued as they come, so a real node does not wait for
+    // the silent ones it was named with.
+    let mut queued = 0;
+    let mut admit = |identity: &Identity| {
+        if matches!(
+            fleet.admit(identity, Source::Discovery),
+            Admission::Admitted(_) | Admission::Readmitted(_) | Admission::Verified(_)
+        ) {
+            queued += 1;
+        }
+    };
+    let (kind, asked, answers) = match &round {
+        Round::Named(named) => {
+            let names: Vec<Identity> = named.iter().map(|(_, name)| name.clone()).collect();
+            let answers = discover.discover_named(&names, &fleet.gate, &mut admit);
+            ("named", names.len(), answers)
+        }
+        Round::Everyone { up_to } => {
+            let asked = fleet.admissions.lock().awaiting.range(..=*up_to).count();
+            let answers = discover
+                .discover(&fleet.gate)
+                .inspect(|found| found.iter().for_each(&mut admit));
+            ("everyone", asked, answers)
+        }
+    };
+    fleet
+        .metrics
+        .verification_rounds
+        .with_label_values(&[kind])
+        .inc();
+    match answers {
+        Ok(identities) => {
+            let settled = fleet.settle(&round);
+            let how = match round {
+                Round::Named(_) => "named in one discovery".to_string(),
+                Round::Everyone { .. } => format!(
+                    "too many to name: one discovery of every node found {}",
+                    identities.len()
+                ),
+            };
+            log::info!(
+                "verification: {asked} nodes sighted only by their startup events, {how}; {queued} queued, {} did not answer ({} kept at low priority, {} forgotten)",
+                settled.kept + settled.forgotten,
+                settled.kept,
+                settled.forgotten
+            );
+        }
+        Err(DiscoveryError::Halted(halt)) => log::info!("verification ended early: {halt}"),
+        Err(err) => log::error!("verification failed: {err}"),
     }
 }
 
@@ -1044,7 +1722,7 @@ mod tests {
     use super::*;
     use choria_broker::clock::ManualClock;
     use std::collections::HashSet;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     fn id(text: &str) -> Identity {
         Identity::parse(text).expect("a valid test identity")
@@ -1157,6 +1835,7 @@ mod tests {
             number: 1,
             admitted: second.admitted,
             source: Source::Discovery,
+            verified: true,
         };
         assert_eq!(fleet.start(&first), Start::Stale);
         assert!(!fleet.finish(&first));
@@ -1280,64 +1959,509 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_queued_node_provisioned_elsewhere_is_forgotten_but_never_one_in_flight_or_held() {
-        let (fleet, clock, metrics) = fleet_in(10, WorkOrder::Random);
-        fleet.admit(&id("queued"), Source::Event);
-        fleet.admit(&id("flying"), Source::Event);
-        fleet.admit(&id("held"), Source::Event);
-        let mut tickets = Vec::new();
-        while let Some(ticket) = fleet.next_ticket(Duration::from_millis(1)) {
-            tickets.push(ticket);
-        }
-        let ticket = |name: &str| {
-            tickets
-                .iter()
-                .find(|t| t.identity.as_str() == name)
-                .cloned()
-                .expect("taken")
-        };
-        assert_eq!(fleet.start(&ticket("flying")), Start::Provision);
-        assert_eq!(fleet.start(&ticket("held")), Start::Provision);
-        fleet.hold(&ticket("held"));
+    /// A fleet whose `workers` run, so sightings are weighed against them.
+    fn fleet_of_workers(workers: usize) -> (Arc<Fleet>, Arc<ManualClock>, Arc<Metrics>) {
+        let (fleet, clock, metrics) = fleet_in(1000, WorkOrder::Fifo);
+        fleet.workers_started(workers);
+        (fleet, clock, metrics)
+    }
 
-        assert!(fleet.provisioned_elsewhere(&id("queued")));
+    /// Runs one verification round against nodes of which `answering` answer, as the ticker
+    /// does; returns the round.
+    fn verify(fleet: &Fleet, answering: &[&str]) -> Round {
+        let round = fleet.next_round().expect("tickets await a round");
+        let discovery = FixedDiscovery::of(answering.iter().map(|n| id(n)).collect());
+        run_verification(fleet, &discovery);
+        round
+    }
+
+    fn unverified(metrics: &Metrics, result: &str) -> u64 {
+        metrics
+            .unverified_sightings
+            .with_label_values(&[result])
+            .get()
+    }
+
+    #[test]
+    fn an_event_takes_an_idle_worker_at_once_and_beyond_the_budget_waits_for_a_round() {
+        let (fleet, _, metrics) = fleet_of_workers(2);
+        // The quiet path: a worker is idle, nothing else waits: queued as it comes.
+        assert_eq!(
+            fleet.admit(&id("first"), Source::Event),
+            Admission::Admitted(1)
+        );
         assert!(
-            !fleet.provisioned_elsewhere(&id("flying")),
-            "its cycle meets the lock"
+            !fleet.awaits_verification(),
+            "no round trip on the quiet path"
         );
-        assert!(!fleet.provisioned_elsewhere(&id("held")), "ours");
-        assert!(!fleet.provisioned_elsewhere(&id("unknown")));
+        let first = pop(&fleet);
+        assert!(!first.verified);
+        assert_eq!(fleet.start(&first), Start::Provision);
+        // One of the two workers holds an unverified node: the budget (all but one) is used,
+        // so the next event waits for a round though a worker is idle.
         assert_eq!(
-            fleet.start(&ticket("queued")),
-            Start::Stale,
-            "skipped, no call"
+            fleet.admit(&id("second"), Source::Event),
+            Admission::Unverified(2)
         );
-        assert_eq!(fleet.len(), 2);
-        assert_eq!(metrics.waiting_nodes.get(), 2.0);
-        assert_eq!(metrics.provision_errors.get(), 0);
-        // The reports are kept while the nodes restart: a cycle in flight stops at its next
-        // step, and a sighting meanwhile (a discovery reply sent just before the restart) is
-        // ignored; after release_delay the node is admitted again (another life).
-        use crate::provision::ElsewhereReports;
-        assert!(fleet.reported_provisioned(&id("flying")));
-        assert!(fleet.reported_provisioned(&id("unknown")));
-        assert!(!fleet.reported_provisioned(&id("never-reported")));
+        assert_eq!(fleet.stage_of("second"), Some((Stage::Unverified, 2)));
+        assert!(fleet.next_ticket(Duration::from_millis(1)).is_none());
+        // Discovery vouches for what it finds: always queued.
         assert_eq!(
-            fleet.admit(&id("queued"), Source::Discovery),
-            Admission::Ignored
+            fleet.admit(&id("found"), Source::Discovery),
+            Admission::Admitted(3)
         );
+        assert!(pop(&fleet).verified);
+        assert_eq!(metrics.event_discovered.get(), 2, "both events add a node");
+        assert_eq!(fleet.queue_len(), 1, "the one awaiting its round");
+        assert_eq!(metrics.work_queue_entries.get(), 1.0);
+
+        // It answers its round: queued as verified, and taken.
         assert_eq!(
-            fleet.admit(&id("unknown"), Source::Event),
-            Admission::Ignored
+            verify(&fleet, &["second"]),
+            Round::Named(vec![(2, id("second"))])
         );
-        assert_eq!(metrics.discovered.get() + metrics.event_discovered.get(), 3);
-        clock.advance(Duration::from_secs(61));
-        assert!(!fleet.reported_provisioned(&id("queued")));
+        let second = pop(&fleet);
+        assert_eq!((second.number, second.verified), (2, true));
+        assert_eq!(unverified(&metrics, ANSWERED), 1);
+        assert_eq!(metrics.event_discovered.get(), 2, "not a new node");
+    }
+
+    #[test]
+    fn with_one_worker_an_event_still_takes_it_at_once() {
+        let (fleet, _, _) = fleet_of_workers(1);
+        assert_eq!(
+            fleet.admit(&id("only"), Source::Event),
+            Admission::Admitted(1)
+        );
+        let only = pop(&fleet);
+        assert_eq!(fleet.start(&only), Start::Provision);
+        assert_eq!(
+            fleet.admit(&id("next"), Source::Event),
+            Admission::Unverified(2),
+            "busy: verified first"
+        );
+    }
+
+    #[test]
+    fn verified_tickets_are_taken_before_unverified_ones_and_silent_ones_only_within_the_budget() {
+        let (fleet, _, metrics) = fleet_of_workers(3);
+        // Two unverified nodes take the budget of two (of three workers) at once.
+        for name in ["u1", "u2"] {
+            assert!(matches!(
+                fleet.admit(&id(name), Source::Event),
+                Admission::Admitted(_)
+            ));
+        }
+        for name in ["u3", "u4", "u5"] {
+            assert!(matches!(
+                fleet.admit(&id(name), Source::Event),
+                Admission::Unverified(_)
+            ));
+        }
+        fleet.admit(&id("v1"), Source::Discovery);
+        // The verified one first, then the spare unverified ones.
+        let order: Vec<String> = (0..3).map(|_| pop(&fleet).identity.to_string()).collect();
+        assert_eq!(order, ["v1", "u1", "u2"]);
+        for ticket in ["u1", "u2"] {
+            let ticket = fleet.admissions.lock().ticket_of(&id(ticket)).unwrap();
+            assert_eq!(fleet.start(&ticket), Start::Provision);
+        }
+        // Nobody answers for u3..u5: kept at low priority, taken only as the budget frees.
+        let settled = verify(&fleet, &[]);
+        assert!(matches!(settled, Round::Named(ref names) if names.len() == 3));
+        assert_eq!(unverified(&metrics, UNANSWERED), 3);
+        assert!(fleet.next_ticket(Duration::from_millis(1)).is_none());
+        let u1 = fleet.admissions.lock().ticket_of(&id("u1")).unwrap();
+        fleet.worker_free(&u1);
+        let freed = pop(&fleet);
+        assert_eq!(freed.identity.as_str(), "u3", "oldest first");
+        assert!(fleet.next_ticket(Duration::from_millis(1)).is_none());
+    }
+
+    #[test]
+    fn silent_sightings_beyond_the_bound_are_forgotten_counted_and_admitted_again_later() {
+        let (fleet, _, metrics) = fleet_of_workers(2);
+        let kept = UNANSWERED_PER_WORKER; // the budget of two workers is one
         assert!(matches!(
-            fleet.admit(&id("queued"), Source::Event),
+            fleet.admit(&id("direct"), Source::Event),
             Admission::Admitted(_)
         ));
+        let direct = pop(&fleet);
+        assert_eq!(fleet.start(&direct), Start::Provision);
+        for n in 0..20 {
+            fleet.admit(&id(&format!("silent-{n}")), Source::Event);
+        }
+        let lines = crate::test_log::capture(|| verify(&fleet, &[])).1;
+        assert_eq!(unverified(&metrics, UNANSWERED), kept as u64);
+        assert_eq!(unverified(&metrics, FORGOTTEN), 20 - kept as u64);
+        assert_eq!(
+            fleet.len(),
+            1 + kept,
+            "the forgotten are not known any more"
+        );
+        // One line for the round (a warning per forgotten node is rate-limited with others).
+        assert!(
+            lines.iter().any(|l| l.text
+                == "verification: 20 nodes sighted only by their startup events, named in one discovery; 0 queued, 20 did not answer (8 kept at low priority, 12 forgotten)"),
+            "{lines:?}"
+        );
+        assert_eq!(metrics.provision_errors.get(), 0, "forgotten, not failed");
+        assert!(matches!(
+            fleet.admit(&id("silent-19"), Source::Event),
+            Admission::Unverified(_)
+        ));
+    }
+
+    #[test]
+    fn more_than_one_named_round_holds_is_one_round_for_everyone() {
+        let (fleet, _, metrics) = fleet_of_workers(2);
+        fleet.admit(&id("direct"), Source::Event);
+        let direct = pop(&fleet);
+        assert_eq!(fleet.start(&direct), Start::Provision);
+        for n in 0..MAX_NAMED {
+            fleet.admit(&id(&format!("n{n}")), Source::Event);
+        }
+        assert!(
+            matches!(fleet.next_round(), Some(Round::Named(names)) if names.len() == MAX_NAMED)
+        );
+        fleet.admit(&id("real"), Source::Event);
+        let last = fleet.stage_of("real").unwrap().1;
+        let discovery = FixedDiscovery::of(vec![id("real"), id("elsewhere")]);
+        assert_eq!(fleet.next_round(), Some(Round::Everyone { up_to: last }));
+        run_verification(&fleet, &discovery);
+        assert_eq!(discovery.rounds.load(Ordering::SeqCst), 1);
+        assert_eq!(discovery.named_rounds.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            metrics
+                .verification_rounds
+                .with_label_values(&["everyone"])
+                .get(),
+            1
+        );
+        assert_eq!(fleet.stage_of("real").map(|s| s.0), Some(Stage::Queued));
+        assert_eq!(
+            fleet.stage_of("elsewhere").map(|s| s.0),
+            Some(Stage::Queued),
+            "a full round is a discovery: what it finds is admitted"
+        );
+        assert_eq!(metrics.discovered.get(), 1);
+        assert!(!fleet.awaits_verification(), "every ticket settled");
+        // Names too long for one named round, though few, ask everyone too.
+        for n in 0..MAX_NAMED_BYTES / 250 + 1 {
+            fleet.admit(&id(&format!("{n:0>250}")), Source::Event);
+        }
+        assert!(matches!(fleet.next_round(), Some(Round::Everyone { .. })));
+    }
+
+    #[test]
+    fn a_provisioned_event_delays_a_sighting_once_never_longer_then_it_is_verified() {
+        let (fleet, clock, metrics) = fleet_in(10, WorkOrder::Random);
+        fleet.admit(&id("queued"), Source::Event);
+        let start = clock.now();
+        assert!(fleet.provisioned_elsewhere(&id("queued")), "delayed");
+        assert_eq!(fleet.stage_of("queued").map(|s| s.0), Some(Stage::Delayed));
+        let stale = pop(&fleet);
+        assert_eq!(
+            fleet.start(&stale),
+            Start::Stale,
+            "its queued ticket is skipped"
+        );
+        // Further events in the delay do not extend it.
+        clock.advance(Duration::from_secs(30));
+        assert!(!fleet.provisioned_elsewhere(&id("queued")));
+        assert_eq!(metrics.provisioned_events_overruled.get(), 1);
+        assert_eq!(
+            fleet.admit(&id("queued"), Source::Event),
+            Admission::Ignored
+        );
+        assert_eq!(fleet.fire_timers(), Some(start + Duration::from_secs(60)));
+        clock.advance(Duration::from_secs(31));
+        assert_eq!(fleet.fire_timers(), None);
+        assert_eq!(
+            fleet.stage_of("queued").map(|s| s.0),
+            Some(Stage::Unverified)
+        );
+        // It still answers: provisioned here, and no event delays this sighting again.
+        verify(&fleet, &["queued"]);
+        assert_eq!(metrics.provisioned_events_overruled.get(), 2);
+        let ticket = pop(&fleet);
+        assert!(
+            !fleet.provisioned_elsewhere(&id("queued")),
+            "queued: overruled"
+        );
+        assert_eq!(metrics.provisioned_events_overruled.get(), 3);
+        assert_eq!(fleet.start(&ticket), Start::Provision);
+        use crate::provision::ElsewhereReports;
+        assert!(!fleet.provisioned_elsewhere(&id("queued")), "in flight");
+        assert!(
+            !fleet.reported_provisioned(&id("queued")),
+            "its cycle is not stopped again"
+        );
+        assert_eq!(metrics.provision_errors.get(), 0);
+    }
+
+    #[test]
+    fn an_event_before_the_sighting_delays_it_until_the_event_is_release_delay_old() {
+        let (fleet, clock, metrics) = fleet_in(10, WorkOrder::Random);
+        let reported = clock.now();
+        assert!(!fleet.provisioned_elsewhere(&id("early")), "unknown: kept");
+        clock.advance(Duration::from_secs(20));
+        let (admitted, lines) =
+            crate::test_log::capture(|| fleet.admit(&id("early"), Source::Event));
+        assert_eq!(admitted, Admission::Delayed(1));
+        assert_eq!(metrics.event_discovered.get(), 1, "a new node");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.text.starts_with("delaying early for up to 40s: ")),
+            "{lines:?}"
+        );
+        // The event keeps coming: never extended.
+        clock.advance(Duration::from_secs(10));
+        assert!(!fleet.provisioned_elsewhere(&id("early")));
+        assert_eq!(
+            fleet.fire_timers(),
+            Some(reported + Duration::from_secs(60)),
+            "due when the first event is release_delay old"
+        );
+        clock.advance(Duration::from_secs(31));
+        fleet.fire_timers();
+        assert_eq!(
+            fleet.stage_of("early").map(|s| s.0),
+            Some(Stage::Unverified)
+        );
+        verify(&fleet, &["early"]);
+        assert_eq!(fleet.stage_of("early").map(|s| s.0), Some(Stage::Queued));
+        // A report older than release_delay delays nothing.
+        clock.advance(Duration::from_secs(61));
+        assert!(matches!(
+            fleet.admit(&id("late"), Source::Event),
+            Admission::Admitted(_)
+        ));
+    }
+
+    #[test]
+    fn a_cycle_stopped_by_an_event_is_delayed_and_a_silent_node_then_forgotten() {
+        use crate::provision::ElsewhereReports;
+        let (fleet, clock, metrics) = fleet_in(10, WorkOrder::Random);
+        for name in ["flying", "held"] {
+            fleet.admit(&id(name), Source::Discovery);
+        }
+        let (first, second) = (pop(&fleet), pop(&fleet));
+        let (flying, held) = if first.identity.as_str() == "flying" {
+            (first, second)
+        } else {
+            (second, first)
+        };
+        assert_eq!(fleet.start(&flying), Start::Provision);
+        assert_eq!(fleet.start(&held), Start::Provision);
+        fleet.hold(&held);
+        assert!(!fleet.reported_provisioned(&id("flying")));
+        // In flight: the cycle asks at its next step; held (ours): no effect; unknown: kept.
+        assert!(!fleet.provisioned_elsewhere(&id("flying")));
+        assert!(!fleet.provisioned_elsewhere(&id("held")));
+        assert!(!fleet.provisioned_elsewhere(&id("unknown")));
+        assert_eq!(fleet.stage_of("held").map(|s| s.0), Some(Stage::Held));
+        assert!(fleet.reported_provisioned(&id("flying")));
+        assert!(!fleet.reported_provisioned(&id("held")));
+        clock.advance(Duration::from_secs(10));
+        fleet.delay_after_report(&flying);
+        assert_eq!(
+            fleet.stage_of("flying"),
+            Some((Stage::Delayed, flying.number))
+        );
+        assert_eq!(
+            fleet.fire_timers(),
+            Some(flying.admitted + Duration::from_secs(60))
+        );
+        clock.advance(Duration::from_secs(50));
+        fleet.fire_timers();
+        // Restarted into service by whoever provisioned it: it answers nothing any more.
+        let settled = {
+            let round = fleet.next_round().expect("a round");
+            fleet.settle(&round)
+        };
+        assert_eq!(
+            settled,
+            Settled {
+                kept: 0,
+                forgotten: 1
+            }
+        );
+        assert_eq!(fleet.stage_of("flying"), None);
+        assert_eq!(unverified(&metrics, FORGOTTEN), 1);
+        assert_eq!(metrics.provision_errors.get(), 0);
+        assert_eq!(
+            metrics.provisioned_events_overruled.get(),
+            0,
+            "the event held"
+        );
+    }
+
+    #[test]
+    fn a_node_left_to_its_owner_is_admitted_again_on_a_sighting_after_the_lock_window() {
+        let (fleet, clock, metrics) = fleet_with(10);
+        for name in ["locked", "taken"] {
+            fleet.admit(&id(name), Source::Event);
+            let ticket = pop(&fleet);
+            assert_eq!(fleet.start(&ticket), Start::Provision);
+            fleet.leave_to_owner(&ticket);
+        }
+        let refused = clock.now();
+        assert_eq!(
+            fleet.stage_of("locked").map(|s| s.0),
+            Some(Stage::LeftToOwner)
+        );
+        assert_eq!(fleet.len(), 2);
+        assert_eq!(
+            metrics.waiting_nodes.get(),
+            0.0,
+            "left to their owner: not waiting for us"
+        );
+        // Sightings within the window would only be refused the lock again.
+        clock.advance(INTERVAL * 3 / 2);
+        assert_eq!(
+            fleet.admit(&id("locked"), Source::Discovery),
+            Admission::Ignored
+        );
+        assert_eq!(fleet.fire_timers(), Some(refused + LOCK_WINDOW));
+        assert_eq!(
+            fleet.admit(&id("locked"), Source::Event),
+            Admission::Ignored
+        );
+        // After it, both are checked: one still answers (its owner died mid-cycle) and is
+        // admitted again; the other is in service (its owner finished) and is forgotten.
+        clock.advance(LOCK_WINDOW - INTERVAL * 3 / 2);
+        assert_eq!(fleet.fire_timers(), None);
+        assert_eq!(
+            fleet.stage_of("locked").map(|s| s.0),
+            Some(Stage::Unverified)
+        );
+        assert_eq!(
+            verify(&fleet, &["locked"]),
+            Round::Named(vec![(1, id("locked")), (2, id("taken"))])
+        );
+        assert_eq!(fleet.stage_of("locked"), Some((Stage::Queued, 1)));
+        assert_eq!(fleet.stage_of("taken"), None, "forgotten, not kept");
+        assert_eq!(unverified(&metrics, FORGOTTEN), 1);
+        assert_eq!(metrics.provision_errors.get(), 0);
+        let again = pop(&fleet);
+        assert_eq!((again.number, again.verified), (1, true));
+        assert_eq!(fleet.start(&again), Start::Provision);
+        // The one forgotten is admitted on its next sighting.
+        assert!(matches!(
+            fleet.admit(&id("taken"), Source::Discovery),
+            Admission::Admitted(_)
+        ));
+    }
+
+    /// A cycle that answers at once for the nodes named `real*` and, for any other, waits
+    /// (a silent node's tries) until the test ends it.
+    struct SilentUnlessReal {
+        started: Mutex<Vec<String>>,
+        released: Receiver<()>,
+    }
+
+    impl ProvisionCycle for SilentUnlessReal {
+        fn provision(&self, identity: &Identity, _found: Source, gate: &Gate) -> ProvisionOutcome {
+            self.started.lock().push(identity.to_string());
+            if identity.as_str().starts_with("real") {
+                return ProvisionOutcome::Provisioned { hold: true };
+            }
+            let _ = self.released.recv_timeout(Duration::from_secs(20));
+            match gate.check() {
+                Ok(()) => ProvisionOutcome::Failed(ProvisionError {
+                    identity: identity.clone(),
+                    failure: crate::provision::Failure::Deferred {
+                        message: "no reply".into(),
+                    },
+                }),
+                Err(_) => ProvisionOutcome::Halted,
+            }
+        }
+    }
+
+    /// A fleet that answers nothing until its node boots.
+    struct BootsLater {
+        booted: AtomicBool,
+        fleet: FixedDiscovery,
+    }
+
+    impl Discover for BootsLater {
+        fn discover(&self, gate: &Gate) -> Result<Vec<Identity>, DiscoveryError> {
+            let found = self.fleet.discover(gate)?;
+            Ok(if self.booted.load(Ordering::SeqCst) {
+                found
+            } else {
+                Vec::new()
+            })
+        }
+
+        fn discover_named(
+            &self,
+            names: &[Identity],
+            gate: &Gate,
+            answered: &mut dyn FnMut(&Identity),
+        ) -> Result<Vec<Identity>, DiscoveryError> {
+            if !self.booted.load(Ordering::SeqCst) {
+                return Ok(Vec::new());
+            }
+            self.fleet.discover_named(names, gate, answered)
+        }
+    }
+
+    /// #21's goal one level down: 2 workers, 1,000 events for names that never answer, then a
+    /// real node: it is provisioned while the one silent node given a worker still holds it,
+    /// with at most three discovery rounds.
+    #[test]
+    fn a_burst_of_silent_events_takes_one_worker_and_a_real_node_the_other() {
+        let (fleet, _, metrics) = fleet_with(50_000);
+        let (release, released) = bounded::<()>(4);
+        let cycle = Arc::new(SilentUnlessReal {
+            started: Mutex::new(Vec::new()),
+            released,
+        });
+        let discovery = Arc::new(BootsLater {
+            booted: AtomicBool::new(false),
+            fleet: FixedDiscovery::of(vec![id("real.example.net")]),
+        });
+        let threads =
+            FleetThreads::start(fleet.clone(), cycle.clone(), discovery.clone(), 2).unwrap();
+        wait_until("the first discovery", || {
+            discovery.fleet.rounds.load(Ordering::SeqCst) == 1
+        });
+        for n in 0..1000 {
+            fleet.admit(&id(&format!("silent-{n}.example.net")), Source::Event);
+        }
+        discovery.booted.store(true, Ordering::SeqCst);
+        fleet.admit(&id("real.example.net"), Source::Event);
+        wait_until("the real node provisioned", || {
+            fleet.stage_of("real.example.net").map(|s| s.0) == Some(Stage::Held)
+        });
+        let rounds = discovery.fleet.rounds.load(Ordering::SeqCst) - 1
+            + discovery.fleet.named_rounds.load(Ordering::SeqCst);
+        assert!(rounds <= 3, "{rounds} verification rounds");
+        wait_until("every silent sighting settled", || {
+            !fleet.awaits_verification()
+        });
+        wait_until("the silent node's cycle", || {
+            cycle.started.lock().len() == 2
+        });
+        let mut started = cycle.started.lock().clone();
+        started.sort();
+        assert_eq!(
+            started,
+            ["real.example.net", "silent-0.example.net"],
+            "one silent node holds a worker, the real node took the other"
+        );
+        assert_eq!(unverified(&metrics, ANSWERED), 1);
+        assert_eq!(
+            unverified(&metrics, UNANSWERED) + unverified(&metrics, FORGOTTEN),
+            999
+        );
+        drop(release);
+        let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {});
+        assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
     }
 
     #[test]
@@ -1452,15 +2576,44 @@ mod tests {
         }
     }
 
+    /// A fleet whose answering nodes are `identities`: every round finds them, a named one
+    /// those it names. Counts both kinds of round.
     struct FixedDiscovery {
         identities: Vec<Identity>,
         rounds: AtomicUsize,
+        named_rounds: AtomicUsize,
+    }
+
+    impl FixedDiscovery {
+        fn of(identities: Vec<Identity>) -> FixedDiscovery {
+            FixedDiscovery {
+                identities,
+                rounds: AtomicUsize::new(0),
+                named_rounds: AtomicUsize::new(0),
+            }
+        }
     }
 
     impl Discover for FixedDiscovery {
         fn discover(&self, _gate: &Gate) -> Result<Vec<Identity>, DiscoveryError> {
             self.rounds.fetch_add(1, Ordering::SeqCst);
             Ok(self.identities.clone())
+        }
+
+        fn discover_named(
+            &self,
+            names: &[Identity],
+            _gate: &Gate,
+            answered: &mut dyn FnMut(&Identity),
+        ) -> Result<Vec<Identity>, DiscoveryError> {
+            self.named_rounds.fetch_add(1, Ordering::SeqCst);
+            let found: Vec<Identity> = names
+                .iter()
+                .filter(|name| self.identities.contains(name))
+                .cloned()
+                .collect();
+            found.iter().for_each(answered);
+            Ok(found)
         }
     }
 
@@ -1586,6 +2739,7 @@ mod tests {
             number,
             admitted: clock.now(),
             source: Source::Discovery,
+            verified: true,
         };
         releases.hold(&fleet, ticket("a", 1));
         clock.advance(Duration::from_secs(20));
@@ -1619,18 +2773,23 @@ mod tests {
             calls: Mutex::new(Vec::new()),
             outcome: outcome_by_name,
         });
-        let discovery = Arc::new(FixedDiscovery {
-            identities: ["ok", "fails", "upgraded", "foreign", "halted"]
+        let discovery = Arc::new(FixedDiscovery::of(
+            ["ok", "fails", "upgraded", "foreign", "halted"]
                 .map(id)
                 .to_vec(),
-            rounds: AtomicUsize::new(0),
-        });
+        ));
         let threads =
             FleetThreads::start(fleet.clone(), cycle.clone(), discovery.clone(), 3).unwrap();
 
         wait_until("five cycles", || cycle.calls.lock().len() == 5);
-        wait_until("only the held node left", || fleet.len() == 1);
+        wait_until("only the held node and the one left to its owner", || {
+            fleet.len() == 2
+        });
         assert_eq!(fleet.stage_of("ok").map(|s| s.0), Some(Stage::Held));
+        assert_eq!(
+            fleet.stage_of("foreign").map(|s| s.0),
+            Some(Stage::LeftToOwner)
+        );
         // Deliberate: a cycle halted by a pause or a stop is not an error (Go counts one).
         assert_eq!(metrics.provision_errors.get(), 1, "only the failed cycle");
         assert_eq!(metrics.discovered.get(), 5, "five nodes added");
@@ -1640,22 +2799,40 @@ mod tests {
             "discovery ran once at start"
         );
 
-        // A trigger runs discovery now; the held node is ignored, the others come back.
+        // A trigger runs discovery now; the held node and the one left to its owner are
+        // ignored, the others come back.
         threads.trigger().send(()).unwrap();
         wait_until("a second round", || {
             discovery.rounds.load(Ordering::SeqCst) == 2
         });
-        wait_until("nine cycles", || cycle.calls.lock().len() == 9);
+        wait_until("eight cycles", || cycle.calls.lock().len() == 8);
         assert_eq!(cycle.calls.lock().iter().filter(|c| *c == "ok").count(), 1);
         assert_eq!(
             metrics.discovered.get(),
-            9,
-            "the four forgotten nodes are added again; the held one is not counted"
+            8,
+            "the three forgotten nodes are added again; the held one and the locked one are not"
         );
 
-        // The release delay passes on the injected clock: the held node is forgotten.
+        // The release delay passes on the injected clock: the held node is forgotten; the
+        // lock window has not passed.
         clock.advance(Duration::from_secs(61));
         wait_until("release", || fleet.stage_of("ok").is_none());
+        assert_eq!(
+            fleet.stage_of("foreign").map(|s| s.0),
+            Some(Stage::LeftToOwner)
+        );
+        // Past the lock window the node is checked again; it answers and is tried again.
+        clock.advance(LOCK_WINDOW);
+        wait_until("the locked node tried again", || {
+            cycle
+                .calls
+                .lock()
+                .iter()
+                .filter(|c| *c == "foreign")
+                .count()
+                == 2
+        });
+        assert_eq!(discovery.named_rounds.load(Ordering::SeqCst), 1);
 
         // Paused: a trigger does not discover.
         fleet.pause();
@@ -1687,10 +2864,7 @@ mod tests {
             calls: Mutex::new(Vec::new()),
             outcome,
         });
-        let discovery = Arc::new(FixedDiscovery {
-            identities: vec![id("panics"), id("ok")],
-            rounds: AtomicUsize::new(0),
-        });
+        let discovery = Arc::new(FixedDiscovery::of(vec![id("panics"), id("ok")]));
         let threads =
             FleetThreads::start(fleet.clone(), cycle.clone(), discovery.clone(), 1).unwrap();
         wait_until("the worker to reach the second node", || {
@@ -1770,10 +2944,7 @@ mod tests {
             started: AtomicUsize::new(0),
             helper_ends,
         });
-        let discovery = Arc::new(FixedDiscovery {
-            identities: vec![id("slow")],
-            rounds: AtomicUsize::new(0),
-        });
+        let discovery = Arc::new(FixedDiscovery::of(vec![id("slow")]));
         // Two workers: a second cycle of the node would have one free to run on.
         let threads =
             FleetThreads::start(fleet.clone(), cycle.clone(), discovery.clone(), 2).unwrap();

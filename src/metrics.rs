@@ -1,8 +1,11 @@
 //! The Prometheus registry with every metric of the Go daemon (provisioner config/stats.go,
 //! host/stats.go, hosts/stats.go), the election metrics of go-choria
 //! (providers/election/streams/stats.go), `choria_provisioner_work_queue_dropped`,
-//! `choria_provisioner_helper_restarts`, `choria_provisioner_audit_errors` and
-//! `choria_provisioner_cycle_panics` (ours), the `process_*` metrics Go's default registry
+//! `choria_provisioner_helper_restarts`, `choria_provisioner_audit_errors`,
+//! `choria_provisioner_cycle_panics`, `choria_provisioner_unverified_sightings`,
+//! `choria_provisioner_verification_rounds` and
+//! `choria_provisioner_provisioned_events_overruled` (ours), the `process_*` metrics Go's
+//! default registry
 //! carries; and the tiny HTTP listener that serves them at `/metrics`.
 //!
 //! Every metric is created at start, at zero, for our `site`, so dashboards see the full set
@@ -151,6 +154,16 @@ pub struct Metrics {
     /// Calls refused with the node's provisioning lock held by another provisioner's caller;
     /// each leaves that node to its owner (ours; not in Go).
     pub lock_refusals: IntCounterVec,
+    /// Sightings only a startup event vouched for, by what their verification found:
+    /// `answered`, `unanswered` (kept at low priority), `forgotten` (ours; not in Go).
+    pub unverified_sightings: IntCounterVec,
+    /// Verification rounds by `kind`: `named` (a discovery naming the nodes) or `everyone`
+    /// (an unfiltered one, when too many wait) (ours; not in Go).
+    pub verification_rounds: IntCounterVec,
+    /// `provisioned` events that did not keep a node from being provisioned here: its
+    /// sighting had been delayed once already, or it still answered after the delay (ours;
+    /// not in Go).
+    pub provisioned_events_overruled: IntCounter,
     pub election_campaigns: IntCounterVec,
     pub election_leader: GaugeVec,
     pub election_interval_seconds: GaugeVec,
@@ -348,6 +361,20 @@ impl Metrics {
                 "Calls refused because another provisioner holds the node's provisioning lock; the node is left to it",
                 &["rpc"],
             ),
+            unverified_sightings: counter_vec(
+                "choria_provisioner_unverified_sightings",
+                "Nodes sighted only by their startup event, by what verifying them by discovery found: answered, unanswered (kept at low priority), forgotten",
+                &["result"],
+            ),
+            verification_rounds: counter_vec(
+                "choria_provisioner_verification_rounds",
+                "Discovery rounds run to verify nodes sighted only by their startup event: named (an identity filter) or everyone (unfiltered)",
+                &["kind"],
+            ),
+            provisioned_events_overruled: counter(
+                "choria_provisioner_provisioned_events_overruled",
+                "Provisioned lifecycle events that did not keep a node from being provisioned: its sighting was delayed once already, or it still answered after the delay",
+            ),
             dropped_messages: counter_vec(
                 "choria_provisioner_dropped_messages",
                 "Messages dropped because a bound was reached (a message's size, a subscription's pending bytes or count, a reply queue, discovery's budget)",
@@ -402,6 +429,16 @@ impl Metrics {
             metrics.lock_refusals.with_label_values(&[action.label]);
         }
         metrics.helper_time.touch(&[]);
+        for result in [
+            crate::fleet::ANSWERED,
+            crate::fleet::UNANSWERED,
+            crate::fleet::FORGOTTEN,
+        ] {
+            metrics.unverified_sightings.with_label_values(&[result]);
+        }
+        for kind in ["named", "everyone"] {
+            metrics.verification_rounds.with_label_values(&[kind]);
+        }
         metrics
     }
 
@@ -495,6 +532,9 @@ mod tests {
             "choria_provisioner_audit_errors{site=\"testsite\"} 0",
             "choria_provisioner_helper_restarts{site=\"testsite\"} 0",
             "choria_provisioner_cycle_panics{site=\"testsite\"} 0",
+            "choria_provisioner_provisioned_events_overruled{site=\"testsite\"} 0",
+            "choria_provisioner_unverified_sightings{result=\"forgotten\",site=\"testsite\"} 0",
+            "choria_provisioner_verification_rounds{kind=\"named\",site=\"testsite\"} 0",
             "choria_provisioner_helper_time_sum{site=\"testsite\"} 0",
             "choria_provisioner_helper_time_count{site=\"testsite\"} 0",
             "choria_provisioner_rpc_time_count{rpc=\"rpcutil#inventory\",site=\"testsite\"} 0",

@@ -1064,8 +1064,8 @@ fn missing_bucket_plain_account() {
 
 /// The old leader dies while it holds two slow nodes' provisioning locks (taken by the `jwt`
 /// action, before anything is configured). The new leader is refused on them ("Could not
-/// obtain provisioning lock"), leaves them, and provisions them at a later discovery once
-/// the lock has expired: in service, nobody provisioned twice.
+/// obtain provisioning lock"), leaves them to their owner for go-choria's lock window (2
+/// minutes), then checks them again and provisions them: in service, nobody provisioned twice.
 #[test]
 fn a_killed_leaders_locked_nodes_are_picked_up_after_the_lock_expires() {
     const LOCKED: usize = 2;
@@ -1077,8 +1077,11 @@ fn a_killed_leaders_locked_nodes_are_picked_up_after_the_lock_expires() {
     let signer = choria_testkit::vector_path("provisioner/host/testdata/jwt-signer.pem");
     // jwt first, so the lock is held well before configure; the nodes answer slowly, yet
     // within the 2 s a discovery window stays open (Go's cap).
+    // Four workers: both nodes' startup events take a worker at once (an event beyond
+    // `workers - 1` would wait for a verification round, and the first node could reach
+    // `configure` before the second started).
     let yaml = format!(
-        "features:\n  jwt: true\njwt_verify_cert: {}\n",
+        "workers: 4\nfeatures:\n  jwt: true\njwt_verify_cert: {}\n",
         verifier.display()
     );
     let mut cluster = Cluster::start_with(&stage, 3, &yaml, 5);
@@ -1116,11 +1119,11 @@ fn a_killed_leaders_locked_nodes_are_picked_up_after_the_lock_expires() {
     cluster.members[first].kill();
     let second = cluster.wait_for_one_leader("a leader after the kill");
     assert_ne!(second, first);
-    // The lock expires 30 s after the kill, the next discovery is an interval (1 minute)
-    // after the new leader's first.
+    // The simulated lock expires 30 s after the kill; the new leader leaves the nodes for the
+    // agent's lock window (2 minutes from its refusal), then checks them again.
     wait_for(
         "every node in service",
-        Duration::from_secs(150),
+        Duration::from_secs(240),
         || (fleet.in_service_now()? == LOCKED).then_some(()),
         || cluster.logs(),
     );

@@ -174,14 +174,17 @@ pub struct Cycle {
     audit: Option<CycleAudit>,
     /// What the end of the shutdown grace ends; `None`: nothing (tests, benches).
     grace: Option<Arc<GraceEnd>>,
-    /// Which nodes other provisioners reported provisioned (`work_order: random`); `None`:
+    /// Whether a `provisioned` event should stop a cycle (`work_order: random`); `None`:
     /// none are heard of.
     reports: Option<Arc<dyn ElsewhereReports>>,
 }
 
-/// Nodes another provisioner has provisioned, as their `provisioned` lifecycle events said
-/// (the fleet keeps them for `release_delay`).
+/// `provisioned` lifecycle events, which say another provisioner configured a node. Anyone
+/// may publish one, so they are hints: the fleet answers `true` at most once per sighting of
+/// a node (and only within `release_delay` of an event), and the cycle then stops before its
+/// next call; the fleet delays the node and verifies it again (see `crate::fleet`).
 pub trait ElsewhereReports: Send + Sync {
+    /// Whether an event about `identity` should stop its cycle now.
     fn reported_provisioned(&self, identity: &Identity) -> bool;
 }
 
@@ -258,7 +261,7 @@ enum Finished {
 enum CycleStop {
     /// The node's provisioning lock belongs to another provisioner.
     OwnedElsewhere,
-    /// Another provisioner was reported to have provisioned the node meanwhile.
+    /// A `provisioned` event named the node meanwhile (the fleet delays it once).
     ProvisionedElsewhere,
     /// The gate closed.
     Halted,
@@ -373,15 +376,16 @@ impl Cycle {
         self
     }
 
-    /// Stops a cycle before its next call (or its helper) once another provisioner is
-    /// reported to have provisioned the node: the node is restarting into service and would
-    /// answer nothing more (see README, "Running several provisioners").
+    /// Stops a cycle before its next call (or its helper) when a `provisioned` event says
+    /// another provisioner configured the node and `reports` lets it stop this cycle (once per
+    /// sighting): a node restarting into service would answer nothing more, and the fleet
+    /// verifies it again after a delay (see README, "Running several provisioners").
     pub fn with_reports(mut self, reports: Arc<dyn ElsewhereReports>) -> Cycle {
         self.reports = Some(reports);
         self
     }
 
-    /// Ends the cycle if another provisioner has been reported to provision the node.
+    /// Ends the cycle if a `provisioned` event about the node may stop it.
     fn not_provisioned_elsewhere(&self, identity: &Identity) -> StepResult<()> {
         match &self.reports {
             Some(reports) if reports.reported_provisioned(identity) => {

@@ -17,6 +17,16 @@
 //! ([`MAX_SENDERS`]) and in bytes ([`MAX_SENDER_BYTES`] of identity text), never in "replies
 //! times the broker's maximum payload"; senders beyond are dropped and counted
 //! (`dropped{kind="discovery_reply"}`), and found by a later round or their startup event.
+//!
+//! A round may also name the nodes it asks ([`Discovery::discover_named`]): the ping carries
+//! Choria's identity filter (go-choria filter/identity/identity.go, Match), so only the named
+//! nodes answer. Knowing whom it waits for, such a round does not slide: it ends as soon as
+//! every named node has answered, else at the cap (Go's 2 s), so a node slower than its peers
+//! is not missed; each answer is handed over as it comes. The fleet verifies sightings that
+//! only a startup event vouches for this way, hundreds in one broadcast. What an answer proves
+//! is only that something on the provisioning network answered in that name: the sender
+//! header is the replier's own claim, and every provisioning-mode node sees the ping and its
+//! reply subject. A sender the ping did not name is refused and counted.
 
 use std::collections::{BTreeSet, HashSet};
 use std::fmt;
@@ -30,7 +40,7 @@ use choria_wire::text::escape;
 use choria_wire::v1::{self, Filter, ProtocolError};
 
 use crate::connection::{Connection, ConnectionError, Next, Outgoing};
-use crate::gate::{Gate, Halt};
+use crate::gate::{Gate, Halt, Watch};
 use crate::observe::Observer;
 
 /// The subject every provisioning-mode server's discovery agent listens on.
@@ -71,6 +81,24 @@ pub const MALFORMED_DISCOVERY_REPLY: &str = "discovery_reply";
 /// `malformed_messages{kind}` for a discovery reply whose sender is not a valid identity.
 pub const MALFORMED_DISCOVERY_SENDER: &str = "discovery_sender";
 
+/// `malformed_messages{kind}` for a reply to a named round from a sender it did not name: a
+/// go-choria server the filter does not match stays silent, so such a reply is forged.
+pub const MALFORMED_DISCOVERY_UNNAMED: &str = "discovery_unnamed";
+
+/// Names one named round carries at most: one ping answers for hundreds of nodes.
+pub const MAX_NAMED: usize = 500;
+
+/// Bytes of names one named round carries at most: the filter travels to every
+/// provisioning-mode node (base64 in v1), so it stays a small message (about 45 KB).
+pub const MAX_NAMED_BYTES: usize = 32 * 1024;
+
+/// Whether go-choria reads `name` in an identity filter as a regular expression (it begins
+/// and ends with `/`: go-choria filter/identity/identity.go, match): such a name would widen
+/// the ping to every node it matches, so it is never put in a filter.
+pub fn reads_as_pattern(name: &str) -> bool {
+    name.starts_with('/') && name.ends_with('/')
+}
+
 /// Why a discovery round found nothing.
 #[derive(Debug)]
 pub enum DiscoveryError {
@@ -81,6 +109,8 @@ pub enum DiscoveryError {
     Encode(ProtocolError),
     /// The ping could not be published.
     Publish(ConnectionError),
+    /// A named round was asked to carry more than [`MAX_NAMED`] names or [`MAX_NAMED_BYTES`].
+    TooManyNames { names: usize, bytes: usize },
 }
 
 impl fmt::Display for DiscoveryError {
@@ -92,6 +122,11 @@ impl fmt::Display for DiscoveryError {
             }
             // The connection's message names the subject and the cause.
             DiscoveryError::Publish(err) => write!(f, "discovery request not sent: {err}"),
+            DiscoveryError::TooManyNames { names, bytes } => write!(
+                f,
+                "a named discovery holds at most {MAX_NAMED} names and {MAX_NAMED_BYTES} bytes of \
+                 them, not {names} names of {bytes} bytes"
+            ),
         }
     }
 }
@@ -99,7 +134,7 @@ impl fmt::Display for DiscoveryError {
 impl std::error::Error for DiscoveryError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            DiscoveryError::Halted(_) => None,
+            DiscoveryError::Halted(_) | DiscoveryError::TooManyNames { .. } => None,
             DiscoveryError::Encode(err) => Some(err),
             DiscoveryError::Publish(err) => Some(err),
         }
@@ -129,8 +164,9 @@ impl Discovery {
         self
     }
 
-    fn ping(&self, request_id: &str) -> Result<(), DiscoveryError> {
-        let filter = Filter::agent("choria_provision");
+    fn ping(&self, request_id: &str, named: &[Identity]) -> Result<(), DiscoveryError> {
+        let mut filter = Filter::agent("choria_provision");
+        filter.identity = named.iter().map(|name| name.to_string()).collect();
         let request = Outgoing {
             agent: "discovery",
             payload: v1::DISCOVERY_PING,
@@ -154,10 +190,56 @@ impl Discovery {
         // Nothing goes out while paused or stopping.
         let watch = gate.watch().map_err(DiscoveryError::Halted)?;
         self.observer.discover_cycle();
+        self.round(&[], None, &watch, &mut |_| {})
+    }
+
+    /// One discovery naming `names` in its identity filter: those of them that answered
+    /// before every one had or the cap passed, each also given to `answered` as it came.
+    /// Names that go-choria would read as a pattern ([`reads_as_pattern`]) are left out of the
+    /// filter, so they never answer. Not one of Go's discovery cycles (`discover_cycles` does
+    /// not count it).
+    pub fn discover_named(
+        &self,
+        names: &[Identity],
+        gate: &Gate,
+        answered: &mut dyn FnMut(&Identity),
+    ) -> Result<Vec<Identity>, DiscoveryError> {
+        let bytes = names.iter().map(|name| name.len()).sum();
+        if names.len() > MAX_NAMED || bytes > MAX_NAMED_BYTES {
+            return Err(DiscoveryError::TooManyNames {
+                names: names.len(),
+                bytes,
+            });
+        }
+        let watch = gate.watch().map_err(DiscoveryError::Halted)?;
+        let named: Vec<Identity> = names
+            .iter()
+            .filter(|name| !reads_as_pattern(name))
+            .cloned()
+            .collect();
+        if named.is_empty() {
+            return Ok(Vec::new());
+        }
+        let asked: HashSet<Identity> = named.iter().cloned().collect();
+        self.round(&named, Some(asked), &watch, answered)
+    }
+
+    /// One round: the ping (naming `named`, if any), then the window. With `asked`, only
+    /// those senders are taken, each given to `answered` as it comes, and the window ends
+    /// once all of them answered, else at the cap.
+    fn round(
+        &self,
+        named: &[Identity],
+        asked: Option<HashSet<Identity>>,
+        watch: &Watch,
+        answered: &mut dyn FnMut(&Identity),
+    ) -> Result<Vec<Identity>, DiscoveryError> {
         let request_id = self.conn.new_request_id();
+        let expected = asked.as_ref().map(HashSet::len);
         let screen = SenderScreen {
             observer: self.observer.clone(),
             sender_of: self.conn.sender_reader(),
+            asked,
             seen: Mutex::new((HashSet::new(), 0)),
         };
         let waiter = self
@@ -168,21 +250,32 @@ impl Discovery {
         // Read again right before the ping: a leader frozen past its lease since the first
         // look must not send it.
         watch.check().map_err(DiscoveryError::Halted)?;
-        if let Err(err) = self.ping(&request_id) {
+        if let Err(err) = self.ping(&request_id, named) {
             self.observer.discovery_error();
             return Err(err);
         }
 
         let start = Instant::now();
         let discovery_timeout = self.conn.settings().discovery_timeout;
-        let mut ends_at = window_end(start, discovery_timeout, self.cap, None);
+        let mut ends_at = match expected {
+            // Named: as patient as Go's cap for every node it names.
+            Some(_) => start + self.cap,
+            None => window_end(start, discovery_timeout, self.cap, None),
+        };
         let mut senders = BTreeSet::new();
         loop {
-            match waiter.next_before(ends_at, &watch) {
+            if expected.is_some_and(|all| senders.len() >= all) {
+                // Every node named has answered: nothing more can come that we take.
+                break;
+            }
+            match waiter.next_before(ends_at, watch) {
                 Next::Reply(identity) => {
+                    answered(&identity);
                     senders.insert(identity);
-                    let now = Some(Instant::now());
-                    ends_at = window_end(start, discovery_timeout, self.cap, now);
+                    if expected.is_none() {
+                        let now = Some(Instant::now());
+                        ends_at = window_end(start, discovery_timeout, self.cap, now);
+                    }
                 }
                 // Answers to this ping cannot come back on a link that dropped; the next
                 // round (or a startup event) finds the rest.
@@ -195,6 +288,7 @@ impl Discovery {
         let now = Instant::now();
         for _ in 0..waiter.queued() {
             if let Some(identity) = waiter.next_until(now) {
+                answered(&identity);
                 senders.insert(identity);
             }
         }
@@ -211,6 +305,8 @@ struct SenderScreen {
     observer: Arc<dyn Observer>,
     /// Reads a reply's sender header in the connection's protocol.
     sender_of: fn(&[u8]) -> Result<String, ProtocolError>,
+    /// A named round's names: only these senders are taken.
+    asked: Option<HashSet<Identity>>,
     seen: Mutex<(HashSet<Identity>, usize)>,
 }
 
@@ -231,6 +327,15 @@ impl SenderScreen {
                 return None;
             }
         };
+        if self
+            .asked
+            .as_ref()
+            .is_some_and(|asked| !asked.contains(identity.as_str()))
+        {
+            let reason = format!("{identity} answered a discovery that did not name it");
+            self.malformed(MALFORMED_DISCOVERY_UNNAMED, &reason);
+            return None;
+        }
         let mut seen = self.seen.lock();
         let (senders, bytes) = &mut *seen;
         if senders.contains(identity.as_str()) {
@@ -269,6 +374,7 @@ mod tests {
         SenderScreen {
             observer: counts.clone(),
             sender_of: |bytes| Ok(String::from_utf8_lossy(bytes).into_owned()),
+            asked: None,
             seen: Mutex::new((HashSet::new(), 0)),
         }
     }
@@ -310,6 +416,39 @@ mod tests {
         }
         assert_eq!(counts.get("dropped:discovery_reply"), 10);
         assert!(round.seen.lock().1 <= MAX_SENDER_BYTES);
+    }
+
+    /// A named round takes only the names it asked for; any other sender is forged (a
+    /// go-choria server the filter leaves out stays silent) and counted.
+    #[test]
+    fn a_named_round_takes_only_the_senders_it_named() {
+        let counts = Arc::new(Counts::default());
+        let mut round = screen(&counts);
+        let id = |name: &str| Identity::parse(name).expect("an identity");
+        round.asked = Some([id("a.net"), id("b.net")].into_iter().collect());
+        assert_eq!(round.screen(b"a.net"), Some(id("a.net")));
+        assert_eq!(round.screen(b"c.net"), None, "not named");
+        assert_eq!(round.screen(b"a.net"), None, "a repeat");
+        assert_eq!(round.screen(b"b.net"), Some(id("b.net")));
+        assert_eq!(
+            counts.get(&format!("malformed:{MALFORMED_DISCOVERY_UNNAMED}")),
+            1
+        );
+    }
+
+    #[test]
+    fn names_go_choria_would_read_as_a_pattern() {
+        for (name, pattern) in [
+            ("node1.example.net", false),
+            ("/", true),
+            ("/node/", true),
+            ("/node1.example.net/", true),
+            ("/node1.example.net", false),
+            ("node1/", false),
+            ("a/b", false),
+        ] {
+            assert_eq!(reads_as_pattern(name), pattern, "{name}");
+        }
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //!
 //! What the simulator cannot produce keeps small hand-written "racks" of its own, marked as
 //! such below: one connection answering the ping for many identities, including a name two
-//! racks both answer for, junk replies, and the exact ping it received.
+//! racks both answer for, junk replies, forged answers to a named round, and the exact ping it
+//! received.
 
 use choria_testkit::harness as support;
 
@@ -16,7 +17,7 @@ use serde_json::json;
 use choria_broker::connection::Connection;
 use choria_broker::discovery::{
     Discovery, DiscoveryError, DISCOVERY_SUBJECT, MALFORMED_DISCOVERY_REPLY,
-    MALFORMED_DISCOVERY_SENDER,
+    MALFORMED_DISCOVERY_SENDER, MALFORMED_DISCOVERY_UNNAMED, MAX_NAMED,
 };
 use choria_broker::gate::{Gate, Halt};
 use choria_broker::observe::Counts;
@@ -24,6 +25,7 @@ use choria_fleet_sim::faults::{self, Fault};
 use choria_fleet_sim::options::FaultFractions;
 use choria_fleet_sim::Report;
 use choria_testkit::NatsServer;
+use choria_wire::identity::Identity;
 use choria_wire::v1::server::{self, IncomingRequest};
 use support::{insecure_settings, sim_identity, Responder, Sim, World};
 
@@ -282,4 +284,90 @@ fn a_pause_while_collecting_ends_the_round_halted_not_failed() {
     assert_eq!(metrics.get("discovery_error"), 0, "a halt is not a failure");
     rack.stop();
     conn.close();
+}
+
+/// A round naming some of a simulated fleet (and a node that does not exist): only the named
+/// nodes that exist answer and are found, the rest of the fleet takes the ping as a go-choria
+/// server does (not for it: no reply, no violation), a forged answer for a node not named is
+/// refused and counted, and a name go-choria would read as a pattern never reaches the filter.
+#[test]
+fn a_named_round_asks_and_finds_only_the_nodes_it_names() {
+    let world = World::new();
+    let metrics = Arc::new(Counts::default());
+    let (discovery, conn) = discovery(&world.broker, &metrics);
+    let sim = start_sim(&world, 6, &[]);
+    // A forger answering every ping for a node it was not asked about, and for a named one.
+    let forger = start_rack(
+        &world.broker.url(),
+        "forging-rack",
+        vec![sim_identity(4), "ghost.example.net".into()],
+        vec![],
+    );
+    let id = |name: &str| Identity::parse(name).expect("an identity");
+    let names = vec![
+        id(&sim_identity(0)),
+        id(&sim_identity(2)),
+        id(&sim_identity(3)),
+        id("ghost.example.net"),
+        id("/node/"),
+    ];
+
+    let mut handed = Vec::new();
+    let found = discovery
+        .discover_named(&names, &Gate::new(false), &mut |name| {
+            handed.push(name.clone())
+        })
+        .expect("a named round");
+    handed.sort();
+    assert_eq!(handed, found, "each answer handed over once, as it came");
+
+    let mut expected = vec![
+        sim_identity(0),
+        sim_identity(2),
+        sim_identity(3),
+        // Forged, but named: an answer proves only that something answered in the name.
+        "ghost.example.net".to_string(),
+    ];
+    expected.sort();
+    assert_eq!(found, expected);
+    assert_eq!(
+        metrics.get(&format!("malformed:{MALFORMED_DISCOVERY_UNNAMED}")),
+        1,
+        "the forged answer for a node not named"
+    );
+    assert_eq!(
+        metrics.get("discover_cycle"),
+        0,
+        "not one of Go's discovery cycles"
+    );
+    let seen = forger.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].filter["identity"],
+        json!([
+            sim_identity(0),
+            sim_identity(2),
+            sim_identity(3),
+            "ghost.example.net"
+        ]),
+        "the pattern-like name is left out"
+    );
+    forger.stop();
+
+    // Too many names for one round: refused before anything is sent.
+    let many: Vec<Identity> = (0..=MAX_NAMED).map(|n| id(&format!("n{n}.net"))).collect();
+    assert!(matches!(
+        discovery.discover_named(&many, &Gate::new(false), &mut |_| {}),
+        Err(DiscoveryError::TooManyNames { names, .. }) if names == MAX_NAMED + 1
+    ));
+    conn.close();
+    let report = sim.stop();
+    assert_eq!(
+        report.totals.violations, 0,
+        "the named ping broke a server rule"
+    );
+    let expected: BTreeMap<String, u64> = (0..6)
+        .map(|i| (sim_identity(i), u64::from([0, 2, 3].contains(&i))))
+        .collect();
+    assert_eq!(pings_answered(&report), expected);
 }

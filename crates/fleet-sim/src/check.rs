@@ -312,6 +312,18 @@ fn fact_matches(facts: &serde_json::Map<String, Value>, fact: &Value) -> Result<
     })
 }
 
+/// Whether a broadcast's identity filter names only other nodes. A go-choria server whose
+/// filter does not match skips the request with a debug line and no reply (server/processor.go,
+/// handleRawMessage), so a discovery naming some nodes is, to the rest, no message at all (a
+/// filter it cannot read is left to [`check_filter`] to report).
+pub fn names_only_others(filter: &Value, identity: &str) -> bool {
+    let identities = strings(filter, "identity");
+    !identities.is_empty()
+        && identities
+            .iter()
+            .all(|pattern| matches_pattern(pattern, identity) == Ok(false))
+}
+
 /// go-choria `Filter.MatchServerRequest` (protocol/filter.go) for one node: every non-empty
 /// category must pass. Identity is OR; agent, class and fact are AND. Compound filters are not
 /// simulated, so a non-empty compound filter is a drop.
@@ -695,6 +707,28 @@ mod tests {
         ];
         for (filter, ok) in cases {
             assert_eq!(check_filter(&filter, id, facts).is_ok(), ok, "{filter}");
+        }
+    }
+
+    #[test]
+    fn a_broadcast_naming_only_other_nodes_is_not_for_this_one() {
+        let id = "node1.example.net";
+        let cases = [
+            (json!({}), false),
+            (json!({"identity":[]}), false),
+            (json!({"identity":["node1.example.net"]}), false),
+            (
+                json!({"identity":["node2.example.net", "node1.example.net"]}),
+                false,
+            ),
+            (json!({"identity":["/^node1/"]}), false),
+            (json!({"identity":["node2.example.net"]}), true),
+            (json!({"identity":["node2.example.net", "/^node2/"]}), true),
+            // Unreadable: check_filter reports it as the sender's fault.
+            (json!({"identity":["/(/"]}), false),
+        ];
+        for (filter, others) in cases {
+            assert_eq!(names_only_others(&filter, id), others, "{filter}");
         }
     }
 }

@@ -476,6 +476,11 @@ fn handle_for_node(
         }
     };
     let identity = node.identity.clone();
+    if !directed && check::names_only_others(&request.filter, &identity) {
+        // A named discovery for other nodes: not this node's message, and no fault of the
+        // sender's (a directed request naming another node still is one).
+        return;
+    }
     let node_check = check::check_filter(&request.filter, &identity, &shared.env.facts)
         .and_then(|()| check::check_agent(&request.agent));
     if let Err(drop) = node_check {
