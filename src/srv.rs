@@ -293,26 +293,54 @@ fn ask_udp(server: SocketAddr, query: &[u8]) -> Result<Vec<u8>, String> {
     }
 }
 
+/// The question over TCP and its answer, the whole exchange within one `TRY_TIMEOUT`.
 fn ask_tcp(server: SocketAddr, query: &[u8]) -> Result<Vec<u8>, String> {
+    let deadline = Instant::now() + TRY_TIMEOUT;
     let mut stream =
         TcpStream::connect_timeout(&server, TRY_TIMEOUT).map_err(|e| format!("tcp: {e}"))?;
     stream
-        .set_read_timeout(Some(TRY_TIMEOUT))
-        .and_then(|()| stream.set_write_timeout(Some(TRY_TIMEOUT)))
+        .set_write_timeout(Some(TRY_TIMEOUT))
         .map_err(|e| format!("tcp: {e}"))?;
     let length = u16::try_from(query.len()).map_err(|_| "tcp: question too long")?;
     let mut framed = length.to_be_bytes().to_vec();
     framed.extend_from_slice(query);
     stream.write_all(&framed).map_err(|e| format!("tcp: {e}"))?;
     let mut prefix = [0u8; 2];
-    stream
-        .read_exact(&mut prefix)
-        .map_err(|e| format!("tcp: {e}"))?;
+    read_by(&mut stream, &mut prefix, deadline)?;
     let mut answer = vec![0u8; usize::from(u16::from_be_bytes(prefix))];
-    stream
-        .read_exact(&mut answer)
-        .map_err(|e| format!("tcp: {e}"))?;
+    read_by(&mut stream, &mut answer, deadline)?;
     Ok(answer)
+}
+
+/// Fills `buffer` from `stream` by `deadline`. A read timeout alone bounds each read, not the
+/// answer: a nameserver sending a byte a second would hold a 64 KiB answer for 18 hours.
+fn read_by(stream: &mut TcpStream, buffer: &mut [u8], deadline: Instant) -> Result<(), String> {
+    let late = || format!("tcp: no whole answer within {TRY_TIMEOUT:?}");
+    let mut filled = 0;
+    while filled < buffer.len() {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(late)?;
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|e| format!("tcp: {e}"))?;
+        match stream.read(&mut buffer[filled..]) {
+            Ok(0) => return Err("tcp: the nameserver closed the connection mid-answer".into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(late())
+            }
+            Err(e) => return Err(format!("tcp: {e}")),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -333,6 +361,8 @@ pub(crate) mod stub {
         Srv(Vec<SrvTarget>),
         /// Truncated over UDP; the targets over TCP.
         TruncatedUdp(Vec<SrvTarget>),
+        /// As `TruncatedUdp`, but over TCP one byte every `TRICKLE` until the client goes.
+        TrickleTcp(Vec<SrvTarget>),
         NxDomain,
         /// No answer at all.
         Silence,
@@ -355,15 +385,18 @@ pub(crate) mod stub {
         }
     }
 
+    /// How often a `Reply::TrickleTcp` sends a byte: well within a read timeout.
+    const TRICKLE: Duration = Duration::from_millis(400);
+
     /// `name`'s labels joined by dots, bytes that are not UTF-8 replaced.
     fn text(name: &Name) -> String {
         let labels: Vec<_> = name.iter().map(String::from_utf8_lossy).collect();
         labels.join(".")
     }
 
-    /// The answer to `query` from `table`, over TCP or UDP; none for `Reply::Silence` or a
-    /// query that is not one.
-    fn respond(query: &[u8], table: &[(String, Reply)], tcp: bool) -> Option<Vec<u8>> {
+    /// The answer to `query` from `table` over TCP or UDP, and whether to trickle it; none
+    /// for `Reply::Silence` or a query that is not one.
+    fn respond(query: &[u8], table: &[(String, Reply)], tcp: bool) -> Option<(Vec<u8>, bool)> {
         let query = Message::from_vec(query).ok()?;
         let question = query.queries.first()?.clone();
         let name = text(&question.name);
@@ -372,12 +405,17 @@ pub(crate) mod stub {
             .find(|(n, _)| n.eq_ignore_ascii_case(&name))
             .map(|(_, r)| r.clone())
             .unwrap_or(Reply::NxDomain);
+        let trickle = matches!(reply, Reply::TrickleTcp(_));
         let (rcode, truncated, targets) = match reply {
             Reply::Silence => return None,
             Reply::NxDomain => (ResponseCode::NXDomain, false, Vec::new()),
             Reply::Srv(targets) => (ResponseCode::NoError, false, targets),
-            Reply::TruncatedUdp(targets) if tcp => (ResponseCode::NoError, false, targets),
-            Reply::TruncatedUdp(_) => (ResponseCode::NoError, true, Vec::new()),
+            Reply::TruncatedUdp(targets) | Reply::TrickleTcp(targets) if tcp => {
+                (ResponseCode::NoError, false, targets)
+            }
+            Reply::TruncatedUdp(_) | Reply::TrickleTcp(_) => {
+                (ResponseCode::NoError, true, Vec::new())
+            }
         };
         let mut answer = Message::error_msg(query.id, OpCode::Query, rcode);
         answer.metadata.recursion_desired = query.recursion_desired;
@@ -396,7 +434,7 @@ pub(crate) mod stub {
                 RData::SRV(srv),
             ));
         }
-        answer.to_vec().ok()
+        Some((answer.to_vec().ok()?, trickle))
     }
 
     impl StubDns {
@@ -415,7 +453,7 @@ pub(crate) mod stub {
                     let mut buffer = [0u8; 512];
                     while !udp_stop.load(Ordering::SeqCst) {
                         if let Ok((n, from)) = udp.recv_from(&mut buffer) {
-                            if let Some(answer) = respond(&buffer[..n], &udp_table, false) {
+                            if let Some((answer, _)) = respond(&buffer[..n], &udp_table, false) {
                                 let _ = udp.send_to(&answer, from);
                             }
                         }
@@ -440,10 +478,23 @@ pub(crate) mod stub {
                         if stream.read_exact(&mut query).is_err() {
                             continue;
                         }
-                        if let Some(answer) = respond(&query, &table, true) {
-                            let mut framed = (answer.len() as u16).to_be_bytes().to_vec();
-                            framed.extend_from_slice(&answer);
+                        let Some((answer, trickle)) = respond(&query, &table, true) else {
+                            continue;
+                        };
+                        let mut framed = (answer.len() as u16).to_be_bytes().to_vec();
+                        framed.extend_from_slice(&answer);
+                        if !trickle {
                             let _ = stream.write_all(&framed);
+                            continue;
+                        }
+                        // Until the whole answer is out, the client hangs up or the stub
+                        // stops: at most the answer's length in `TRICKLE`s.
+                        for byte in framed {
+                            if tcp_stop.load(Ordering::SeqCst) || stream.write_all(&[byte]).is_err()
+                            {
+                                break;
+                            }
+                            std::thread::sleep(TRICKLE);
                         }
                     }
                 })
@@ -518,6 +569,29 @@ mod tests {
             resolver.lookup_srv("a..b"),
             Err(SrvError::BadName(_))
         ));
+    }
+
+    /// A byte now and then keeps each read alive, but not the try: each of the two ends at
+    /// its bound (with a read timeout alone, this answer arrived whole after ~40 s).
+    #[test]
+    fn a_trickling_tcp_answer_ends_at_the_try_bound() {
+        let dns = StubDns::start(vec![(
+            "_slow._tcp.example.net".into(),
+            Reply::TrickleTcp(vec![target(1, 1, 4222, "slow.example.net")]),
+        )]);
+        let resolver = Resolver::with_nameservers(vec![dns.address]);
+        match resolver.lookup_srv("_slow._tcp.example.net") {
+            Err(SrvError::NoAnswer(reasons)) => {
+                assert_eq!(reasons.len(), TRIES, "{reasons:?}");
+                assert!(
+                    reasons
+                        .iter()
+                        .all(|r| r.contains("tcp: no whole answer within 2s")),
+                    "{reasons:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// Hostile or broken answers are errors, never a panic or a loop.
