@@ -594,31 +594,34 @@ mod tests {
         }
     }
 
+    /// An answer's header for question 7: `flags`, no question, `answers` answers.
+    fn header(flags: u16, answers: u16) -> Vec<u8> {
+        let mut h = vec![0, 7];
+        h.extend_from_slice(&flags.to_be_bytes());
+        h.extend_from_slice(&[0, 0]);
+        h.extend_from_slice(&answers.to_be_bytes());
+        h.extend_from_slice(&[0, 0, 0, 0]);
+        h
+    }
+
+    fn with(mut head: Vec<u8>, rest: &[u8]) -> Vec<u8> {
+        head.extend_from_slice(rest);
+        head
+    }
+
+    /// An SRV record (priority 1, weight 1, port 4238) for the root name, with `target` as
+    /// its target name and `length` as its declared data length.
+    fn record(target: &[u8], length: u16) -> Vec<u8> {
+        let mut r = vec![0, 0, 33, 0, 1, 0, 0, 0, 60];
+        r.extend_from_slice(&length.to_be_bytes());
+        r.extend_from_slice(&[0, 1, 0, 1, 0x10, 0x8e]);
+        r.extend_from_slice(target);
+        r
+    }
+
     /// Hostile or broken answers are errors, never a panic or a loop.
     #[test]
     fn malformed_answers_are_refused() {
-        let query = encode_query(7, "_s._tcp.x").unwrap();
-        let header = |flags: u16, answers: u16| {
-            let mut h = vec![0, 7];
-            h.extend_from_slice(&flags.to_be_bytes());
-            h.extend_from_slice(&[0, 0]);
-            h.extend_from_slice(&answers.to_be_bytes());
-            h.extend_from_slice(&[0, 0, 0, 0]);
-            h
-        };
-        let with = |mut head: Vec<u8>, rest: &[u8]| {
-            head.extend_from_slice(rest);
-            head
-        };
-        // An SRV record for the root name, with `data` as its target name and `length` as
-        // its declared data length.
-        let record = |target: &[u8], length: u16| {
-            let mut r = vec![0, 0, 33, 0, 1, 0, 0, 0, 60];
-            r.extend_from_slice(&length.to_be_bytes());
-            r.extend_from_slice(&[0, 1, 0, 1, 0x10, 0x8e]);
-            r.extend_from_slice(target);
-            r
-        };
         let cases: Vec<(&str, Vec<u8>, &str)> = vec![
             ("empty", vec![], "header: unexpected end of input"),
             (
@@ -674,6 +677,12 @@ mod tests {
                 Ok(answer) => panic!("{name}: {answer:?}"),
             }
         }
+    }
+
+    /// Good answers, with names compressed and records of other kinds among them; no such
+    /// name; truncated.
+    #[test]
+    fn answers_are_read() {
         // A good one, for contrast, and a pointer back to an earlier label.
         let good = with(header(0x8180, 1), &record(&[1, b'a', 0], 9));
         assert_eq!(
@@ -694,16 +703,6 @@ mod tests {
         );
         assert_eq!(decode_answer(7, &header(0x8183, 0)), Ok(Answer::NotFound));
         assert_eq!(decode_answer(7, &header(0x8380, 0)), Ok(Answer::Truncated));
-        // The question, byte for byte as RFC 1035 and RFC 6891 lay it out (and as the
-        // hand-written encoder this module had before hickory-proto sent it): id 7, recursion
-        // desired, one question, one additional; `_s._tcp.x` SRV IN; OPT offering 1232 bytes.
-        #[rustfmt::skip]
-        let expected: &[u8] = &[
-            0, 7, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 1,
-            2, b'_', b's', 4, b'_', b't', b'c', b'p', 1, b'x', 0, 0, 33, 0, 1,
-            0, 0, 41, 0x04, 0xd0, 0, 0, 0, 0, 0, 0,
-        ];
-        assert_eq!(query, expected);
         // Records that are not SRV in class IN are passed over, not refused.
         let mut a_record = vec![0, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 192, 0, 2, 1];
         let mut chaos_srv = record(&[1, b'c', 0], 9);
@@ -714,6 +713,22 @@ mod tests {
             decode_answer(7, &with(header(0x8180, 3), &a_record)),
             Ok(Answer::Targets(vec![target(1, 1, 4238, "a")]))
         );
+    }
+
+    #[test]
+    fn the_question_is_laid_out_as_rfc_1035_says() {
+        let query = encode_query(7, "_s._tcp.x").unwrap();
+        // The question, byte for byte as RFC 1035 and RFC 6891 lay it out (and as the
+        // hand-written encoder this module had before hickory-proto sent it): id 7, recursion
+        // desired, one question, one additional; `_s._tcp.x` SRV IN; OPT offering 1232 bytes.
+        #[rustfmt::skip]
+        let expected: &[u8] = &[
+            0, 7, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 1,
+            2, b'_', b's', 4, b'_', b't', b'c', b'p', 1, b'x', 0, 0, 33, 0, 1,
+            0, 0, 41, 0x04, 0xd0, 0, 0, 0, 0, 0, 0,
+        ];
+        assert_eq!(query, expected);
+        assert_eq!(encode_query(7, "_s._tcp.x."), Ok(query));
         let mut long = String::new();
         for _ in 0..200 {
             long.push_str("ab.");
