@@ -4,14 +4,20 @@
 //! A small blocking stub resolver: one SRV question over UDP to each nameserver of
 //! `/etc/resolv.conf` in turn, again over TCP when the answer is truncated, every wait bounded.
 //! It fits a threaded daemon that resolves once at start, and a test points it at a stub DNS
-//! server on loopback. The answer is outside input: every length, pointer and name in it is
-//! checked, and a target that is not a plain host name is dropped.
+//! server on loopback. The messages are encoded and decoded by `hickory-proto` (its protocol
+//! code only: the exchange over the sockets is ours); the answer is outside input, so besides
+//! the crate's checks of every length, pointer and name, its id, flags and response code are
+//! checked here, and a target that is not a plain host name is dropped.
 
 use std::fmt;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Edns, Header, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 
 /// One SRV record's target.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,9 +50,6 @@ impl fmt::Display for SrvError {
     }
 }
 
-const TYPE_SRV: u16 = 33;
-const TYPE_OPT: u16 = 41;
-const CLASS_IN: u16 = 1;
 /// The UDP payload we offer with EDNS(0): the size DNS flag day 2020 settled on.
 const UDP_PAYLOAD: u16 = 1232;
 /// glibc's defaults (resolv.conf(5)): 5 s per try, 2 tries per nameserver; we take 2 s per
@@ -58,34 +61,33 @@ const MAX_ANSWER: usize = 65_535;
 /// At most this many targets are kept from one answer.
 const MAX_TARGETS: usize = 64;
 
-/// The question for `name`'s SRV records, with id `id` and an EDNS(0) OPT record.
+/// The question for `name`'s SRV records, with id `id`, recursion desired and an EDNS(0) OPT
+/// record offering `UDP_PAYLOAD`.
 pub(crate) fn encode_query(id: u16, name: &str) -> Result<Vec<u8>, SrvError> {
-    let mut out = Vec::with_capacity(64);
-    out.extend_from_slice(&id.to_be_bytes());
-    // Recursion desired; one question; one additional (OPT).
-    out.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 1]);
     let name = name.strip_suffix('.').unwrap_or(name);
     if name.is_empty() || name.len() > 253 {
         return Err(SrvError::BadName(format!("{name:?} is empty or too long")));
     }
-    for label in name.split('.') {
-        if label.is_empty() || label.len() > 63 || !label.is_ascii() {
-            return Err(SrvError::BadName(format!(
-                "{name:?} has an empty, long or non-ASCII label"
-            )));
-        }
-        out.push(label.len() as u8);
-        out.extend_from_slice(label.as_bytes());
+    if name
+        .split('.')
+        .any(|label| label.is_empty() || label.len() > 63 || !label.is_ascii())
+    {
+        return Err(SrvError::BadName(format!(
+            "{name:?} has an empty, long or non-ASCII label"
+        )));
     }
-    out.push(0);
-    out.extend_from_slice(&TYPE_SRV.to_be_bytes());
-    out.extend_from_slice(&CLASS_IN.to_be_bytes());
-    // OPT: root name, type, the payload size as its class, ttl 0, no data.
-    out.push(0);
-    out.extend_from_slice(&TYPE_OPT.to_be_bytes());
-    out.extend_from_slice(&UDP_PAYLOAD.to_be_bytes());
-    out.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-    Ok(out)
+    // Raw bytes, not `&str` labels, which the crate would pass through IDNA.
+    let qname = Name::from_labels(name.split('.').map(str::as_bytes))
+        .map_err(|e| SrvError::BadName(format!("{name:?}: {e}")))?;
+    let mut message = Message::new(id, MessageType::Query, OpCode::Query);
+    message.metadata.recursion_desired = true;
+    message.add_query(Query::query(qname, RecordType::SRV));
+    let mut edns = Edns::new();
+    edns.set_max_payload(UDP_PAYLOAD);
+    message.set_edns(edns);
+    message
+        .to_vec()
+        .map_err(|e| SrvError::BadName(format!("{name:?}: {e}")))
 }
 
 /// What an answer says.
@@ -99,63 +101,50 @@ pub(crate) enum Answer {
 
 /// Reads an answer to question `id`; anything malformed is an error saying what.
 pub(crate) fn decode_answer(id: u16, message: &[u8]) -> Result<Answer, String> {
-    let mut reader = Reader { message, at: 0 };
-    let got_id = reader.u16()?;
-    let flags = reader.u16()?;
-    let questions = reader.u16()?;
-    let answers = reader.u16()?;
-    reader.u16()?; // authority
-    reader.u16()?; // additional
-    if got_id != id {
-        return Err(format!("answer id {got_id} is not the question's {id}"));
+    // The header alone first: a truncated answer may end anywhere after it.
+    let header = Header::read(&mut BinDecoder::new(message))
+        .map_err(|e| format!("a malformed answer header: {e}"))?;
+    if header.id != id {
+        return Err(format!(
+            "answer id {} is not the question's {id}",
+            header.id
+        ));
     }
-    if flags & 0x8000 == 0 {
+    if header.message_type != MessageType::Response {
         return Err("a question, not an answer".into());
     }
-    if flags & 0x0200 != 0 {
+    if header.truncation {
         return Ok(Answer::Truncated);
     }
-    match flags & 0x000f {
-        0 => {}
-        3 => return Ok(Answer::NotFound),
-        rcode => return Err(format!("the nameserver answered rcode {rcode}")),
-    }
-    for _ in 0..questions {
-        reader.name()?;
-        reader.take(4)?;
-    }
-    let mut targets = Vec::new();
-    for _ in 0..answers {
-        reader.name()?;
-        let kind = reader.u16()?;
-        let class = reader.u16()?;
-        reader.take(4)?; // ttl
-        let length = usize::from(reader.u16()?);
-        let data_start = reader.at;
-        let data_end = data_start
-            .checked_add(length)
-            .filter(|end| *end <= message.len())
-            .ok_or("a record runs past the end of the answer")?;
-        if kind == TYPE_SRV && class == CLASS_IN {
-            let priority = reader.u16()?;
-            let weight = reader.u16()?;
-            let port = reader.u16()?;
-            let host = reader.name()?;
-            if reader.at != data_end {
-                return Err("an SRV record's length does not match its data".into());
-            }
-            // "." means the service is not offered there (RFC 2782); a target that is not a
-            // host name, or port 0, is of no use either.
-            if !host.is_empty() && port != 0 && is_host_name(&host) && targets.len() < MAX_TARGETS {
-                targets.push(SrvTarget {
-                    priority,
-                    weight,
-                    port,
-                    host,
-                });
-            }
+    match header.response_code {
+        ResponseCode::NoError => {}
+        ResponseCode::NXDomain => return Ok(Answer::NotFound),
+        rcode => {
+            return Err(format!(
+                "the nameserver answered rcode {} ({rcode})",
+                u16::from(rcode)
+            ))
         }
-        reader.at = data_end;
+    }
+    let answer = Message::from_vec(message).map_err(|e| format!("a malformed answer: {e}"))?;
+    let mut targets = Vec::new();
+    for record in &answer.answers {
+        let RData::SRV(srv) = &record.data else {
+            continue;
+        };
+        // "." means the service is not offered there (RFC 2782); a target that is not a
+        // host name, or port 0, is of no use either.
+        if record.dns_class != DNSClass::IN || srv.port == 0 || targets.len() >= MAX_TARGETS {
+            continue;
+        }
+        if let Some(host) = host_name(&srv.target) {
+            targets.push(SrvTarget {
+                priority: srv.priority,
+                weight: srv.weight,
+                port: srv.port,
+                host,
+            });
+        }
     }
     if targets.is_empty() {
         return Ok(Answer::NotFound);
@@ -171,90 +160,25 @@ pub(crate) fn decode_answer(id: u16, message: &[u8]) -> Result<Answer, String> {
     Ok(Answer::Targets(targets))
 }
 
-/// Letters, digits, `-` and `_` in dot-separated labels: what may go into a broker URL.
-fn is_host_name(name: &str) -> bool {
-    name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        })
-}
-
-/// A cursor over an answer; every read is bounds-checked.
-struct Reader<'a> {
-    message: &'a [u8],
-    at: usize,
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], String> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|end| *end <= self.message.len())
-            .ok_or("the answer ends early")?;
-        let bytes = &self.message[self.at..end];
-        self.at = end;
-        Ok(bytes)
-    }
-
-    fn u16(&mut self) -> Result<u16, String> {
-        let bytes = self.take(2)?;
-        Ok(u16::from_be_bytes([bytes[0], bytes[1]]))
-    }
-
-    /// A name at the cursor, following compression pointers; each pointer must point before
-    /// the one that led to it, so no loop is possible.
-    fn name(&mut self) -> Result<String, String> {
-        let mut labels: Vec<String> = Vec::new();
-        let mut length = 0usize;
-        let mut position = self.at;
-        let mut resume = None;
-        let mut limit = position;
-        loop {
-            let &first = self
-                .message
-                .get(position)
-                .ok_or("a name runs past the end of the answer")?;
-            match first & 0xc0 {
-                0x00 if first == 0 => {
-                    position += 1;
-                    break;
-                }
-                0x00 => {
-                    let n = usize::from(first);
-                    let label = self
-                        .message
-                        .get(position + 1..position + 1 + n)
-                        .ok_or("a label runs past the end of the answer")?;
-                    length += n + 1;
-                    if length > 255 {
-                        return Err("a name longer than 255 bytes".into());
-                    }
-                    labels.push(String::from_utf8_lossy(label).into_owned());
-                    position += 1 + n;
-                }
-                0xc0 => {
-                    let &second = self
-                        .message
-                        .get(position + 1)
-                        .ok_or("a pointer runs past the end of the answer")?;
-                    let target = usize::from(first & 0x3f) << 8 | usize::from(second);
-                    if target >= limit {
-                        return Err("a compression pointer that does not point back".into());
-                    }
-                    resume.get_or_insert(position + 2);
-                    limit = target;
-                    position = target;
-                }
-                _ => return Err("a label of an unknown kind".into()),
-            }
+/// `name` without its trailing dot when it is letters, digits, `-` and `_` in dot-separated
+/// labels: what may go into a broker URL. The root name (".") is none.
+fn host_name(name: &Name) -> Option<String> {
+    let mut host = String::new();
+    for label in name.iter() {
+        if label.is_empty()
+            || !label
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_')
+        {
+            return None;
         }
-        self.at = resume.unwrap_or(position);
-        Ok(labels.join("."))
+        if !host.is_empty() {
+            host.push('.');
+        }
+        // Checked above: ASCII only.
+        host.extend(label.iter().map(|b| char::from(*b)));
     }
+    (!host.is_empty() && host.len() <= 253).then_some(host)
 }
 
 /// The nameservers to ask.
@@ -369,26 +293,54 @@ fn ask_udp(server: SocketAddr, query: &[u8]) -> Result<Vec<u8>, String> {
     }
 }
 
+/// The question over TCP and its answer, the whole exchange within one `TRY_TIMEOUT`.
 fn ask_tcp(server: SocketAddr, query: &[u8]) -> Result<Vec<u8>, String> {
+    let deadline = Instant::now() + TRY_TIMEOUT;
     let mut stream =
         TcpStream::connect_timeout(&server, TRY_TIMEOUT).map_err(|e| format!("tcp: {e}"))?;
     stream
-        .set_read_timeout(Some(TRY_TIMEOUT))
-        .and_then(|()| stream.set_write_timeout(Some(TRY_TIMEOUT)))
+        .set_write_timeout(Some(TRY_TIMEOUT))
         .map_err(|e| format!("tcp: {e}"))?;
     let length = u16::try_from(query.len()).map_err(|_| "tcp: question too long")?;
     let mut framed = length.to_be_bytes().to_vec();
     framed.extend_from_slice(query);
     stream.write_all(&framed).map_err(|e| format!("tcp: {e}"))?;
     let mut prefix = [0u8; 2];
-    stream
-        .read_exact(&mut prefix)
-        .map_err(|e| format!("tcp: {e}"))?;
+    read_by(&mut stream, &mut prefix, deadline)?;
     let mut answer = vec![0u8; usize::from(u16::from_be_bytes(prefix))];
-    stream
-        .read_exact(&mut answer)
-        .map_err(|e| format!("tcp: {e}"))?;
+    read_by(&mut stream, &mut answer, deadline)?;
     Ok(answer)
+}
+
+/// Fills `buffer` from `stream` by `deadline`. A read timeout alone bounds each read, not the
+/// answer: a nameserver sending a byte a second would hold a 64 KiB answer for 18 hours.
+fn read_by(stream: &mut TcpStream, buffer: &mut [u8], deadline: Instant) -> Result<(), String> {
+    let late = || format!("tcp: no whole answer within {TRY_TIMEOUT:?}");
+    let mut filled = 0;
+    while filled < buffer.len() {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(late)?;
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|e| format!("tcp: {e}"))?;
+        match stream.read(&mut buffer[filled..]) {
+            Ok(0) => return Err("tcp: the nameserver closed the connection mid-answer".into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(late())
+            }
+            Err(e) => return Err(format!("tcp: {e}")),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -397,6 +349,8 @@ pub(crate) mod stub {
     //! questions from a table.
 
     use super::*;
+    use hickory_proto::rr::rdata::SRV;
+    use hickory_proto::rr::Record;
     use std::net::TcpListener;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
@@ -407,6 +361,8 @@ pub(crate) mod stub {
         Srv(Vec<SrvTarget>),
         /// Truncated over UDP; the targets over TCP.
         TruncatedUdp(Vec<SrvTarget>),
+        /// As `TruncatedUdp`, but over TCP one byte every `TRICKLE` until the client goes.
+        TrickleTcp(Vec<SrvTarget>),
         NxDomain,
         /// No answer at all.
         Silence,
@@ -429,52 +385,56 @@ pub(crate) mod stub {
         }
     }
 
-    /// The answer to `query` from `table`: (bytes, whether UDP gets it truncated).
-    fn respond(query: &[u8], table: &[(String, Reply)], tcp: bool) -> Option<Vec<u8>> {
-        let mut reader = Reader {
-            message: query,
-            at: 12,
-        };
-        let name = reader.name().ok()?;
-        let question_end = reader.at + 4;
+    /// How often a `Reply::TrickleTcp` sends a byte: well within a read timeout.
+    const TRICKLE: Duration = Duration::from_millis(400);
+
+    /// `name`'s labels joined by dots, bytes that are not UTF-8 replaced.
+    fn text(name: &Name) -> String {
+        let labels: Vec<_> = name.iter().map(String::from_utf8_lossy).collect();
+        labels.join(".")
+    }
+
+    /// The answer to `query` from `table` over TCP or UDP, and whether to trickle it; none
+    /// for `Reply::Silence` or a query that is not one.
+    fn respond(query: &[u8], table: &[(String, Reply)], tcp: bool) -> Option<(Vec<u8>, bool)> {
+        let query = Message::from_vec(query).ok()?;
+        let question = query.queries.first()?.clone();
+        let name = text(&question.name);
         let reply = table
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(&name))
             .map(|(_, r)| r.clone())
             .unwrap_or(Reply::NxDomain);
+        let trickle = matches!(reply, Reply::TrickleTcp(_));
         let (rcode, truncated, targets) = match reply {
             Reply::Silence => return None,
-            Reply::NxDomain => (3u8, false, Vec::new()),
-            Reply::Srv(targets) => (0, false, targets),
-            Reply::TruncatedUdp(targets) if tcp => (0, false, targets),
-            Reply::TruncatedUdp(_) => (0, true, Vec::new()),
+            Reply::NxDomain => (ResponseCode::NXDomain, false, Vec::new()),
+            Reply::Srv(targets) => (ResponseCode::NoError, false, targets),
+            Reply::TruncatedUdp(targets) | Reply::TrickleTcp(targets) if tcp => {
+                (ResponseCode::NoError, false, targets)
+            }
+            Reply::TruncatedUdp(_) | Reply::TrickleTcp(_) => {
+                (ResponseCode::NoError, true, Vec::new())
+            }
         };
-        let mut out = query[..2].to_vec();
-        out.push(0x81 | if truncated { 0x02 } else { 0 });
-        out.push(0x80 | rcode);
-        out.extend_from_slice(&[0, 1]);
-        out.extend_from_slice(&(targets.len() as u16).to_be_bytes());
-        out.extend_from_slice(&[0, 0, 0, 0]);
-        out.extend_from_slice(query.get(12..question_end)?);
+        let mut answer = Message::error_msg(query.id, OpCode::Query, rcode);
+        answer.metadata.recursion_desired = query.recursion_desired;
+        answer.metadata.recursion_available = true;
+        answer.metadata.truncation = truncated;
+        answer.add_query(question.clone());
         for target in targets {
-            // The owner name as a pointer to the question's name.
-            out.extend_from_slice(&[0xc0, 12]);
-            out.extend_from_slice(&TYPE_SRV.to_be_bytes());
-            out.extend_from_slice(&CLASS_IN.to_be_bytes());
-            out.extend_from_slice(&[0, 0, 0, 60]);
-            let mut data = Vec::new();
-            for n in [target.priority, target.weight, target.port] {
-                data.extend_from_slice(&n.to_be_bytes());
-            }
-            for label in target.host.split('.').filter(|l| !l.is_empty()) {
-                data.push(label.len() as u8);
-                data.extend_from_slice(label.as_bytes());
-            }
-            data.push(0);
-            out.extend_from_slice(&(data.len() as u16).to_be_bytes());
-            out.extend_from_slice(&data);
+            // Raw labels, so that a test can hand out a target that is not a host name.
+            let host = target.host.split('.').filter(|l| !l.is_empty());
+            let host = Name::from_labels(host.map(str::as_bytes)).ok()?;
+            let srv = SRV::new(target.priority, target.weight, target.port, host);
+            // The encoder compresses the owner and target names into pointers.
+            answer.add_answer(Record::from_rdata(
+                question.name.clone(),
+                60,
+                RData::SRV(srv),
+            ));
         }
-        Some(out)
+        Some((answer.to_vec().ok()?, trickle))
     }
 
     impl StubDns {
@@ -493,7 +453,7 @@ pub(crate) mod stub {
                     let mut buffer = [0u8; 512];
                     while !udp_stop.load(Ordering::SeqCst) {
                         if let Ok((n, from)) = udp.recv_from(&mut buffer) {
-                            if let Some(answer) = respond(&buffer[..n], &udp_table, false) {
+                            if let Some((answer, _)) = respond(&buffer[..n], &udp_table, false) {
                                 let _ = udp.send_to(&answer, from);
                             }
                         }
@@ -518,10 +478,23 @@ pub(crate) mod stub {
                         if stream.read_exact(&mut query).is_err() {
                             continue;
                         }
-                        if let Some(answer) = respond(&query, &table, true) {
-                            let mut framed = (answer.len() as u16).to_be_bytes().to_vec();
-                            framed.extend_from_slice(&answer);
+                        let Some((answer, trickle)) = respond(&query, &table, true) else {
+                            continue;
+                        };
+                        let mut framed = (answer.len() as u16).to_be_bytes().to_vec();
+                        framed.extend_from_slice(&answer);
+                        if !trickle {
                             let _ = stream.write_all(&framed);
+                            continue;
+                        }
+                        // Until the whole answer is out, the client hangs up or the stub
+                        // stops: at most the answer's length in `TRICKLE`s.
+                        for byte in framed {
+                            if tcp_stop.load(Ordering::SeqCst) || stream.write_all(&[byte]).is_err()
+                            {
+                                break;
+                            }
+                            std::thread::sleep(TRICKLE);
                         }
                     }
                 })
@@ -598,70 +571,104 @@ mod tests {
         ));
     }
 
+    /// A byte now and then keeps each read alive, but not the try: each of the two ends at
+    /// its bound (with a read timeout alone, this answer arrived whole after ~40 s).
+    #[test]
+    fn a_trickling_tcp_answer_ends_at_the_try_bound() {
+        let dns = StubDns::start(vec![(
+            "_slow._tcp.example.net".into(),
+            Reply::TrickleTcp(vec![target(1, 1, 4222, "slow.example.net")]),
+        )]);
+        let resolver = Resolver::with_nameservers(vec![dns.address]);
+        match resolver.lookup_srv("_slow._tcp.example.net") {
+            Err(SrvError::NoAnswer(reasons)) => {
+                assert_eq!(reasons.len(), TRIES, "{reasons:?}");
+                assert!(
+                    reasons
+                        .iter()
+                        .all(|r| r.contains("tcp: no whole answer within 2s")),
+                    "{reasons:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// An answer's header for question 7: `flags`, no question, `answers` answers.
+    fn header(flags: u16, answers: u16) -> Vec<u8> {
+        let mut h = vec![0, 7];
+        h.extend_from_slice(&flags.to_be_bytes());
+        h.extend_from_slice(&[0, 0]);
+        h.extend_from_slice(&answers.to_be_bytes());
+        h.extend_from_slice(&[0, 0, 0, 0]);
+        h
+    }
+
+    fn with(mut head: Vec<u8>, rest: &[u8]) -> Vec<u8> {
+        head.extend_from_slice(rest);
+        head
+    }
+
+    /// An SRV record (priority 1, weight 1, port 4238) for the root name, with `target` as
+    /// its target name and `length` as its declared data length.
+    fn record(target: &[u8], length: u16) -> Vec<u8> {
+        let mut r = vec![0, 0, 33, 0, 1, 0, 0, 0, 60];
+        r.extend_from_slice(&length.to_be_bytes());
+        r.extend_from_slice(&[0, 1, 0, 1, 0x10, 0x8e]);
+        r.extend_from_slice(target);
+        r
+    }
+
     /// Hostile or broken answers are errors, never a panic or a loop.
     #[test]
     fn malformed_answers_are_refused() {
-        let query = encode_query(7, "_s._tcp.x").unwrap();
-        let header = |flags: u16, answers: u16| {
-            let mut h = vec![0, 7];
-            h.extend_from_slice(&flags.to_be_bytes());
-            h.extend_from_slice(&[0, 0]);
-            h.extend_from_slice(&answers.to_be_bytes());
-            h.extend_from_slice(&[0, 0, 0, 0]);
-            h
-        };
-        let with = |mut head: Vec<u8>, rest: &[u8]| {
-            head.extend_from_slice(rest);
-            head
-        };
-        // An SRV record for the root name, with `data` as its target name and `length` as
-        // its declared data length.
-        let record = |target: &[u8], length: u16| {
-            let mut r = vec![0, 0, 33, 0, 1, 0, 0, 0, 60];
-            r.extend_from_slice(&length.to_be_bytes());
-            r.extend_from_slice(&[0, 1, 0, 1, 0x10, 0x8e]);
-            r.extend_from_slice(target);
-            r
-        };
         let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-            ("empty", vec![], "ends early"),
+            ("empty", vec![], "header: unexpected end of input"),
             (
                 "other id",
                 with(vec![0, 8, 0x81, 0x80], &[0; 8]),
                 "not the question's",
             ),
             ("a question", header(0x0100, 0), "a question"),
-            ("server failure", header(0x8182, 0), "rcode 2"),
-            ("records missing", header(0x8180, 2), "past the end"),
+            (
+                "server failure",
+                header(0x8182, 0),
+                "rcode 2 (Server Failure)",
+            ),
+            (
+                "records missing",
+                header(0x8180, 2),
+                "malformed answer: unexpected end of input",
+            ),
             (
                 "record past the end",
                 with(header(0x8180, 1), &record(&[1, b'a', 0], 200)),
-                "past the end",
+                "rdata length read: 9 expected: 200",
             ),
             (
                 "length mismatch",
                 with(header(0x8180, 1), &record(&[1, b'a', 0, 0], 10)),
-                "does not match",
+                "rdata length read: 9 expected: 10",
             ),
             (
                 "pointer forward",
                 with(header(0x8180, 1), &record(&[0xc0, 0x40], 8)),
-                "point back",
+                "not prior to idx: 29 ptr: 64",
             ),
             (
                 "pointer to itself",
                 with(header(0x8180, 1), &record(&[0xc0, 29], 8)),
-                "point back",
+                "not prior to idx: 29 ptr: 29",
             ),
             (
                 "label kind",
                 with(header(0x8180, 1), &record(&[0x80], 7)),
-                "unknown kind",
+                "rdata length read: 6 expected: 7",
             ),
             (
                 "label past the end",
                 with(header(0x8180, 1), &record(&[9, b'a'], 8)),
-                "past the end",
+                "rdata length read: 7 expected: 8",
             ),
         ];
         for (name, message, fragment) in cases {
@@ -670,6 +677,12 @@ mod tests {
                 Ok(answer) => panic!("{name}: {answer:?}"),
             }
         }
+    }
+
+    /// Good answers, with names compressed and records of other kinds among them; no such
+    /// name; truncated.
+    #[test]
+    fn answers_are_read() {
         // A good one, for contrast, and a pointer back to an earlier label.
         let good = with(header(0x8180, 1), &record(&[1, b'a', 0], 9));
         assert_eq!(
@@ -690,7 +703,32 @@ mod tests {
         );
         assert_eq!(decode_answer(7, &header(0x8183, 0)), Ok(Answer::NotFound));
         assert_eq!(decode_answer(7, &header(0x8380, 0)), Ok(Answer::Truncated));
-        assert_eq!(query[12..14], [2, b'_']);
+        // Records that are not SRV in class IN are passed over, not refused.
+        let mut a_record = vec![0, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 192, 0, 2, 1];
+        let mut chaos_srv = record(&[1, b'c', 0], 9);
+        chaos_srv[4] = 3;
+        a_record.extend_from_slice(&chaos_srv);
+        a_record.extend_from_slice(&record(&[1, b'a', 0], 9));
+        assert_eq!(
+            decode_answer(7, &with(header(0x8180, 3), &a_record)),
+            Ok(Answer::Targets(vec![target(1, 1, 4238, "a")]))
+        );
+    }
+
+    #[test]
+    fn the_question_is_laid_out_as_rfc_1035_says() {
+        let query = encode_query(7, "_s._tcp.x").unwrap();
+        // The question, byte for byte as RFC 1035 and RFC 6891 lay it out (and as the
+        // hand-written encoder this module had before hickory-proto sent it): id 7, recursion
+        // desired, one question, one additional; `_s._tcp.x` SRV IN; OPT offering 1232 bytes.
+        #[rustfmt::skip]
+        let expected: &[u8] = &[
+            0, 7, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 1,
+            2, b'_', b's', 4, b'_', b't', b'c', b'p', 1, b'x', 0, 0, 33, 0, 1,
+            0, 0, 41, 0x04, 0xd0, 0, 0, 0, 0, 0, 0,
+        ];
+        assert_eq!(query, expected);
+        assert_eq!(encode_query(7, "_s._tcp.x."), Ok(query));
         let mut long = String::new();
         for _ in 0..200 {
             long.push_str("ab.");

@@ -388,3 +388,137 @@ fn connect_reaches_the_broker_and_checks_the_election_bucket() {
     assert_eq!(code, 1, "broker gone: {out}");
     assert!(out.contains("could not connect"), "{out}");
 }
+
+/// A nameserver on loopback port 53 for the binary's own lookups: it answers the SRV question
+/// for `name` with one target, NXDOMAIN to anything else, over UDP, and counts the questions.
+struct StubNameserver {
+    ip: std::net::Ipv4Addr,
+    asked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StubNameserver {
+    /// Port 53 (the daemon asks nothing else) on an address of 127/8 picked from the pid, so
+    /// that runs on one machine do not meet; port 53 needs root, as CI runs.
+    fn start(name: &'static str, host: &'static str, port: u16) -> StubNameserver {
+        use hickory_proto::op::{Message, OpCode, ResponseCode};
+        use hickory_proto::rr::{rdata::SRV, Name, RData, Record};
+        use std::sync::atomic::Ordering;
+        let pid = std::process::id();
+        let (socket, ip) = (0..16u32)
+            .find_map(|n| {
+                let host_part = (pid.wrapping_add(n) % 0xfffe) + 1;
+                let ip = std::net::Ipv4Addr::new(127, 53, (host_part >> 8) as u8, host_part as u8);
+                std::net::UdpSocket::bind((ip, 53)).ok().map(|s| (s, ip))
+            })
+            .expect("port 53 on a 127.53.x.y address (this test needs root)");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (thread_asked, thread_stop) = (asked.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("stub-nameserver".into())
+            .spawn(move || {
+                let mut buffer = [0u8; 512];
+                while !thread_stop.load(Ordering::SeqCst) {
+                    let Ok((n, from)) = socket.recv_from(&mut buffer) else {
+                        continue;
+                    };
+                    let Ok(query) = Message::from_vec(&buffer[..n]) else {
+                        continue;
+                    };
+                    let Some(question) = query.queries.first().cloned() else {
+                        continue;
+                    };
+                    thread_asked.fetch_add(1, Ordering::SeqCst);
+                    let found = question.name.to_ascii().trim_end_matches('.') == name;
+                    let rcode = if found {
+                        ResponseCode::NoError
+                    } else {
+                        ResponseCode::NXDomain
+                    };
+                    let mut answer = Message::error_msg(query.id, OpCode::Query, rcode);
+                    answer.add_query(question.clone());
+                    if found {
+                        let target = Name::from_ascii(host).unwrap();
+                        answer.add_answer(Record::from_rdata(
+                            question.name,
+                            60,
+                            RData::SRV(SRV::new(1, 1, port, target)),
+                        ));
+                    }
+                    let _ = socket.send_to(&answer.to_vec().unwrap(), from);
+                }
+            })
+            .unwrap();
+        StubNameserver {
+            ip,
+            asked,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for StubNameserver {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The binary finds its broker by SRV, as `run` does when no broker is configured, through
+/// the nameserver `/etc/resolv.conf` names: run in a private mount namespace (`unshare
+/// --mount`, whose mounts are private) where that file is a bind mount of the test's own,
+/// naming a stub nameserver on loopback. No hook in the product; the host's file is untouched.
+#[test]
+fn connect_reaches_the_broker_an_srv_record_names() {
+    let server = NatsServer::start().expect("a private nats-server");
+    wait_for_port(&server);
+    let dns = StubNameserver::start(
+        "_mcollective-server._tcp.srv.example.net",
+        "127.0.0.1",
+        server.port,
+    );
+    let dir = Dir::new();
+    let resolv = dir.write("resolv.conf", &format!("nameserver {}\n", dns.ip));
+    let cfg = dir.write(
+        "choria.cfg",
+        "identity = prov.example.net\nplugin.choria.srv_domain = srv.example.net\n",
+    );
+    let plain = dir.write("p.yaml", "helper: /bin/true\nchoria_insecure: true\n");
+    let out = Command::new("unshare")
+        .args(["--mount", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#)
+        .arg(&resolv)
+        .arg(env!("CARGO_BIN_EXE_choria-provisioner"))
+        .args(["check-config", "--config", &plain, "--choria-config", &cfg])
+        .arg("--connect")
+        .env("HOME", "/nonexistent-home")
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare(1) runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(
+        setting_line(&stdout, "brokers found by SRV")
+            .contains("_mcollective-server._tcp.srv.example.net"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("Connect\n  connected to {}", server.url())),
+        "{stdout}"
+    );
+    assert!(
+        dns.asked.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "{stdout}"
+    );
+}
