@@ -9,6 +9,7 @@
 //! - [`ksuid`]: KSUIDs, v2 request ids and token ids.
 //! - [`json`]: Go's `encoding/json` escaping, so signed and hashed bytes match go-choria's.
 //! - [`lifecycle`]: lifecycle events in the Choria and CloudEvents formats.
+//! - [`time`]: times as RFC 3339 text, as Go writes them.
 //! - [`choria_cfg`]: the client configuration file (`choria.cfg`), text in, settings out.
 //! - [`signing`]: request signing (x509 RSA for v1, ed25519 for v2) or the insecure placeholder,
 //!   and the [`signing::Protocol`] a connection speaks.
@@ -24,5 +25,6 @@ pub mod ksuid;
 pub mod lifecycle;
 pub mod signing;
 pub mod text;
+pub mod time;
 pub mod v1;
 pub mod v2;
