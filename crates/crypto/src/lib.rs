@@ -22,7 +22,6 @@
 //! - [`key_transport`]: X25519 and Go's legacy PEM AES-256-CBC for keys a helper hands over.
 //! - [`jwt`]: verify keys, provisioning JWT checks, RS256/EdDSA signing.
 //! - [`server_jwt`]: server JWTs, plain or chain-issued.
-//! - [`ksuid`]: segmentio-compatible KSUIDs for `jti`.
 //!
 //! Each submodule has one error enum whose `Display` names what was wrong.
 
@@ -32,8 +31,6 @@ pub mod csr;
 pub mod ed25519;
 pub mod jwt;
 pub mod key_transport;
-/// KSUIDs live in `choria-wire` (v2 request ids need them too); re-exported for `jti` claims.
-pub use choria_wire::ksuid;
 pub mod server_jwt;
 pub mod stand_in;
 

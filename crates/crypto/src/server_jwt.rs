@@ -24,7 +24,7 @@ use super::jwt::{
     self, check_time_claims, numeric_date, string_claim, JwtError, JwtSigner, VerifyKey,
     CHAIN_ISSUER_PREFIX, DEFAULT_OU,
 };
-use super::ksuid::{self, KsuidError};
+use choria_wire::ksuid::{self, KsuidError};
 
 /// `purpose` of server tokens.
 pub const SERVER_PURPOSE: &str = "choria_server";

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use choria_crypto::jwt::{self, JwtSigner, VerifyKey};
-use choria_crypto::ksuid;
 use choria_crypto::server_jwt::*;
 use choria_fleet_sim::server_jwt_check::verify_server_jwt;
 use choria_testkit::vector_path;
+use choria_wire::ksuid;
 use serde_json::{Map, Value};
 
 fn fs_read(path: &Path) -> std::io::Result<Vec<u8>> {
