@@ -18,7 +18,7 @@ const PROTOCOL_PREFIX: &str = "io.choria.lifecycle.v1.";
 const CLOUDEVENT_SOURCE: &str = "io.choria.lifecycle";
 
 /// The event types go-choria knows (lifecycle/lifecycle.go).
-pub const KINDS: [&str; 6] = [
+const KINDS: [&str; 6] = [
     "startup",
     "shutdown",
     "provisioned",
@@ -36,29 +36,41 @@ const KINDS_WITH_VERSION: [&str; 3] = ["startup", "alive", "upgraded"];
 pub struct LifecycleEvent {
     /// "startup", "shutdown", ...
     pub kind: String,
+    /// The sender's identity as it wrote it, unchecked: the caller parses it into an
+    /// [`Identity`](crate::identity::Identity) before it is used.
     pub identity: String,
+    /// The component that sent it (`provision_mode_server`, `server`, `provisioner`, ...).
     pub component: String,
     /// Unix seconds.
-    pub timestamp: i64,
+    timestamp: i64,
+    /// The sender's version, for the types that carry one; `None` when absent.
     pub version: Option<String>,
+    /// The event's id (a UUID in go-choria's events).
     pub id: String,
 }
 
 /// Why bytes on a lifecycle subject are not a usable event.
 #[derive(Clone, Debug, PartialEq)]
 pub enum EventError {
+    /// Not a JSON object; the decoder's reason.
     NotJson(String),
     /// Neither a Choria-format `protocol` nor a Choria CloudEvent.
     UnknownFormat,
     /// A lifecycle protocol naming a type go-choria does not know.
     UnknownType {
+        /// The protocol string as sent.
         protocol: String,
     },
+    /// A field the event needs is absent.
     MissingField {
+        /// The field.
         field: &'static str,
     },
+    /// A field of the wrong type.
     InvalidField {
+        /// The field.
         field: &'static str,
+        /// What is wrong with it.
         reason: String,
     },
 }
@@ -312,7 +324,7 @@ pub fn encode_cloudevent(
 }
 
 /// As [`encode_cloudevent`] with a given id (the CloudEvent and inner ids are the same).
-pub fn encode_cloudevent_with_id(
+fn encode_cloudevent_with_id(
     kind: &str,
     identity: &str,
     component: &str,
