@@ -409,6 +409,59 @@ fn load_chain_issuer(
     })
 }
 
+/// The gen25519 key a server JWT is issued for. Stricter than Go (no length check there):
+/// 32 bytes, a valid point and not of small order (`crate::ed25519`), whoever hands it in.
+fn server_public_key(public_key_hex: &str) -> Result<Vec<u8>, ServerJwtError> {
+    hex::decode(public_key_hex)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| {
+            if bytes.len() == 32 {
+                Ok(bytes)
+            } else {
+                Err(format!("{} bytes, expected 32", bytes.len()))
+            }
+        })
+        .and_then(|bytes| {
+            crate::ed25519::check_public_key(public_key_hex)
+                .map(|()| bytes)
+                .map_err(|err| err.to_string())
+        })
+        .map_err(|reason| ServerJwtError::PublicKey {
+            value: public_key_hex.to_string(),
+            reason,
+        })
+}
+
+impl ChainIssuer {
+    /// Makes `claims` chain-issued under T (tokens standard.go: SetChainIssuer,
+    /// ChainIssuerData, SetChainUserTrustSignature), refusing once T has expired.
+    fn chain(
+        &self,
+        claims: &mut ServerClaims,
+        seed_key: &ed25519_dalek::SigningKey,
+        now_unix: u64,
+    ) -> Result<(), ServerJwtError> {
+        if now_unix as i64 >= self.exp {
+            return Err(ServerJwtError::SigningTokenExpired {
+                path: self.path.clone(),
+                exp: self.exp,
+                now: now_unix,
+            });
+        }
+        claims.iss = format!("{CHAIN_ISSUER_PREFIX}{}.{}", self.jti, self.public_key);
+        claims.issexp = Some(self.exp);
+        claims.exp = claims.exp.min(self.exp);
+        let chain_data = format!("{}.{}", claims.jti, self.tcs);
+        let user_signature = seed_key.sign(chain_data.as_bytes());
+        claims.tcs = Some(format!(
+            "{}.{}",
+            self.tcs,
+            hex::encode(user_signature.to_bytes())
+        ));
+        Ok(())
+    }
+}
+
 /// tokens `Ed25519KeyPairFromSeedFile`: no trimming, hex, 32 bytes.
 fn seed_from_file(
     path: &Path,
@@ -475,26 +528,7 @@ impl ServerJwtIssuer {
         if req.validity.is_zero() {
             return Err(ServerJwtError::ZeroValidity);
         }
-        // Stricter than Go (no length check there): gen25519 keys are 32 bytes, valid points
-        // and not of small order (`crate::ed25519`), whoever hands them in.
-        let public_key = hex::decode(req.ed25519_pubkey_hex)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| {
-                if bytes.len() == 32 {
-                    Ok(bytes)
-                } else {
-                    Err(format!("{} bytes, expected 32", bytes.len()))
-                }
-            })
-            .and_then(|bytes| {
-                crate::ed25519::check_public_key(req.ed25519_pubkey_hex)
-                    .map(|()| bytes)
-                    .map_err(|err| err.to_string())
-            })
-            .map_err(|reason| ServerJwtError::PublicKey {
-                value: req.ed25519_pubkey_hex.to_string(),
-                reason,
-            })?;
+        let public_key = server_public_key(req.ed25519_pubkey_hex)?;
 
         let now = now_unix as i64;
         let mut ou = DEFAULT_OU.to_string();
@@ -547,25 +581,7 @@ impl ServerJwtIssuer {
         let signer = match &self.mode {
             IssuerMode::Plain(signer) => signer.clone(),
             IssuerMode::Chain { seed_key, issuer } => {
-                if now >= issuer.exp {
-                    return Err(ServerJwtError::SigningTokenExpired {
-                        path: issuer.path.clone(),
-                        exp: issuer.exp,
-                        now: now_unix,
-                    });
-                }
-                // tokens standard.go: SetChainIssuer, ChainIssuerData,
-                // SetChainUserTrustSignature.
-                claims.iss = format!("{CHAIN_ISSUER_PREFIX}{}.{}", issuer.jti, issuer.public_key);
-                claims.issexp = Some(issuer.exp);
-                claims.exp = claims.exp.min(issuer.exp);
-                let chain_data = format!("{}.{}", claims.jti, issuer.tcs);
-                let user_signature = seed_key.sign(chain_data.as_bytes());
-                claims.tcs = Some(format!(
-                    "{}.{}",
-                    issuer.tcs,
-                    hex::encode(user_signature.to_bytes())
-                ));
+                issuer.chain(&mut claims, seed_key, now_unix)?;
                 JwtSigner::Ed25519(seed_key.clone())
             }
         };

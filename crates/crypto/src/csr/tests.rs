@@ -77,52 +77,17 @@ fn default_deny() -> DenyList {
 #[test]
 fn vector_csrs_come_out_as_the_spec_says() {
     // (file, identity, expected: Ok(()) or the error's Display prefix)
+    #[rustfmt::skip]
     let cases: &[(&str, &str, Result<(), &str>)] = &[
-        (
-            "go-choria/broker/network/testdata/ssl/certificate_requests/rip.mcollective.pem",
-            "rip.mcollective",
-            Err("rip.mcollective matches denied certificate pattern \"\\\\.mcollective$\""),
-        ),
-        (
-            "go-choria/providers/security/testdata/good/certificate_requests/rip.mcollective.pem",
-            "rip.mcollective",
-            Err("rip.mcollective matches denied certificate pattern"),
-        ),
-        (
-            "go-choria/broker/network/testdata/ssl/certificate_requests/rip.mcollective.pem",
-            "other.example.net",
-            Err("common name rip.mcollective does not match identity other.example.net"),
-        ),
-        (
-            "go-choria/integration/ca/one/rip.mcollective.csr",
-            "rip.mcollective",
-            Err("common name  does not match identity rip.mcollective"),
-        ),
-        (
-            "go-choria/integration/ca/one/localhost.csr",
-            "localhost",
-            Err("common name  does not match identity localhost"),
-        ),
-        (
-            "go-choria/integration/ca/two/rip.mcollective.csr",
-            "rip.mcollective",
-            Err("common name  does not match identity rip.mcollective"),
-        ),
-        (
-            "go-choria/integration/ca/two/localhost.csr",
-            "localhost",
-            Err("common name  does not match identity localhost"),
-        ),
-        (
-            "go-choria/providers/security/testdata/intermediate/rip.mcollective.csr",
-            "rip.mcollective",
-            Err("common name  does not match identity"),
-        ),
-        (
-            "go-choria/providers/security/testdata/intermediate/email.rip.mcollective.csr",
-            "rip.mcollective",
-            Err("common name  does not match identity"),
-        ),
+        ("go-choria/broker/network/testdata/ssl/certificate_requests/rip.mcollective.pem", "rip.mcollective", Err("rip.mcollective matches denied certificate pattern \"\\\\.mcollective$\"")),
+        ("go-choria/providers/security/testdata/good/certificate_requests/rip.mcollective.pem", "rip.mcollective", Err("rip.mcollective matches denied certificate pattern")),
+        ("go-choria/broker/network/testdata/ssl/certificate_requests/rip.mcollective.pem", "other.example.net", Err("common name rip.mcollective does not match identity other.example.net")),
+        ("go-choria/integration/ca/one/rip.mcollective.csr", "rip.mcollective", Err("common name  does not match identity rip.mcollective")),
+        ("go-choria/integration/ca/one/localhost.csr", "localhost", Err("common name  does not match identity localhost")),
+        ("go-choria/integration/ca/two/rip.mcollective.csr", "rip.mcollective", Err("common name  does not match identity rip.mcollective")),
+        ("go-choria/integration/ca/two/localhost.csr", "localhost", Err("common name  does not match identity localhost")),
+        ("go-choria/providers/security/testdata/intermediate/rip.mcollective.csr", "rip.mcollective", Err("common name  does not match identity")),
+        ("go-choria/providers/security/testdata/intermediate/email.rip.mcollective.csr", "rip.mcollective", Err("common name  does not match identity")),
     ];
     let deny = default_deny();
     for (file, identity, expected) in cases {
@@ -177,6 +142,7 @@ fn vector_csr_passes_with_a_deny_list_that_does_not_match() {
 #[test]
 fn generated_csrs_against_the_default_deny_list() {
     // (subject in RFC 4514 order, DNS SANs, identity, expected error Display prefix or None)
+    #[rustfmt::skip]
     let cases: &[(&str, &[&str], &str, Option<&str>)] = &[
         ("CN=node1.example.net", &[], "node1.example.net", None),
         ("CN=node1.example.net,OU=ops,O=Acme", &["node1.example.net", "alias.example.net"], "node1.example.net", None),

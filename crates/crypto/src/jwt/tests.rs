@@ -31,141 +31,36 @@ fn spec_6_1_vector_table() {
     let ed_pub_inline = SIGNER_PUBLIC;
     // (token file, verify key: a vector file path or an inline value, expected: Ok or the
     // error Display prefix)
+    #[rustfmt::skip]
     let cases: &[(&str, &str, Result<(), &str>)] = &[
-        (
-            "tokens/testdata/ed25519/good-provisioning.jwt",
-            "file:tokens/testdata/ed25519/signer.public",
-            Ok(()),
-        ),
-        (
-            "tokens/testdata/ed25519/good-provisioning.jwt",
-            ed_pub_inline,
-            Ok(()),
-        ),
-        (
-            "tokens/testdata/ed25519/good-provisioning.jwt",
-            "file:tokens/testdata/ed25519/other.public",
-            Err("token signature is invalid: ed25519: verification error"),
-        ),
-        (
-            "tokens/testdata/ed25519/good-provisioning.jwt",
-            "file:tokens/testdata/rsa/signer-public.pem",
-            Err(
-                "token is unverifiable: error while executing keyfunc: ed25519 public key required",
-            ),
-        ),
-        (
-            "tokens/testdata/rsa/good-provisioning.jwt",
-            "file:tokens/testdata/rsa/signer-public.pem",
-            Ok(()),
-        ),
-        (
-            "tokens/testdata/rsa/good-provisioning.jwt",
-            "file:tokens/testdata/rsa/other-public.pem",
-            Err("token signature is invalid: crypto/rsa: verification error"),
-        ),
-        (
-            "tokens/testdata/rsa/good-provisioning.jwt",
-            ed_pub_inline,
-            Err("token is unverifiable: error while executing keyfunc: rsa public key required"),
-        ),
-        (
-            "go-choria/choria/testdata/rsa/good-provisioning.jwt",
-            "file:tokens/testdata/rsa/signer-public.pem",
-            Ok(()),
-        ),
-        (
-            "go-choria/choria/testdata/rsa/good-provisioning.jwt",
-            "file:tokens/testdata/rsa/other-public.pem",
-            Err("token signature is invalid: crypto/rsa: verification error"),
-        ),
-        (
-            "go-choria/providers/agent/mcorpc/golang/provision/testdata/provision.jwt",
-            "file:tokens/testdata/rsa/signer-public.pem",
-            Err("token signature is invalid: signing method HS256 is invalid"),
-        ),
-        (
-            "go-choria/providers/agent/mcorpc/golang/provision/testdata/provision.jwt",
-            ed_pub_inline,
-            Err("token signature is invalid: signing method HS256 is invalid"),
-        ),
-        (
-            "go-choria/integration/ca/provisioning.jwt",
-            "file:go-choria/integration/ca/provisioning-signer.pem",
-            Ok(()),
-        ),
-        (
-            "go-choria/integration/ca/provisioning.jwt",
-            "file:go-choria/integration/ca/node-signer.pem",
-            Err("token signature is invalid: crypto/rsa: verification error"),
-        ),
-        (
-            "go-choria/integration/ca/invalid-provisioning.jwt",
-            "file:go-choria/integration/ca/provisioning-signer.pem",
-            Err("token signature is invalid: crypto/rsa: verification error"),
-        ),
-        (
-            "go-choria/integration/ca/invalid-provisioning.jwt",
-            "file:go-choria/integration/ca/node-signer.pem",
-            Err("token signature is invalid: crypto/rsa: verification error"),
-        ),
-        (
-            "go-choria/integration/ca/invalid-provisioning.jwt",
-            "file:go-choria/integration/ca/client-signer.pem",
-            Err("token signature is invalid: crypto/rsa: verification error"),
-        ),
-        (
-            "go-choria/integration/ca/invalid-provisioning.jwt",
-            "file:tokens/testdata/rsa/signer-public.pem",
-            Err("token signature is invalid: crypto/rsa: verification error"),
-        ),
-        (
-            "go-choria/integration/ca/invalid-provisioning.jwt",
-            "file:provisioner/host/testdata/jwt-signer-public.pem",
-            Err("token signature is invalid: crypto/rsa: verification error"),
-        ),
-        (
-            "go-choria/integration/ca/invalid-provisioning.jwt",
-            "file:go-choria/broker/network/testdata/ssl/certs/rip.mcollective.pem",
-            Err("token signature is invalid: crypto/rsa: verification error"),
-        ),
-        (
-            "go-choria/broker/network/testdata/provisioning/secure.jwt",
-            "file:go-choria/broker/network/testdata/ssl/certs/rip.mcollective.pem",
-            Ok(()),
-        ),
-        (
-            "go-choria/broker/network/testdata/provisioning/insecure.jwt",
-            "file:go-choria/broker/network/testdata/ssl/certs/rip.mcollective.pem",
-            Ok(()),
-        ),
-        (
-            "go-choria/broker/network/testdata/provisioning/invalid.jwt",
-            "file:go-choria/broker/network/testdata/ssl/certs/rip.mcollective.pem",
-            Err("token signature is invalid: crypto/rsa: verification error"),
-        ),
-        (
-            "go-choria/providers/provtarget/builddefaults/testdata/invalid.jwt",
-            "file:go-choria/broker/network/testdata/ssl/certs/rip.mcollective.pem",
-            Err("token is malformed: token contains an invalid number of segments"),
-        ),
-        (
-            "go-choria/providers/provtarget/builddefaults/testdata/invalid.jwt",
-            ed_pub_inline,
-            Err("token is malformed: token contains an invalid number of segments"),
-        ),
+        ("tokens/testdata/ed25519/good-provisioning.jwt", "file:tokens/testdata/ed25519/signer.public", Ok(())),
+        ("tokens/testdata/ed25519/good-provisioning.jwt", ed_pub_inline, Ok(())),
+        ("tokens/testdata/ed25519/good-provisioning.jwt", "file:tokens/testdata/ed25519/other.public", Err("token signature is invalid: ed25519: verification error")),
+        ("tokens/testdata/ed25519/good-provisioning.jwt", "file:tokens/testdata/rsa/signer-public.pem", Err("token is unverifiable: error while executing keyfunc: ed25519 public key required")),
+        ("tokens/testdata/rsa/good-provisioning.jwt", "file:tokens/testdata/rsa/signer-public.pem", Ok(())),
+        ("tokens/testdata/rsa/good-provisioning.jwt", "file:tokens/testdata/rsa/other-public.pem", Err("token signature is invalid: crypto/rsa: verification error")),
+        ("tokens/testdata/rsa/good-provisioning.jwt", ed_pub_inline, Err("token is unverifiable: error while executing keyfunc: rsa public key required")),
+        ("go-choria/choria/testdata/rsa/good-provisioning.jwt", "file:tokens/testdata/rsa/signer-public.pem", Ok(())),
+        ("go-choria/choria/testdata/rsa/good-provisioning.jwt", "file:tokens/testdata/rsa/other-public.pem", Err("token signature is invalid: crypto/rsa: verification error")),
+        ("go-choria/providers/agent/mcorpc/golang/provision/testdata/provision.jwt", "file:tokens/testdata/rsa/signer-public.pem", Err("token signature is invalid: signing method HS256 is invalid")),
+        ("go-choria/providers/agent/mcorpc/golang/provision/testdata/provision.jwt", ed_pub_inline, Err("token signature is invalid: signing method HS256 is invalid")),
+        ("go-choria/integration/ca/provisioning.jwt", "file:go-choria/integration/ca/provisioning-signer.pem", Ok(())),
+        ("go-choria/integration/ca/provisioning.jwt", "file:go-choria/integration/ca/node-signer.pem", Err("token signature is invalid: crypto/rsa: verification error")),
+        ("go-choria/integration/ca/invalid-provisioning.jwt", "file:go-choria/integration/ca/provisioning-signer.pem", Err("token signature is invalid: crypto/rsa: verification error")),
+        ("go-choria/integration/ca/invalid-provisioning.jwt", "file:go-choria/integration/ca/node-signer.pem", Err("token signature is invalid: crypto/rsa: verification error")),
+        ("go-choria/integration/ca/invalid-provisioning.jwt", "file:go-choria/integration/ca/client-signer.pem", Err("token signature is invalid: crypto/rsa: verification error")),
+        ("go-choria/integration/ca/invalid-provisioning.jwt", "file:tokens/testdata/rsa/signer-public.pem", Err("token signature is invalid: crypto/rsa: verification error")),
+        ("go-choria/integration/ca/invalid-provisioning.jwt", "file:provisioner/host/testdata/jwt-signer-public.pem", Err("token signature is invalid: crypto/rsa: verification error")),
+        ("go-choria/integration/ca/invalid-provisioning.jwt", "file:go-choria/broker/network/testdata/ssl/certs/rip.mcollective.pem", Err("token signature is invalid: crypto/rsa: verification error")),
+        ("go-choria/broker/network/testdata/provisioning/secure.jwt", "file:go-choria/broker/network/testdata/ssl/certs/rip.mcollective.pem", Ok(())),
+        ("go-choria/broker/network/testdata/provisioning/insecure.jwt", "file:go-choria/broker/network/testdata/ssl/certs/rip.mcollective.pem", Ok(())),
+        ("go-choria/broker/network/testdata/provisioning/invalid.jwt", "file:go-choria/broker/network/testdata/ssl/certs/rip.mcollective.pem", Err("token signature is invalid: crypto/rsa: verification error")),
+        ("go-choria/providers/provtarget/builddefaults/testdata/invalid.jwt", "file:go-choria/broker/network/testdata/ssl/certs/rip.mcollective.pem", Err("token is malformed: token contains an invalid number of segments")),
+        ("go-choria/providers/provtarget/builddefaults/testdata/invalid.jwt", ed_pub_inline, Err("token is malformed: token contains an invalid number of segments")),
         // valid signature, but a client token is not a provisioning token
-        (
-            "generated/chain-issuer-client.jwt",
-            ed_pub_inline,
-            Err("not a provisioning token"),
-        ),
+        ("generated/chain-issuer-client.jwt", ed_pub_inline, Err("not a provisioning token")),
         // a server token signed by P, checked with O: bad signature
-        (
-            "generated/plain-server-eddsa.jwt",
-            ed_pub_inline,
-            Err("token signature is invalid: ed25519: verification error"),
-        ),
+        ("generated/plain-server-eddsa.jwt", ed_pub_inline, Err("token signature is invalid: ed25519: verification error")),
     ];
     for (token_file, key_spec, expected) in cases {
         let key = match key_spec.strip_prefix("file:") {
@@ -433,6 +328,7 @@ fn claim_rules_with_minted_tokens() {
     .expect("seed");
     let key = signer.verify_key();
     // (claims, expected error Display prefix or None)
+    #[rustfmt::skip]
     let cases: Vec<(Value, Option<&str>)> = vec![
         (json!({"sub": "choria_provisioning"}), None),
         (json!({"purpose": "choria_provisioning"}), None),
@@ -488,7 +384,9 @@ fn claim_rules_with_minted_tokens() {
         ),
         (
             json!({"purpose": "choria_provisioning", "tcs": "x", "iss": "C-a.b"}),
-            Some("token has invalid claims: token is expired: tcs is set but issexp is missing"),
+            Some(
+                "token has invalid claims: token is expired: tcs is set but issexp is missing",
+            ),
         ),
         (
             json!({"purpose": "choria_provisioning", "tcs": "x", "iss": "C-a.b", "issexp": NOW}),
@@ -552,6 +450,7 @@ fn node_text_in_token_errors_is_cut_short_and_escaped() {
     let segment = |value: &Value| B64URL.encode(value.to_string());
     let claims = segment(&json!({"sub": "choria_provisioning"}));
     // (token, key, what the error starts with)
+    #[rustfmt::skip]
     let cases: Vec<(String, &VerifyKey, &str)> = vec![
         (
             format!("{}.{claims}.AA", segment(&json!({"alg": long}))),
