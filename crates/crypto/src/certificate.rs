@@ -32,24 +32,46 @@ use x509_parser::oid_registry::OID_X509_EXT_SUBJECT_ALT_NAME;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CertificateError {
     /// No `-----BEGIN CERTIFICATE-----` block in the text.
-    NoCertificateBlock { reason: String },
+    NoCertificateBlock {
+        /// What the PEM reader found instead.
+        reason: String,
+    },
     /// The block does not parse as an X.509 certificate.
-    Parse { reason: String },
+    Parse {
+        /// The X.509 parser's reason.
+        reason: String,
+    },
     /// The last common name is not the node's identity (an absent CN lands here too).
     CommonNameMismatch {
+        /// The certificate's common name, as written.
         common_name: String,
+        /// The node's identity.
         identity: String,
     },
     /// The CN or a DNS SAN matched a deny-list pattern.
-    Denied { name: String, pattern: String },
+    Denied {
+        /// The name that matched, escaped.
+        name: String,
+        /// The deny-list entry it matched, as configured.
+        pattern: String,
+    },
     /// The subject holds more than one CN.
-    SeveralCommonNames { count: usize },
+    SeveralCommonNames {
+        /// How many CN attributes the subject holds.
+        count: usize,
+    },
     /// A DNS SAN that is not a host name, or a SAN of a kind not allowed.
     Names(CsrError),
     /// The certificate's public key is not the one the node will hold.
-    KeyMismatch { against: &'static str },
+    KeyMismatch {
+        /// What the key was compared with (the transported key, or the CSR's).
+        against: &'static str,
+    },
     /// The node's CSR (to compare keys with) does not parse.
-    Csr { reason: String },
+    Csr {
+        /// Why the CSR could not be read.
+        reason: String,
+    },
 }
 
 impl fmt::Display for CertificateError {
@@ -98,18 +120,21 @@ impl std::error::Error for CertificateError {}
 pub struct CertificateFacts {
     /// The subject in DER order, as `openssl x509 -subject` prints it: `O=x, CN=n1.example.net`.
     pub subject: String,
+    /// The issuer, as the subject is written.
     pub issuer: String,
     /// The last common name holding a string (Go's `Subject.CommonName`); empty when none.
-    pub common_name: String,
+    common_name: String,
     /// How many CN attributes the subject holds, string or not.
-    pub common_name_count: usize,
+    common_name_count: usize,
     /// Every subject alternative name, as `DNS:x`, `IP:x`, `email:x`, `URI:x`.
     pub sans: Vec<String>,
     /// The DNS SANs alone (what the deny list is matched against, besides the CN).
-    pub dns_names: Vec<String>,
+    dns_names: Vec<String>,
     /// The SANs of every other kind.
-    pub other_sans: Vec<OtherSan>,
+    other_sans: Vec<OtherSan>,
+    /// The start of the validity, Unix seconds.
     pub not_before_unix: i64,
+    /// The end of the validity, Unix seconds.
     pub not_after_unix: i64,
     /// The serial number: lowercase hex of its minimal big-endian bytes, as openssl prints it
     /// (`0a1b2c`, no sign byte, no separators).

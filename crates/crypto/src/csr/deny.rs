@@ -24,6 +24,7 @@ struct DenyPattern {
 pub struct DenyListError {
     /// The entry as configured.
     pub entry: String,
+    /// The regular expression compiler's reason.
     pub reason: String,
 }
 
@@ -77,7 +78,7 @@ impl DenyList {
     /// one trailing dot ([`normalised_name`]), so neither case nor the root dot hides a name
     /// (Go matches the name as it is only). A pattern written in capitals still matches the
     /// name as written.
-    pub fn matching_pattern(&self, name: &str) -> Option<&str> {
+    pub(crate) fn matching_pattern(&self, name: &str) -> Option<&str> {
         let normalised = normalised_name(name);
         self.patterns
             .iter()
@@ -92,7 +93,7 @@ impl DenyList {
 }
 
 /// A name as the deny list also reads it: lowercased, without one trailing dot.
-pub fn normalised_name(name: &str) -> String {
+pub(crate) fn normalised_name(name: &str) -> String {
     let name = name.strip_suffix('.').unwrap_or(name);
     name.to_lowercase()
 }

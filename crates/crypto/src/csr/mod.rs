@@ -48,9 +48,9 @@ use x509_parser::oid_registry::OID_X509_EXT_SUBJECT_ALT_NAME;
 use x509_parser::prelude::FromDer;
 
 pub use deny::{DenyList, DenyListError, DEFAULT_DENY_PATTERNS};
-use san::has_empty_label;
-pub(crate) use san::{read_general_name, RefusedSanText, San};
-pub use san::{OtherSan, SanKind, SanKinds};
+use san::{has_empty_label, RefusedSanText};
+pub(crate) use san::{read_general_name, San};
+pub use san::{OtherSan, SanKinds};
 
 /// A name from a CSR in a message: escaped, and nothing at all when empty (Go's message for a
 /// missing CN reads `common name  does not match`).
@@ -72,28 +72,61 @@ pub enum CsrError {
     /// The reply had no CSR text at all.
     Empty,
     /// No `-----BEGIN ...-----` block could be found (Go panics here).
-    NoPemBlock { reason: String },
+    NoPemBlock {
+        /// What the PEM reader found instead.
+        reason: String,
+    },
     /// The PEM body is not a PKCS#10 request.
-    Parse { reason: String },
+    Parse {
+        /// The PKCS#10 parser's reason.
+        reason: String,
+    },
     /// The common name differs from the identity (an empty CN lands here too).
     CommonNameMismatch {
+        /// The CSR's common name, as the node wrote it.
         common_name: String,
+        /// The node's identity.
         identity: String,
     },
     /// The common name is not a valid identity (see `choria_wire::identity`).
-    InvalidCommonName { common_name: String, reason: String },
+    InvalidCommonName {
+        /// The CSR's common name, as the node wrote it.
+        common_name: String,
+        /// Why it is not an identity.
+        reason: String,
+    },
     /// The subject holds more than one CN.
-    SeveralCommonNames { count: usize },
+    SeveralCommonNames {
+        /// How many CN attributes the subject holds.
+        count: usize,
+    },
     /// A subjectAltName extension that does not parse: the whole request is refused.
-    BadSubjectAltName { reason: String },
+    BadSubjectAltName {
+        /// The parser's reason.
+        reason: String,
+    },
     /// A CN or DNS SAN matched a deny-list pattern.
-    Denied { name: String, pattern: String },
+    Denied {
+        /// The name that matched, as the node wrote it.
+        name: String,
+        /// The deny-list entry it matched, as configured.
+        pattern: String,
+    },
     /// The reply is not exactly one `CERTIFICATE REQUEST` block and nothing else.
-    NotOneRequest { reason: String },
+    NotOneRequest {
+        /// What else the reply holds.
+        reason: String,
+    },
     /// A DNS SAN that is not a host name (an empty label).
-    BadDnsName { name: String },
+    BadDnsName {
+        /// The DNS SAN, as the node wrote it.
+        name: String,
+    },
     /// A SAN of a kind that is not allowed.
-    RefusedSan { san: OtherSan },
+    RefusedSan {
+        /// The SAN refused.
+        san: OtherSan,
+    },
 }
 
 impl fmt::Display for CsrError {
@@ -157,13 +190,14 @@ impl std::error::Error for CsrError {}
 /// `Subject.CommonName`), the DNS SANs of all its extension requests, and its other SANs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CsrNames {
+    /// The one CN, as the node wrote it; "" when there is none.
     pub common_name: String,
-    pub dns_names: Vec<String>,
-    pub other_sans: Vec<OtherSan>,
+    pub(crate) dns_names: Vec<String>,
+    other_sans: Vec<OtherSan>,
 }
 
 /// The label of the one block a `gencsr` reply holds.
-pub const CSR_LABEL: &str = "CERTIFICATE REQUEST";
+const CSR_LABEL: &str = "CERTIFICATE REQUEST";
 
 /// The DER of the one `CERTIFICATE REQUEST` block that `csr_pem` must be (see the module doc).
 fn single_request_der(csr_pem: &str) -> Result<Vec<u8>, CsrError> {
@@ -312,8 +346,9 @@ fn attribute_string(value: &x509_parser::der_parser::asn1_rs::Any) -> Option<Str
 /// encoded again, so nothing the node wrote around it reaches the helper).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidatedCsr {
+    /// The request for the helper: one LF-ended `CERTIFICATE REQUEST` block.
     pub pem: String,
-    pub names: CsrNames,
+    names: CsrNames,
 }
 
 /// Go `validateCSR`: the CN must equal `identity`; the CN and every DNS SAN must not match the

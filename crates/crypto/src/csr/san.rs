@@ -8,14 +8,14 @@ use x509_parser::extensions::GeneralName;
 
 /// Whether a DNS name has an empty label once one trailing dot is removed (`a..b`, `.a`,
 /// `a..`, empty): no host is named so, and a name matched against the deny list must be one.
-pub fn has_empty_label(name: &str) -> bool {
+pub(crate) fn has_empty_label(name: &str) -> bool {
     let name = name.strip_suffix('.').unwrap_or(name);
     name.split('.').any(str::is_empty)
 }
 
 /// A kind of subject alternative name other than DNS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SanKind {
+pub(crate) enum SanKind {
     Ip,
     Uri,
     Email,
@@ -26,7 +26,7 @@ pub enum SanKind {
 
 impl SanKind {
     /// As `openssl x509 -text` names it.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             SanKind::Ip => "IP",
             SanKind::Uri => "URI",
@@ -39,9 +39,9 @@ impl SanKind {
 /// A subject alternative name other than DNS, as an operator reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtherSan {
-    pub kind: SanKind,
+    pub(crate) kind: SanKind,
     /// The value as text (an IP address, a URI, an address; a description for the rest).
-    pub value: String,
+    pub(crate) value: String,
 }
 
 /// The refusal of a SAN, shared by CSR and certificate errors.
@@ -81,9 +81,9 @@ impl fmt::Display for OtherSan {
 /// alone and an IP, URI or email SAN is a name other software may trust.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SanKinds {
-    pub ip: bool,
-    pub uri: bool,
-    pub email: bool,
+    ip: bool,
+    uri: bool,
+    email: bool,
 }
 
 impl SanKinds {
@@ -91,7 +91,7 @@ impl SanKinds {
     pub const NAMES: [&'static str; 3] = ["ip", "uri", "email"];
 
     /// Whether a SAN of `kind` may appear.
-    pub fn allows(self, kind: SanKind) -> bool {
+    pub(crate) fn allows(self, kind: SanKind) -> bool {
         match kind {
             SanKind::Ip => self.ip,
             SanKind::Uri => self.uri,
@@ -155,7 +155,7 @@ pub(crate) fn read_general_name(name: &GeneralName) -> San {
 }
 
 /// An IP SAN as text: IPv4 or IPv6, else the bytes in hex (a SAN of another length).
-pub(crate) fn ip_text(bytes: &[u8]) -> String {
+fn ip_text(bytes: &[u8]) -> String {
     match bytes.len() {
         4 => std::net::Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]).to_string(),
         16 => {

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256, Sha384, Sha512};
 use super::{JwtError, JwtSigner, VerifyKey};
 
 /// Go's `base64.RawURLEncoding`: no padding, lenient trailing bits.
-pub const B64URL: GeneralPurpose = GeneralPurpose::new(
+pub(crate) const B64URL: GeneralPurpose = GeneralPurpose::new(
     &alphabet::URL_SAFE,
     GeneralPurposeConfig::new()
         .with_encode_padding(false)
@@ -56,7 +56,8 @@ pub fn sign_jwt_payload(claims_json: &str, signer: &JwtSigner) -> Result<String,
 /// A token split and decoded but not verified.
 #[derive(Debug, Clone)]
 pub struct UnverifiedToken {
-    pub alg: String,
+    alg: String,
+    /// The claims as sent; nothing in them is checked.
     pub claims: Map<String, Value>,
     signing_input: String,
     signature_segment: String,
@@ -110,7 +111,7 @@ pub fn decode_unverified(token: &str) -> Result<UnverifiedToken, JwtError> {
 
 /// Decodes `token` and checks its signature with `key`, in golang-jwt's order: structure,
 /// `alg` allow-list (RS256/384/512, EdDSA), key type for that `alg`, signature. No time
-/// checks: see [`check_time_claims`].
+/// checks: see [`check_time_claims`](super::check_time_claims).
 pub fn verify_signature(token: &str, key: &VerifyKey) -> Result<Map<String, Value>, JwtError> {
     let decoded = decode_unverified(token)?;
     let alg = decoded.alg.as_str();

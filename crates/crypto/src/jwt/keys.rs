@@ -12,7 +12,9 @@ use crate::ReadFile;
 /// The key that checks provisioning JWTs: RSA (RS256/384/512) or ed25519 (EdDSA).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VerifyKey {
+    /// An RSA public key (RS256, RS384, RS512).
     Rsa(rsa::RsaPublicKey),
+    /// An ed25519 public key (EdDSA).
     Ed25519(ed25519_dalek::VerifyingKey),
 }
 
@@ -111,7 +113,9 @@ fn rsa_public_from_pem(bytes: &[u8], path: &Path) -> Result<rsa::RsaPublicKey, J
 /// The private key that signs tokens: RSA (RS256) or an ed25519 seed (EdDSA).
 #[derive(Clone)]
 pub enum JwtSigner {
+    /// An RSA private key: RS256.
     Rsa(rsa::RsaPrivateKey),
+    /// An ed25519 seed: EdDSA.
     Ed25519(ed25519_dalek::SigningKey),
 }
 

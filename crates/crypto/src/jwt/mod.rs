@@ -38,39 +38,105 @@ pub enum JwtError {
     /// `jwt_verify_cert` is empty.
     NoVerifyKey,
     /// A key file could not be read.
-    KeyFileRead { path: PathBuf, reason: String },
+    KeyFileRead {
+        /// The key file.
+        path: PathBuf,
+        /// Why it could not be read.
+        reason: String,
+    },
     /// Hex ed25519 key material that is not hex (`source` names the file or the inline value).
-    KeyHex { source: String, reason: String },
+    KeyHex {
+        /// Where the key came from (a file, or the setting itself).
+        source: String,
+        /// The hex decoder's reason.
+        reason: String,
+    },
     /// Hex ed25519 key material that is not 32 bytes.
-    KeySize { source: String, actual: usize },
+    KeySize {
+        /// Where the key came from (a file, or the setting itself).
+        source: String,
+        /// The bytes it decodes to.
+        actual: usize,
+    },
     /// 32 bytes that are not an ed25519 point.
-    KeyInvalid { source: String },
+    KeyInvalid {
+        /// Where the key came from (a file, or the setting itself).
+        source: String,
+    },
     /// A PEM verify key that is not an RSA certificate or public key.
-    NotRsaPublicKey { path: PathBuf, reason: String },
+    NotRsaPublicKey {
+        /// The key file.
+        path: PathBuf,
+        /// Why each form was refused.
+        reason: String,
+    },
     /// A signing key file that is neither an RSA PEM nor a 64-character hex seed.
-    UnsupportedSigningKey { path: PathBuf },
+    UnsupportedSigningKey {
+        /// The key file.
+        path: PathBuf,
+    },
     /// An RSA signing key PEM that does not parse as RSA.
-    SigningKeyParse { path: PathBuf, reason: String },
+    SigningKeyParse {
+        /// The key file.
+        path: PathBuf,
+        /// The parser's reason.
+        reason: String,
+    },
     /// The token's structure, base64 or JSON is broken; what the token held is quoted in
     /// `reason` through `choria_wire::text::escape`.
-    Malformed { reason: String },
+    Malformed {
+        /// What is broken; the token's own text in it is escaped.
+        reason: String,
+    },
     /// `alg` is not one of RS256/384/512 or EdDSA.
-    MethodInvalid { alg: String },
+    MethodInvalid {
+        /// The `alg` the token names, as sent.
+        alg: String,
+    },
     /// `alg` needs a different key type than the one configured.
-    KeyTypeRequired { alg: String, required: &'static str },
+    KeyTypeRequired {
+        /// The `alg` the token names.
+        alg: String,
+        /// The key type that `alg` needs (`rsa` or `ed25519`).
+        required: &'static str,
+    },
     /// The signature does not verify.
-    SignatureInvalid { reason: &'static str },
+    SignatureInvalid {
+        /// golang-jwt's words for it.
+        reason: &'static str,
+    },
     /// `now >= exp`.
-    Expired { exp: i64, now: u64 },
+    Expired {
+        /// The token's `exp`.
+        exp: i64,
+        /// The time of the check, Unix seconds.
+        now: u64,
+    },
     /// `now < nbf`.
-    NotYetValid { nbf: i64, now: u64 },
+    NotYetValid {
+        /// The token's `nbf`.
+        nbf: i64,
+        /// The time of the check, Unix seconds.
+        now: u64,
+    },
     /// A chain token (`tcs` set) whose issuer expiry rule fails (tokens standard.go,
     /// verifyIssuerExpiry).
-    IssuerExpired { reason: String },
+    IssuerExpired {
+        /// Which part of the rule failed.
+        reason: String,
+    },
     /// Neither `sub` nor `purpose` is `choria_provisioning`.
-    NotProvisioningToken { sub: String, purpose: String },
+    NotProvisioningToken {
+        /// The token's `sub`, as sent.
+        sub: String,
+        /// The token's `purpose`, as sent.
+        purpose: String,
+    },
     /// Signing failed (RSA errors only).
-    Sign { reason: String },
+    Sign {
+        /// The signer's reason.
+        reason: String,
+    },
 }
 
 impl fmt::Display for JwtError {

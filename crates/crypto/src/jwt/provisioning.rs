@@ -10,9 +10,9 @@ use super::claims::{
 use super::{verify_signature, JwtError, VerifyKey};
 
 /// The purpose (and `sub`) of a provisioning token.
-pub const PROVISIONING_PURPOSE: &str = "choria_provisioning";
+pub(crate) const PROVISIONING_PURPOSE: &str = "choria_provisioning";
 /// The org a token gets when it names none (tokens provisioning.go, ParseProvisioningToken).
-pub const DEFAULT_OU: &str = "choria";
+pub(crate) const DEFAULT_OU: &str = "choria";
 /// The claims as Go's `tokens.ProvisioningClaims` holds them and re-serialises them for the helper
 /// (tokens provisioning.go, standard.go): non-omitempty fields always present (`cht`, `chs`,
 /// `chpd`, `extensions`, `purpose`), omitempty ones only when set, `aud` as an array, times as
