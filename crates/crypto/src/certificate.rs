@@ -252,10 +252,15 @@ pub fn public_key_kind(spki_der: &[u8]) -> String {
 /// PKCS#1 or PKCS#8); `None` otherwise.
 pub fn private_key_kind(key_pem: &str) -> Option<String> {
     use rsa::traits::PublicKeyParts;
-    let key = RsaPrivateKey::from_pkcs1_pem(key_pem.trim())
-        .or_else(|_| RsaPrivateKey::from_pkcs8_pem(key_pem.trim()))
-        .ok()?;
+    let key = rsa_private_key(key_pem)?;
     Some(format!("RSA {}", key.size() * 8))
+}
+
+/// An RSA private key from PKCS#1 or PKCS#8 PEM text, white space around it allowed.
+fn rsa_private_key(key_pem: &str) -> Option<RsaPrivateKey> {
+    RsaPrivateKey::from_pkcs1_pem(key_pem.trim())
+        .or_else(|_| RsaPrivateKey::from_pkcs8_pem(key_pem.trim()))
+        .ok()
 }
 
 /// The certificate is for `identity` (its one CN), its DNS SANs are host names, it carries no
@@ -305,9 +310,7 @@ pub enum KeyPairing {
 
 /// Compares the helper's private key (PEM) with the certificate's public key.
 pub fn key_pairing(cert: &CertificateFacts, key_pem: &str) -> KeyPairing {
-    let Ok(key) = RsaPrivateKey::from_pkcs1_pem(key_pem.trim())
-        .or_else(|_| RsaPrivateKey::from_pkcs8_pem(key_pem.trim()))
-    else {
+    let Some(key) = rsa_private_key(key_pem) else {
         return KeyPairing::NotChecked;
     };
     match RsaPublicKey::from_public_key_der(&cert.public_key_der) {
