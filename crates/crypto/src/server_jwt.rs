@@ -24,12 +24,12 @@ use super::jwt::{
     self, check_time_claims, numeric_date, string_claim, JwtError, JwtSigner, VerifyKey,
     CHAIN_ISSUER_PREFIX, DEFAULT_OU,
 };
+// The chain issuer token T is a client token, with a client token's purpose.
+use crate::client_token::CLIENT_ID_PURPOSE;
 use choria_wire::ksuid::{self, KsuidError};
 
 /// `purpose` of server tokens.
 pub const SERVER_PURPOSE: &str = "choria_server";
-/// `purpose` the chain issuer token T must have.
-use crate::client_token::CLIENT_ID_PURPOSE;
 /// `iss` of plain (non-chain) server tokens.
 const PROVISIONER_ISSUER: &str = "Choria Provisioner";
 /// `iss` prefix of org-issued tokens (`I-<org public key hex>`).
