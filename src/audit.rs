@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::fleet::{ProvisionOutcome, Source};
-use choria_wire::lifecycle::rfc3339_utc;
+use choria_wire::time::rfc3339_utc;
 
 /// The mode of an audit file the daemon creates (group-readable for shippers, never world).
 pub const AUDIT_FILE_MODE: u32 = 0o640;

@@ -27,7 +27,7 @@ use choria_crypto::client_token::{check_provisioner_token, parse_seed};
 use choria_crypto::ed25519::public_key_hex_from_seed;
 use choria_crypto::jwt::{decode_unverified, numeric_date, JwtSigner, VerifyKey};
 use choria_wire::choria_cfg::ClientConfig;
-use choria_wire::lifecycle::rfc3339_utc;
+use choria_wire::time::rfc3339_utc;
 
 use crate::cli::{CheckConfigArgs, Format};
 use crate::client_config;

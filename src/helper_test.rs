@@ -28,8 +28,8 @@ use choria_crypto::ed25519::{check_public_key, verify_nonce_signature};
 use choria_crypto::key_transport::ecdh_keypair;
 use choria_crypto::stand_in::{csr_public_key_pem, stand_in_csr, stand_in_ed25519};
 use choria_wire::identity::Identity;
-use choria_wire::lifecycle::rfc3339_utc;
 use choria_wire::text::escape;
+use choria_wire::time::rfc3339_utc;
 
 /// Exit code: the node would be provisioned (or upgraded).
 pub const EXIT_PROVISIONED: i32 = 0;

@@ -17,6 +17,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use choria_wire::time::rfc3339_utc;
 use log::{Level, LevelFilter};
 
 /// Where log lines go.
@@ -240,6 +241,7 @@ pub fn rfc3339_local(unix: i64) -> String {
     // SAFETY: localtime_r reads `t` and writes only into our `tm`; both outlive the call.
     let ok = unsafe { !libc::localtime_r(&t, &mut tm).is_null() };
     if !ok {
+        // The C library could not convert it: UTC, which needs no time zone.
         return rfc3339_utc(unix);
     }
     let offset = tm.tm_gmtoff;
@@ -258,28 +260,6 @@ pub fn rfc3339_local(unix: i64) -> String {
         tm.tm_hour,
         tm.tm_min,
         tm.tm_sec
-    )
-}
-
-/// UTC fallback should the C library fail to convert the time.
-fn rfc3339_utc(unix: i64) -> String {
-    let days = unix.div_euclid(86_400);
-    let secs = unix.rem_euclid(86_400);
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
     )
 }
 
@@ -528,9 +508,6 @@ mod tests {
             let text = rfc3339_local(unix);
             assert!(re.is_match(&text), "{text}");
         }
-        assert_eq!(rfc3339_utc(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339_utc(1_700_000_000), "2023-11-14T22:13:20Z");
-        assert_eq!(rfc3339_utc(951_782_400), "2000-02-29T00:00:00Z");
     }
 
     #[test]

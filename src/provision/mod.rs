@@ -613,7 +613,7 @@ impl Cycle {
         });
         trail.issued.server_jwt = plan.server_jwt.as_ref().map(|jwt| ServerJwtRecord {
             jti: jwt.id().to_string(),
-            expires: jwt.expires_unix().map(choria_wire::lifecycle::rfc3339_utc),
+            expires: jwt.expires_unix().map(choria_wire::time::rfc3339_utc),
             expires_unix: jwt.expires_unix(),
         });
         trail.issued.key_transported = plan.key_transported;

@@ -32,24 +32,46 @@ use x509_parser::oid_registry::OID_X509_EXT_SUBJECT_ALT_NAME;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CertificateError {
     /// No `-----BEGIN CERTIFICATE-----` block in the text.
-    NoCertificateBlock { reason: String },
+    NoCertificateBlock {
+        /// What the PEM reader found instead.
+        reason: String,
+    },
     /// The block does not parse as an X.509 certificate.
-    Parse { reason: String },
+    Parse {
+        /// The X.509 parser's reason.
+        reason: String,
+    },
     /// The last common name is not the node's identity (an absent CN lands here too).
     CommonNameMismatch {
+        /// The certificate's common name, as written.
         common_name: String,
+        /// The node's identity.
         identity: String,
     },
     /// The CN or a DNS SAN matched a deny-list pattern.
-    Denied { name: String, pattern: String },
+    Denied {
+        /// The name that matched, escaped.
+        name: String,
+        /// The deny-list entry it matched, as configured.
+        pattern: String,
+    },
     /// The subject holds more than one CN.
-    SeveralCommonNames { count: usize },
+    SeveralCommonNames {
+        /// How many CN attributes the subject holds.
+        count: usize,
+    },
     /// A DNS SAN that is not a host name, or a SAN of a kind not allowed.
     Names(CsrError),
     /// The certificate's public key is not the one the node will hold.
-    KeyMismatch { against: &'static str },
+    KeyMismatch {
+        /// What the key was compared with (the transported key, or the CSR's).
+        against: &'static str,
+    },
     /// The node's CSR (to compare keys with) does not parse.
-    Csr { reason: String },
+    Csr {
+        /// Why the CSR could not be read.
+        reason: String,
+    },
 }
 
 impl fmt::Display for CertificateError {
@@ -98,18 +120,21 @@ impl std::error::Error for CertificateError {}
 pub struct CertificateFacts {
     /// The subject in DER order, as `openssl x509 -subject` prints it: `O=x, CN=n1.example.net`.
     pub subject: String,
+    /// The issuer, as the subject is written.
     pub issuer: String,
     /// The last common name holding a string (Go's `Subject.CommonName`); empty when none.
-    pub common_name: String,
+    common_name: String,
     /// How many CN attributes the subject holds, string or not.
-    pub common_name_count: usize,
+    common_name_count: usize,
     /// Every subject alternative name, as `DNS:x`, `IP:x`, `email:x`, `URI:x`.
     pub sans: Vec<String>,
     /// The DNS SANs alone (what the deny list is matched against, besides the CN).
-    pub dns_names: Vec<String>,
+    dns_names: Vec<String>,
     /// The SANs of every other kind.
-    pub other_sans: Vec<OtherSan>,
+    other_sans: Vec<OtherSan>,
+    /// The start of the validity, Unix seconds.
     pub not_before_unix: i64,
+    /// The end of the validity, Unix seconds.
     pub not_after_unix: i64,
     /// The serial number: lowercase hex of its minimal big-endian bytes, as openssl prints it
     /// (`0a1b2c`, no sign byte, no separators).
@@ -227,10 +252,15 @@ pub fn public_key_kind(spki_der: &[u8]) -> String {
 /// PKCS#1 or PKCS#8); `None` otherwise.
 pub fn private_key_kind(key_pem: &str) -> Option<String> {
     use rsa::traits::PublicKeyParts;
-    let key = RsaPrivateKey::from_pkcs1_pem(key_pem.trim())
-        .or_else(|_| RsaPrivateKey::from_pkcs8_pem(key_pem.trim()))
-        .ok()?;
+    let key = rsa_private_key(key_pem)?;
     Some(format!("RSA {}", key.size() * 8))
+}
+
+/// An RSA private key from PKCS#1 or PKCS#8 PEM text, white space around it allowed.
+fn rsa_private_key(key_pem: &str) -> Option<RsaPrivateKey> {
+    RsaPrivateKey::from_pkcs1_pem(key_pem.trim())
+        .or_else(|_| RsaPrivateKey::from_pkcs8_pem(key_pem.trim()))
+        .ok()
 }
 
 /// The certificate is for `identity` (its one CN), its DNS SANs are host names, it carries no
@@ -280,9 +310,7 @@ pub enum KeyPairing {
 
 /// Compares the helper's private key (PEM) with the certificate's public key.
 pub fn key_pairing(cert: &CertificateFacts, key_pem: &str) -> KeyPairing {
-    let Ok(key) = RsaPrivateKey::from_pkcs1_pem(key_pem.trim())
-        .or_else(|_| RsaPrivateKey::from_pkcs8_pem(key_pem.trim()))
-    else {
+    let Some(key) = rsa_private_key(key_pem) else {
         return KeyPairing::NotChecked;
     };
     match RsaPublicKey::from_public_key_der(&cert.public_key_der) {

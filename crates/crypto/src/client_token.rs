@@ -39,24 +39,37 @@ pub enum ClientTokenError {
     Malformed(JwtError),
     /// A claim has a type Go's struct could not hold.
     BadClaim(JwtError),
+    /// `purpose` is not `choria_client_id`.
     NotClientToken {
+        /// The token's `purpose`.
         purpose: String,
     },
+    /// The token has no `callerid`.
     NoCallerId,
+    /// The token has expired.
     Expired {
+        /// When it expired: the earlier of `exp` and `issexp`.
         expires: i64,
+        /// The time of the check, Unix seconds.
         now: u64,
     },
+    /// The token has no `public_key`.
     NoPublicKey,
+    /// The token's `public_key` is not the seed's.
     KeyMismatch {
+        /// The token's `public_key`.
         token_key: String,
+        /// The public key of the seed.
         seed_key: String,
     },
+    /// `permissions.provisioner` is not true.
     NoProvisionerPermission {
+        /// The token's `callerid`.
         caller_id: String,
     },
     /// The seed file is not 64 hex characters.
     BadSeed {
+        /// What is wrong with it.
         reason: String,
     },
 }

@@ -24,19 +24,36 @@ pub enum NonceError {
     /// `signature` was empty in the reply.
     MissingSignature,
     /// A field is not hex.
-    BadHex { field: &'static str, reason: String },
+    BadHex {
+        /// `public_key` or `signature`.
+        field: &'static str,
+        /// The hex decoder's reason.
+        reason: String,
+    },
     /// A field decoded to the wrong number of bytes.
     BadLength {
+        /// `public_key` or `signature`.
         field: &'static str,
+        /// The bytes it must have.
         expected: usize,
+        /// The bytes it has.
         actual: usize,
     },
     /// The public key bytes are not a valid ed25519 point.
-    InvalidPublicKey { public_key: String },
+    InvalidPublicKey {
+        /// The public key as the node sent it (hex).
+        public_key: String,
+    },
     /// The public key is a point of small order: anyone can sign for it.
-    WeakPublicKey { public_key: String },
+    WeakPublicKey {
+        /// The public key as the node sent it (hex).
+        public_key: String,
+    },
     /// The signature does not verify over the nonce with that key.
-    InvalidSignature { public_key: String },
+    InvalidSignature {
+        /// The public key as the node sent it (hex).
+        public_key: String,
+    },
 }
 
 impl fmt::Display for NonceError {

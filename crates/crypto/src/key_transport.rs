@@ -25,23 +25,51 @@ type Aes256CbcDec = cbc::Decryptor<aes::Aes256>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyTransportError {
     /// The peer's ECDH public key is not hex.
-    PeerKeyHex { value: String, reason: String },
+    PeerKeyHex {
+        /// The key as the node sent it.
+        value: String,
+        /// The hex decoder's reason.
+        reason: String,
+    },
     /// The peer's ECDH public key is not 32 bytes.
-    PeerKeyLength { value: String, actual: usize },
+    PeerKeyLength {
+        /// The key as the node sent it.
+        value: String,
+        /// The bytes it decodes to.
+        actual: usize,
+    },
     /// X25519 gave all zeros: the peer sent a low-order point (Go: "bad input point").
-    LowOrderPeerKey { value: String },
+    LowOrderPeerKey {
+        /// The key as the node sent it.
+        value: String,
+    },
     /// The key text holds no PEM block.
-    NoPemBlock { reason: String },
+    NoPemBlock {
+        /// What the PEM reader found instead.
+        reason: String,
+    },
     /// The PEM block has no `DEK-Info` header (Go: "key is not encrypted").
     NotEncrypted,
     /// `DEK-Info` is not `<cipher>,<hex iv>`.
-    BadDekInfo { value: String },
+    BadDekInfo {
+        /// The header as written.
+        value: String,
+    },
     /// A cipher other than AES-256-CBC.
-    UnsupportedCipher { cipher: String },
+    UnsupportedCipher {
+        /// The cipher the header names.
+        cipher: String,
+    },
     /// The IV is not 16 bytes.
-    BadIv { value: String },
+    BadIv {
+        /// The IV as written in the header.
+        value: String,
+    },
     /// The ciphertext is not a positive multiple of the block size.
-    BadCiphertextLength { length: usize },
+    BadCiphertextLength {
+        /// The ciphertext's length in bytes.
+        length: usize,
+    },
     /// The PKCS#7 padding is wrong after decryption (Go: "x509: decryption password incorrect").
     IncorrectPassword,
 }
@@ -102,7 +130,7 @@ pub fn ecdh_keypair() -> ([u8; 32], String) {
 }
 
 /// `X25519(secret, basepoint)`; clamping happens inside the multiplication.
-pub fn ecdh_public(secret: &[u8; 32]) -> [u8; 32] {
+fn ecdh_public(secret: &[u8; 32]) -> [u8; 32] {
     PublicKey::from(&StaticSecret::from(*secret)).to_bytes()
 }
 
@@ -213,7 +241,7 @@ pub fn decrypt_private_key(
 }
 
 /// As [`decrypt_private_key`], returning the decrypted DER bytes.
-pub fn decrypt_private_key_der(
+fn decrypt_private_key_der(
     encrypted_pem: &str,
     shared: &[u8; 32],
 ) -> Result<Vec<u8>, KeyTransportError> {

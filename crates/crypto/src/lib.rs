@@ -1,6 +1,6 @@
 //! Pure cryptography of the provisioning cycle: provisioning JWT checks, server JWT issuing,
-//! ECDH key transport, CSR checks, gen25519 checks and KSUIDs, each as Go's provisioner,
-//! go-choria and choria-io/tokens do it.
+//! ECDH key transport, CSR and certificate checks and gen25519 checks, each as Go's
+//! provisioner, go-choria and choria-io/tokens do it.
 //!
 //! This crate never starts a thread, never touches the network and never reads the clock:
 //! times arrive as `now_unix` arguments, so every rule (expiry boundaries, chain checks) is
@@ -22,9 +22,15 @@
 //! - [`key_transport`]: X25519 and Go's legacy PEM AES-256-CBC for keys a helper hands over.
 //! - [`jwt`]: verify keys, provisioning JWT checks, RS256/EdDSA signing.
 //! - [`server_jwt`]: server JWTs, plain or chain-issued.
-//! - [`ksuid`]: segmentio-compatible KSUIDs for `jti`.
 //!
-//! Each submodule has one error enum whose `Display` names what was wrong.
+//! Each module has one error enum whose `Display` names what was wrong. Each is a namespace of
+//! the public API in which only what another crate uses is `pub`; `jwt` and `csr` are split
+//! into private submodules (keys, compact JWS, claims, the provisioning check; the deny list,
+//! SAN kinds) whose public items they re-export.
+//!
+//! What this crate does not hold: request signing and KSUIDs are `choria-wire`'s (a request's
+//! signature is part of its encoding, which the broker makes with `choria-wire` alone), and the
+//! verifiers a Choria broker or server runs are the fleet simulator's.
 
 pub mod certificate;
 pub mod client_token;
@@ -32,8 +38,6 @@ pub mod csr;
 pub mod ed25519;
 pub mod jwt;
 pub mod key_transport;
-/// KSUIDs live in `choria-wire` (v2 request ids need them too); re-exported for `jti` claims.
-pub use choria_wire::ksuid;
 pub mod server_jwt;
 pub mod stand_in;
 
@@ -44,6 +48,6 @@ pub type ReadFile<'a> = &'a dyn Fn(&std::path::Path) -> std::io::Result<Vec<u8>>
 
 /// `std::fs::read`, for the tests of this crate.
 #[cfg(test)]
-pub(crate) fn fs_read(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+fn fs_read(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     std::fs::read(path)
 }

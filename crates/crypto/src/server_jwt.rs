@@ -24,18 +24,18 @@ use super::jwt::{
     self, check_time_claims, numeric_date, string_claim, JwtError, JwtSigner, VerifyKey,
     CHAIN_ISSUER_PREFIX, DEFAULT_OU,
 };
-use super::ksuid::{self, KsuidError};
+// The chain issuer token T is a client token, with a client token's purpose.
+use crate::client_token::CLIENT_ID_PURPOSE;
+use choria_wire::ksuid::{self, KsuidError};
 
 /// `purpose` of server tokens.
 pub const SERVER_PURPOSE: &str = "choria_server";
-/// `purpose` the chain issuer token T must have.
-pub use crate::client_token::CLIENT_ID_PURPOSE;
 /// `iss` of plain (non-chain) server tokens.
-pub const PROVISIONER_ISSUER: &str = "Choria Provisioner";
+const PROVISIONER_ISSUER: &str = "Choria Provisioner";
 /// `iss` prefix of org-issued tokens (`I-<org public key hex>`).
 pub const ORG_ISSUER_PREFIX: &str = "I-";
 /// Validities at or under this are replaced by the configured one, as in Go.
-pub const MINIMUM_VALIDITY: Duration = Duration::from_secs(3600);
+const MINIMUM_VALIDITY: Duration = Duration::from_secs(3600);
 
 /// What stopped a server JWT from being loaded, issued or verified.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,27 +43,60 @@ pub enum ServerJwtError {
     /// `jwt_signing_key` could not be used.
     SigningKey(JwtError),
     /// Chain mode needs `jwt_signing_key` to be a 64-hex-character ed25519 seed.
-    ChainNeedsSeed { path: PathBuf },
+    ChainNeedsSeed {
+        /// The `jwt_signing_key` file.
+        path: PathBuf,
+    },
     /// `jwt_signing_token` could not be read.
-    SigningTokenRead { path: PathBuf, reason: String },
+    SigningTokenRead {
+        /// The `jwt_signing_token` file.
+        path: PathBuf,
+        /// Why it could not be read.
+        reason: String,
+    },
     /// `jwt_signing_token` is not a usable chain issuer token.
-    SigningToken { path: PathBuf, reason: String },
+    SigningToken {
+        /// The `jwt_signing_token` file.
+        path: PathBuf,
+        /// What is wrong with the token.
+        reason: String,
+    },
     /// T has expired (Go would issue already-expired tokens).
-    SigningTokenExpired { path: PathBuf, exp: i64, now: u64 },
+    SigningTokenExpired {
+        /// The `jwt_signing_token` file.
+        path: PathBuf,
+        /// T's `exp`.
+        exp: i64,
+        /// The time of the check, Unix seconds.
+        now: u64,
+    },
     /// T's `public_key` is not the key of our seed (Go would issue tokens that fail the chain).
     SigningTokenKeyMismatch {
+        /// The `jwt_signing_token` file.
         path: PathBuf,
+        /// T's `public_key`.
         token_key: String,
+        /// The public key of the `jwt_signing_key` seed.
         seed_key: String,
     },
     /// The node's identity is empty.
     NoIdentity,
     /// The gen25519 public key is missing, not hex or not 32 bytes.
-    PublicKey { value: String, reason: String },
+    PublicKey {
+        /// The key as handed in.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// `server_jwt_validity` is zero.
     ZeroValidity,
     /// The helper's `server_claims` has a field of the wrong type.
-    ServerClaims { field: &'static str, reason: String },
+    ServerClaims {
+        /// The field of `server_claims`.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A KSUID could not be made or parsed.
     Ksuid(KsuidError),
     /// Signing failed.
@@ -71,13 +104,27 @@ pub enum ServerJwtError {
     /// The token failed structure, signature or time checks.
     Token(JwtError),
     /// `purpose` is not `choria_server`.
-    NotServerToken { purpose: String },
+    NotServerToken {
+        /// The token's `purpose`.
+        purpose: String,
+    },
     /// A claim the chain verifier requires is missing.
-    MissingClaim { claim: &'static str },
+    MissingClaim {
+        /// The claim.
+        claim: &'static str,
+    },
     /// `jti`'s time differs from `iat`.
-    IdNotIssuedTime { jti_time: i64, iat: i64 },
+    IdNotIssuedTime {
+        /// The time the `jti` KSUID holds.
+        jti_time: i64,
+        /// The token's `iat`.
+        iat: i64,
+    },
     /// `iss`/`tcs` do not have the chain form.
-    ChainFormat { reason: String },
+    ChainFormat {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The org issuer did not sign the chain issuer's credentials.
     NotSignedByOrgIssuer,
     /// The chain issuer did not sign this token's `jti` and `tcs`.
@@ -172,15 +219,15 @@ pub struct ServerJwtRequest<'a> {
 
 /// Go's `tokens.ServerPermissions`; all optional booleans.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct ServerPermissions {
+struct ServerPermissions {
     #[serde(skip_serializing_if = "is_false")]
-    pub submission: bool,
+    submission: bool,
     #[serde(skip_serializing_if = "is_false")]
-    pub streams: bool,
+    streams: bool,
     #[serde(skip_serializing_if = "is_false")]
-    pub governor: bool,
+    governor: bool,
     #[serde(skip_serializing_if = "is_false")]
-    pub service_host: bool,
+    service_host: bool,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -409,6 +456,59 @@ fn load_chain_issuer(
     })
 }
 
+/// The gen25519 key a server JWT is issued for. Stricter than Go (no length check there):
+/// 32 bytes, a valid point and not of small order (`crate::ed25519`), whoever hands it in.
+fn server_public_key(public_key_hex: &str) -> Result<Vec<u8>, ServerJwtError> {
+    hex::decode(public_key_hex)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| {
+            if bytes.len() == 32 {
+                Ok(bytes)
+            } else {
+                Err(format!("{} bytes, expected 32", bytes.len()))
+            }
+        })
+        .and_then(|bytes| {
+            crate::ed25519::check_public_key(public_key_hex)
+                .map(|()| bytes)
+                .map_err(|err| err.to_string())
+        })
+        .map_err(|reason| ServerJwtError::PublicKey {
+            value: public_key_hex.to_string(),
+            reason,
+        })
+}
+
+impl ChainIssuer {
+    /// Makes `claims` chain-issued under T (tokens standard.go: SetChainIssuer,
+    /// ChainIssuerData, SetChainUserTrustSignature), refusing once T has expired.
+    fn chain(
+        &self,
+        claims: &mut ServerClaims,
+        seed_key: &ed25519_dalek::SigningKey,
+        now_unix: u64,
+    ) -> Result<(), ServerJwtError> {
+        if now_unix as i64 >= self.exp {
+            return Err(ServerJwtError::SigningTokenExpired {
+                path: self.path.clone(),
+                exp: self.exp,
+                now: now_unix,
+            });
+        }
+        claims.iss = format!("{CHAIN_ISSUER_PREFIX}{}.{}", self.jti, self.public_key);
+        claims.issexp = Some(self.exp);
+        claims.exp = claims.exp.min(self.exp);
+        let chain_data = format!("{}.{}", claims.jti, self.tcs);
+        let user_signature = seed_key.sign(chain_data.as_bytes());
+        claims.tcs = Some(format!(
+            "{}.{}",
+            self.tcs,
+            hex::encode(user_signature.to_bytes())
+        ));
+        Ok(())
+    }
+}
+
 /// tokens `Ed25519KeyPairFromSeedFile`: no trimming, hex, 32 bytes.
 fn seed_from_file(
     path: &Path,
@@ -453,20 +553,6 @@ impl ServerJwtIssuer {
         Ok(ServerJwtIssuer { mode })
     }
 
-    /// True in chain-issuer mode.
-    pub fn is_chain(&self) -> bool {
-        matches!(self.mode, IssuerMode::Chain { .. })
-    }
-
-    /// The key that verifies the JWT signature of tokens we issue (in chain mode that is our
-    /// seed's key, while chain verification needs the org issuer's key).
-    pub fn signer_verify_key(&self) -> VerifyKey {
-        match &self.mode {
-            IssuerMode::Plain(signer) => signer.verify_key(),
-            IssuerMode::Chain { seed_key, .. } => VerifyKey::Ed25519(seed_key.verifying_key()),
-        }
-    }
-
     /// Go `generateServerJWT` at `now_unix`.
     pub fn issue(&self, req: &ServerJwtRequest, now_unix: u64) -> Result<String, ServerJwtError> {
         if req.identity.is_empty() {
@@ -475,26 +561,7 @@ impl ServerJwtIssuer {
         if req.validity.is_zero() {
             return Err(ServerJwtError::ZeroValidity);
         }
-        // Stricter than Go (no length check there): gen25519 keys are 32 bytes, valid points
-        // and not of small order (`crate::ed25519`), whoever hands them in.
-        let public_key = hex::decode(req.ed25519_pubkey_hex)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| {
-                if bytes.len() == 32 {
-                    Ok(bytes)
-                } else {
-                    Err(format!("{} bytes, expected 32", bytes.len()))
-                }
-            })
-            .and_then(|bytes| {
-                crate::ed25519::check_public_key(req.ed25519_pubkey_hex)
-                    .map(|()| bytes)
-                    .map_err(|err| err.to_string())
-            })
-            .map_err(|reason| ServerJwtError::PublicKey {
-                value: req.ed25519_pubkey_hex.to_string(),
-                reason,
-            })?;
+        let public_key = server_public_key(req.ed25519_pubkey_hex)?;
 
         let now = now_unix as i64;
         let mut ou = DEFAULT_OU.to_string();
@@ -547,25 +614,7 @@ impl ServerJwtIssuer {
         let signer = match &self.mode {
             IssuerMode::Plain(signer) => signer.clone(),
             IssuerMode::Chain { seed_key, issuer } => {
-                if now >= issuer.exp {
-                    return Err(ServerJwtError::SigningTokenExpired {
-                        path: issuer.path.clone(),
-                        exp: issuer.exp,
-                        now: now_unix,
-                    });
-                }
-                // tokens standard.go: SetChainIssuer, ChainIssuerData,
-                // SetChainUserTrustSignature.
-                claims.iss = format!("{CHAIN_ISSUER_PREFIX}{}.{}", issuer.jti, issuer.public_key);
-                claims.issexp = Some(issuer.exp);
-                claims.exp = claims.exp.min(issuer.exp);
-                let chain_data = format!("{}.{}", claims.jti, issuer.tcs);
-                let user_signature = seed_key.sign(chain_data.as_bytes());
-                claims.tcs = Some(format!(
-                    "{}.{}",
-                    issuer.tcs,
-                    hex::encode(user_signature.to_bytes())
-                ));
+                issuer.chain(&mut claims, seed_key, now_unix)?;
                 JwtSigner::Ed25519(seed_key.clone())
             }
         };

@@ -19,7 +19,7 @@ const RSA_BITS: usize = 2048;
 /// Why a stand-in could not be made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StandInError {
-    pub reason: String,
+    reason: String,
 }
 
 impl fmt::Display for StandInError {

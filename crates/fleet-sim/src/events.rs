@@ -76,7 +76,8 @@ impl Event {
 }
 
 // Ids and times come from the provisioner's own helpers: they are not what is under test.
-use choria_wire::lifecycle::{new_event_id as uuid_v4, rfc3339_utc};
+use choria_wire::lifecycle::new_event_id as uuid_v4;
+use choria_wire::time::rfc3339_utc;
 
 /// Parses an encoded event back (for tests): (outer, inner).
 pub fn decode(bytes: &[u8]) -> Option<(Map<String, Value>, Map<String, Value>)> {

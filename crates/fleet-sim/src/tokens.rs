@@ -11,8 +11,8 @@ use serde_json::{json, Map, Value};
 use choria_crypto::client_token::CLIENT_ID_PURPOSE;
 use choria_crypto::ed25519::public_key_hex_from_seed;
 use choria_crypto::jwt::{sign_jwt, JwtError, JwtSigner};
-use choria_crypto::ksuid;
 use choria_crypto::server_jwt::ORG_ISSUER_PREFIX;
+use choria_wire::ksuid;
 
 /// A fresh random ed25519 seed.
 pub fn new_seed() -> [u8; 32] {

@@ -12,31 +12,42 @@ use std::time::Duration;
 
 use crate::signing::SecurityError;
 
-pub const KEY_MIDDLEWARE_HOSTS: &str = "plugin.choria.middleware_hosts";
-pub const KEY_IDENTITY: &str = "identity";
+const KEY_MIDDLEWARE_HOSTS: &str = "plugin.choria.middleware_hosts";
+const KEY_IDENTITY: &str = "identity";
 /// go-choria's `DiscoveryTimeout` is the top-level `discovery_timeout` (config/config.go).
-pub const KEY_DISCOVERY_TIMEOUT: &str = "discovery_timeout";
-pub const KEY_TTL: &str = "ttl";
+const KEY_DISCOVERY_TIMEOUT: &str = "discovery_timeout";
+const KEY_TTL: &str = "ttl";
+/// The security provider: `puppet` (go-choria's default when unset), `file` or `choria`.
 pub const KEY_PROVIDER: &str = "plugin.security.provider";
+/// The `file` provider's certificate, key and CA (go-choria config/choria.go,
+/// FileSecurityCertificate, FileSecurityKey, FileSecurityCA).
 pub const KEY_CERTIFICATE: &str = "plugin.security.file.certificate";
+/// See [`KEY_CERTIFICATE`].
 pub const KEY_KEY: &str = "plugin.security.file.key";
+/// See [`KEY_CERTIFICATE`].
 pub const KEY_CA: &str = "plugin.security.file.ca";
-/// The `choria` provider's files (go-choria config/choria.go, ChoriaSecurity*).
+/// The `choria` provider's files (go-choria config/choria.go, ChoriaSecurity*): the client
+/// JWT.
 pub const KEY_CHORIA_TOKEN_FILE: &str = "plugin.security.choria.token_file";
+/// The `choria` provider's ed25519 seed, which signs requests (see [`KEY_CHORIA_TOKEN_FILE`]).
 pub const KEY_CHORIA_SEED_FILE: &str = "plugin.security.choria.seed_file";
+/// The `choria` provider's optional TLS certificate, key and CA (see [`KEY_CHORIA_TOKEN_FILE`]).
 pub const KEY_CHORIA_CERTIFICATE: &str = "plugin.security.choria.certificate";
+/// See [`KEY_CHORIA_CERTIFICATE`].
 pub const KEY_CHORIA_KEY: &str = "plugin.security.choria.key";
+/// See [`KEY_CHORIA_CERTIFICATE`].
 pub const KEY_CHORIA_CA: &str = "plugin.security.choria.ca";
 /// The `puppet` provider's SSL directory (go-choria config/choria.go, SSLDir); unset, Puppet's.
 pub const KEY_SSLDIR: &str = "plugin.choria.ssldir";
 /// The broker user and password (go-choria config/choria.go, NatsUser and NatsPass); used only
 /// when both are set, and replaced by `broker_provisioning_password` (provisioner cmd/run).
 pub const KEY_NATS_USER: &str = "plugin.nats.user";
+/// See [`KEY_NATS_USER`].
 pub const KEY_NATS_PASS: &str = "plugin.nats.pass";
 /// SRV lookup of the brokers when `plugin.choria.middleware_hosts` is unset (go-choria
 /// config/choria.go, UseSRVRecords and SRVDomain).
-pub const KEY_USE_SRV: &str = "plugin.choria.use_srv";
-pub const KEY_SRV_DOMAIN: &str = "plugin.choria.srv_domain";
+const KEY_USE_SRV: &str = "plugin.choria.use_srv";
+const KEY_SRV_DOMAIN: &str = "plugin.choria.srv_domain";
 
 /// Every key this crate reads; under the families of [`unread_keys`], the rest is warned about.
 const READ_KEYS: &[&str] = &[
@@ -108,18 +119,19 @@ fn server_or_broker_only(key: &str) -> bool {
         })
 }
 
-/// go-choria defaults.
-pub const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
+/// go-choria's default `discovery_timeout` (config/config.go).
+const DEFAULT_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(2);
+/// go-choria's default `ttl` in seconds (config/config.go): how long a request stays valid.
 pub const DEFAULT_TTL: u64 = 60;
 /// The request schema's minimum `ttl` (go-choria protocol/v1 `request.json`, which servers
 /// enforce): anything lower is refused by every server.
-pub const MIN_TTL: u64 = 30;
+const MIN_TTL: u64 = 30;
 /// Ours: the most `ttl` taken (a day). Go takes any number; a request that stays valid for
 /// longer is not a setting anyone means, and a huge one must not reach a deadline.
-pub const MAX_TTL: u64 = 24 * 3600;
+const MAX_TTL: u64 = 24 * 3600;
 /// Ours: the most `discovery_timeout` taken, in seconds (an hour). Every RPC try waits this
 /// long plus the action's own timeout, so a huge one would overflow its deadline.
-pub const MAX_DISCOVERY_TIMEOUT: u64 = 3600;
+const MAX_DISCOVERY_TIMEOUT: u64 = 3600;
 /// The NATS user the Go provisioner connects as with `broker_provisioning_password`
 /// (provisioner cmd/provisioner.go).
 pub const PROVISIONER_USER: &str = "provisioner";
@@ -127,6 +139,7 @@ pub const PROVISIONER_USER: &str = "provisioner";
 /// What the provisioner read from `choria.cfg`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClientConfig {
+    /// The file read.
     pub path: PathBuf,
     /// Normalised `nats://host:port` (or `tls://host:port` when written so); empty when
     /// unset, and the brokers are then looked up (SRV) as go-choria does.
@@ -135,20 +148,27 @@ pub struct ClientConfig {
     pub use_srv: bool,
     /// `plugin.choria.srv_domain`; unset, the host's own domain.
     pub srv_domain: Option<String>,
+    /// `identity`, or the host's FQDN when unset: the sender of every request.
     pub identity: String,
+    /// `discovery_timeout` (1 s to an hour; go-choria's 2 s when unset).
     pub discovery_timeout: Duration,
+    /// `ttl` in seconds (30 to a day; go-choria's 60 when unset).
     pub ttl: u64,
     /// As written; "" when unset (go-choria then defaults to `puppet`).
     pub security_provider: String,
+    /// `plugin.security.file.certificate`, as written.
     pub certificate: Option<PathBuf>,
+    /// `plugin.security.file.key`, as written.
     pub key: Option<PathBuf>,
+    /// `plugin.security.file.ca`, as written.
     pub ca: Option<PathBuf>,
     /// The `choria` provider's settings, each as written.
     pub choria: ChoriaProviderFiles,
     /// `plugin.choria.ssldir`, for the `puppet` provider.
     pub ssldir: Option<PathBuf>,
-    /// `plugin.nats.user` and `plugin.nats.pass`, each when set.
+    /// `plugin.nats.user`, when set.
     pub nats_user: Option<String>,
+    /// `plugin.nats.pass`, when set.
     pub nats_pass: Option<NatsPassword>,
     /// The line each key was (last) set on, for error messages.
     pub key_lines: BTreeMap<String, usize>,
@@ -175,10 +195,15 @@ impl ClientConfig {
 /// optional TLS files.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ChoriaProviderFiles {
+    /// `plugin.security.choria.token_file`: the client JWT.
     pub token_file: Option<PathBuf>,
+    /// `plugin.security.choria.seed_file`: the ed25519 seed.
     pub seed_file: Option<PathBuf>,
+    /// `plugin.security.choria.certificate`: the TLS certificate.
     pub certificate: Option<PathBuf>,
+    /// `plugin.security.choria.key`: the TLS key.
     pub key: Option<PathBuf>,
+    /// `plugin.security.choria.ca`: the CA the broker's certificate is checked with.
     pub ca: Option<PathBuf>,
 }
 
@@ -187,10 +212,12 @@ pub struct ChoriaProviderFiles {
 pub struct NatsPassword(String);
 
 impl NatsPassword {
+    /// The password as given.
     pub fn new(password: String) -> NatsPassword {
         NatsPassword(password)
     }
 
+    /// The password itself, for the CONNECT that sends it.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -207,53 +234,86 @@ impl fmt::Debug for NatsPassword {
 pub enum ClientConfigError {
     /// A non-comment line without `=`.
     Syntax {
+        /// The configuration file.
         path: PathBuf,
+        /// The line, counted from 1.
         line: usize,
+        /// The line as written, trimmed.
         text: String,
     },
+    /// A value of the wrong form or out of range.
     InvalidValue {
+        /// The configuration file.
         path: PathBuf,
+        /// The line the key is set on.
         line: usize,
+        /// The key.
         key: &'static str,
+        /// The value as written.
         value: String,
+        /// What the value must be.
         reason: String,
     },
     /// `identity` unset and the host's FQDN could not be found.
-    NoIdentity { path: PathBuf, reason: String },
+    NoIdentity {
+        /// The configuration file.
+        path: PathBuf,
+        /// Why the FQDN could not be found.
+        reason: String,
+    },
     /// A security provider we cannot speak (yet).
     UnsupportedProvider {
+        /// The configuration file.
         path: PathBuf,
+        /// The line of `plugin.security.provider`, when the file sets it.
         line: Option<usize>,
+        /// The provider as written.
         provider: String,
+        /// Why it cannot be used.
         reason: &'static str,
     },
     /// The provider (`file` or `choria`) without one of the files it needs.
     MissingSecuritySetting {
+        /// The configuration file.
         path: PathBuf,
+        /// The key that is not set.
         key: &'static str,
+        /// The provider that needs it.
         provider: &'static str,
         /// What the file is for.
         purpose: &'static str,
     },
     /// A `choria` provider file (token, seed) that cannot be used.
     ChoriaFile {
+        /// The configuration file.
         path: PathBuf,
+        /// The line of the key, when the file sets it.
         line: Option<usize>,
+        /// The key naming the file.
         key: &'static str,
+        /// The file that cannot be used.
         file: PathBuf,
+        /// Why.
         reason: String,
     },
     /// The `puppet` provider (go-choria's default) cannot find its files.
     Puppet {
+        /// The configuration file.
         path: PathBuf,
+        /// The line of `plugin.security.provider`, when the file sets it.
         line: Option<usize>,
+        /// What is missing.
         reason: String,
     },
     /// A `file` provider file that cannot be used.
     Security {
+        /// The configuration file.
         path: PathBuf,
+        /// The line of the key, when the file sets it.
         line: Option<usize>,
+        /// The key naming the file.
         key: &'static str,
+        /// Why the key or certificate cannot be used.
         error: SecurityError,
     },
 }
@@ -357,6 +417,140 @@ fn normalise_host(entry: &str) -> Result<String, String> {
     }
 }
 
+/// The settings of one file: key -> (value, line), the last setting of a key winning, as in
+/// Go's map.
+struct Settings<'a> {
+    path: &'a Path,
+    values: BTreeMap<String, (String, usize)>,
+}
+
+impl<'a> Settings<'a> {
+    /// Reads the `key = value` lines of `text`; blank lines and `#` comments are skipped.
+    fn read(path: &'a Path, text: &str) -> Result<Settings<'a>, ClientConfigError> {
+        let mut values = BTreeMap::new();
+        for (index, raw) in text.lines().enumerate() {
+            let line = index + 1;
+            let trimmed = raw.trim();
+            if trimmed.is_empty() || trimmed.starts_with('#') {
+                continue;
+            }
+            let syntax = || ClientConfigError::Syntax {
+                path: path.to_path_buf(),
+                line,
+                text: trimmed.to_string(),
+            };
+            let (key, value) = trimmed.split_once('=').ok_or_else(syntax)?;
+            let key = key.trim();
+            if key.is_empty() {
+                return Err(syntax());
+            }
+            values.insert(key.to_string(), (value.trim().to_string(), line));
+        }
+        Ok(Settings { path, values })
+    }
+
+    /// A key's value and line; unset and empty are the same.
+    fn get(&self, key: &str) -> Option<(&str, usize)> {
+        self.values
+            .get(key)
+            .filter(|(value, _)| !value.is_empty())
+            .map(|(value, line)| (value.as_str(), *line))
+    }
+
+    /// A key's value as a path.
+    fn file(&self, key: &str) -> Option<PathBuf> {
+        self.get(key).map(|(value, _)| PathBuf::from(value))
+    }
+
+    fn invalid(
+        &self,
+        key: &'static str,
+        value: &str,
+        line: usize,
+        reason: String,
+    ) -> ClientConfigError {
+        ClientConfigError::InvalidValue {
+            path: self.path.to_path_buf(),
+            line,
+            key,
+            value: value.to_string(),
+            reason,
+        }
+    }
+
+    /// Unset or empty: go-choria looks the brokers up (SRV), else uses puppet:4222.
+    fn middleware_hosts(&self) -> Result<Vec<String>, ClientConfigError> {
+        let Some((value, line)) = self.get(KEY_MIDDLEWARE_HOSTS) else {
+            return Ok(Vec::new());
+        };
+        value
+            .split(',')
+            .map(str::trim)
+            .filter(|entry| !entry.is_empty())
+            .map(|entry| {
+                normalise_host(entry)
+                    .map_err(|reason| self.invalid(KEY_MIDDLEWARE_HOSTS, value, line, reason))
+            })
+            .collect()
+    }
+
+    /// go-choria's boolean words (confkey strToBool); anything else reads as false there.
+    fn use_srv(&self) -> bool {
+        match self.get(KEY_USE_SRV) {
+            None => true,
+            Some((value, _)) => matches!(
+                value.to_ascii_lowercase().as_str(),
+                "1" | "yes" | "true" | "y" | "t"
+            ),
+        }
+    }
+
+    /// A whole number of seconds within `range`, `default` when unset.
+    fn seconds(
+        &self,
+        key: &'static str,
+        default: u64,
+        range: std::ops::RangeInclusive<u64>,
+        out_of_range: impl FnOnce() -> String,
+    ) -> Result<u64, ClientConfigError> {
+        let Some((value, line)) = self.get(key) else {
+            return Ok(default);
+        };
+        let seconds = value.parse::<u64>().map_err(|_| {
+            self.invalid(
+                key,
+                value,
+                line,
+                "expected a whole number of seconds".into(),
+            )
+        })?;
+        if !range.contains(&seconds) {
+            return Err(self.invalid(key, value, line, out_of_range()));
+        }
+        Ok(seconds)
+    }
+
+    /// `identity`, or else the host's FQDN, as go-choria falls back to it.
+    fn identity(
+        &self,
+        fqdn: impl FnOnce() -> Result<String, String>,
+    ) -> Result<String, ClientConfigError> {
+        match self.get(KEY_IDENTITY) {
+            Some((value, line)) if value.contains(char::is_whitespace) => Err(self.invalid(
+                KEY_IDENTITY,
+                value,
+                line,
+                "must not contain whitespace".into(),
+            )),
+            Some((value, _)) => Ok(value.to_string()),
+            None => fqdn().map_err(|reason| ClientConfigError::NoIdentity {
+                path: self.path.to_path_buf(),
+                reason,
+            }),
+        }
+    }
+}
+
 impl ClientConfig {
     /// Parses the text of `path` (named in errors); `fqdn` supplies the identity when the
     /// file sets none, as go-choria falls back to the host's FQDN.
@@ -365,150 +559,50 @@ impl ClientConfig {
         text: &str,
         fqdn: impl FnOnce() -> Result<String, String>,
     ) -> Result<ClientConfig, ClientConfigError> {
-        // key -> (value, line); the last setting wins, as in Go's map.
-        let mut settings: BTreeMap<String, (String, usize)> = BTreeMap::new();
-        for (index, raw) in text.lines().enumerate() {
-            let line = index + 1;
-            let trimmed = raw.trim();
-            if trimmed.is_empty() || trimmed.starts_with('#') {
-                continue;
-            }
-            let Some((key, value)) = trimmed.split_once('=') else {
-                return Err(ClientConfigError::Syntax {
-                    path: path.to_path_buf(),
-                    line,
-                    text: trimmed.to_string(),
-                });
-            };
-            let key = key.trim();
-            if key.is_empty() {
-                return Err(ClientConfigError::Syntax {
-                    path: path.to_path_buf(),
-                    line,
-                    text: trimmed.to_string(),
-                });
-            }
-            settings.insert(key.to_string(), (value.trim().to_string(), line));
-        }
-
-        let invalid = |key: &'static str, value: &str, line: usize, reason: String| {
-            ClientConfigError::InvalidValue {
-                path: path.to_path_buf(),
-                line,
-                key,
-                value: value.to_string(),
-                reason,
-            }
-        };
-        let get = |key: &str| {
-            settings
-                .get(key)
-                .filter(|(value, _)| !value.is_empty())
-                .map(|(value, line)| (value.as_str(), *line))
-        };
-
-        // Unset or empty: go-choria looks the brokers up (SRV), else uses puppet:4222.
-        let mut middleware_hosts = Vec::new();
-        if let Some((value, line)) = get(KEY_MIDDLEWARE_HOSTS) {
-            for entry in value.split(',').map(str::trim) {
-                if entry.is_empty() {
-                    continue;
-                }
-                let host = normalise_host(entry)
-                    .map_err(|reason| invalid(KEY_MIDDLEWARE_HOSTS, value, line, reason))?;
-                middleware_hosts.push(host);
-            }
-        }
-        // go-choria's boolean words (confkey strToBool); anything else reads as false there.
-        let use_srv = match get(KEY_USE_SRV) {
-            None => true,
-            Some((value, _)) => matches!(
-                value.to_ascii_lowercase().as_str(),
-                "1" | "yes" | "true" | "y" | "t"
-            ),
-        };
-
-        let seconds = |key: &'static str, default: u64| -> Result<u64, ClientConfigError> {
-            match get(key) {
-                None => Ok(default),
-                Some((value, line)) => value.parse::<u64>().map_err(|_| {
-                    invalid(
-                        key,
-                        value,
-                        line,
-                        "expected a whole number of seconds".into(),
-                    )
-                }),
-            }
-        };
-        let discovery_timeout =
-            seconds(KEY_DISCOVERY_TIMEOUT, DEFAULT_DISCOVERY_TIMEOUT.as_secs())?;
-        if !(1..=MAX_DISCOVERY_TIMEOUT).contains(&discovery_timeout) {
-            let (value, line) = get(KEY_DISCOVERY_TIMEOUT).unwrap_or(("0", 0));
-            return Err(invalid(
-                KEY_DISCOVERY_TIMEOUT,
-                value,
-                line,
-                format!("must be at least 1 second and at most {MAX_DISCOVERY_TIMEOUT}"),
-            ));
-        }
-        let ttl = seconds(KEY_TTL, DEFAULT_TTL)?;
-        if !(MIN_TTL..=MAX_TTL).contains(&ttl) {
-            let (value, line) = get(KEY_TTL).unwrap_or(("", 0));
-            return Err(invalid(
-                KEY_TTL,
-                value,
-                line,
-                format!(
-                    "must be at least {MIN_TTL} (servers refuse requests with a lower ttl) and at most {MAX_TTL}"
-                ),
-            ));
-        }
-
-        let identity = match get(KEY_IDENTITY) {
-            Some((value, line)) => {
-                if value.contains(char::is_whitespace) {
-                    return Err(invalid(
-                        KEY_IDENTITY,
-                        value,
-                        line,
-                        "must not contain whitespace".into(),
-                    ));
-                }
-                value.to_string()
-            }
-            None => fqdn().map_err(|reason| ClientConfigError::NoIdentity {
-                path: path.to_path_buf(),
-                reason,
-            })?,
-        };
-
-        let file = |key: &str| get(key).map(|(value, _)| PathBuf::from(value));
+        let settings = Settings::read(path, text)?;
+        // A fixed order (hosts, timeouts, identity): a file with several faults always names the
+        // same one first.
+        let middleware_hosts = settings.middleware_hosts()?;
+        let discovery_timeout = settings.seconds(
+            KEY_DISCOVERY_TIMEOUT,
+            DEFAULT_DISCOVERY_TIMEOUT.as_secs(),
+            1..=MAX_DISCOVERY_TIMEOUT,
+            || format!("must be at least 1 second and at most {MAX_DISCOVERY_TIMEOUT}"),
+        )?;
+        let ttl = settings.seconds(KEY_TTL, DEFAULT_TTL, MIN_TTL..=MAX_TTL, || {
+            format!(
+                "must be at least {MIN_TTL} (servers refuse requests with a lower ttl) and at \
+                 most {MAX_TTL}"
+            )
+        })?;
+        let identity = settings.identity(fqdn)?;
+        let text_of = |key: &str| settings.get(key).map(|(value, _)| value.to_string());
         Ok(ClientConfig {
             path: path.to_path_buf(),
             middleware_hosts,
-            use_srv,
-            srv_domain: get(KEY_SRV_DOMAIN).map(|(value, _)| value.trim_matches('.').to_string()),
+            use_srv: settings.use_srv(),
+            srv_domain: settings
+                .get(KEY_SRV_DOMAIN)
+                .map(|(value, _)| value.trim_matches('.').to_string()),
             identity,
             discovery_timeout: Duration::from_secs(discovery_timeout),
             ttl,
-            security_provider: get(KEY_PROVIDER)
-                .map(|(value, _)| value.to_string())
-                .unwrap_or_default(),
-            certificate: file(KEY_CERTIFICATE),
-            key: file(KEY_KEY),
-            ca: file(KEY_CA),
+            security_provider: text_of(KEY_PROVIDER).unwrap_or_default(),
+            certificate: settings.file(KEY_CERTIFICATE),
+            key: settings.file(KEY_KEY),
+            ca: settings.file(KEY_CA),
             choria: ChoriaProviderFiles {
-                token_file: file(KEY_CHORIA_TOKEN_FILE),
-                seed_file: file(KEY_CHORIA_SEED_FILE),
-                certificate: file(KEY_CHORIA_CERTIFICATE),
-                key: file(KEY_CHORIA_KEY),
-                ca: file(KEY_CHORIA_CA),
+                token_file: settings.file(KEY_CHORIA_TOKEN_FILE),
+                seed_file: settings.file(KEY_CHORIA_SEED_FILE),
+                certificate: settings.file(KEY_CHORIA_CERTIFICATE),
+                key: settings.file(KEY_CHORIA_KEY),
+                ca: settings.file(KEY_CHORIA_CA),
             },
-            ssldir: file(KEY_SSLDIR),
-            nats_user: get(KEY_NATS_USER).map(|(value, _)| value.to_string()),
-            nats_pass: get(KEY_NATS_PASS).map(|(value, _)| NatsPassword(value.to_string())),
+            ssldir: settings.file(KEY_SSLDIR),
+            nats_user: text_of(KEY_NATS_USER),
+            nats_pass: text_of(KEY_NATS_PASS).map(NatsPassword),
             key_lines: settings
+                .values
                 .iter()
                 .map(|(key, (_, line))| (key.clone(), *line))
                 .collect(),

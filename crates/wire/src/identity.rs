@@ -32,7 +32,7 @@ use std::sync::Arc;
 use crate::v1::COLLECTIVE;
 
 /// The longest identity accepted, in bytes.
-pub const MAX_IDENTITY_BYTES: usize = 255;
+const MAX_IDENTITY_BYTES: usize = 255;
 
 /// What the daemon logs once at start: the rule is narrower than Go's.
 pub const NON_ASCII_NOTE: &str = "node identities must be printable ASCII (as host names and \
@@ -48,13 +48,18 @@ pub struct Identity(Arc<str>);
 /// log it escaped (see [`crate::text::escape`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IdentityError {
+    /// No text at all.
     Empty,
+    /// Longer than 255 bytes.
     TooLong {
+        /// The length of the text, in bytes.
         bytes: usize,
     },
     /// A character that may not appear, and its position (in characters).
     Forbidden {
+        /// The first character refused.
         character: char,
+        /// Its position, counted in characters from 0.
         position: usize,
     },
     /// A leading, trailing or doubled dot.
@@ -91,7 +96,7 @@ impl std::error::Error for IdentityError {}
 /// What kind of character `c` is, for the error: the classes that make a name look like
 /// another, in the few ranges where they mostly live; "a character outside printable ASCII"
 /// for the rest.
-pub fn class(c: char) -> &'static str {
+fn class(c: char) -> &'static str {
     match c {
         '*' | '>' => "a NATS wildcard",
         c if c.is_whitespace() => "whitespace",
@@ -138,6 +143,7 @@ impl Identity {
         Ok(Identity(Arc::from(text)))
     }
 
+    /// The identity as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -254,7 +260,7 @@ mod tests {
     use super::*;
 
     /// The hostile names of the reproduction and the review, each with the reason it fails.
-    pub(crate) const HOSTILE: &[(&str, &str)] = &[
+    const HOSTILE: &[(&str, &str)] = &[
         (
             "x 0\r\n\r\nUNSUB 1\r\nPUB evil.injected 5\r\nHELLO",
             "whitespace",

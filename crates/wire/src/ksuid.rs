@@ -9,7 +9,7 @@ use std::fmt;
 use rand::RngCore;
 
 /// segmentio/ksuid's epoch (2014-05-13T16:53:20Z).
-pub const KSUID_EPOCH: i64 = 1_400_000_000;
+pub(crate) const KSUID_EPOCH: i64 = 1_400_000_000;
 const ENCODED_LEN: usize = 27;
 const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 
@@ -17,13 +17,27 @@ const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmn
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KsuidError {
     /// Not 27 characters.
-    Length { value: String },
+    Length {
+        /// The text given.
+        value: String,
+    },
     /// A character outside `0-9A-Za-z`.
-    Character { value: String, character: char },
+    Character {
+        /// The text given.
+        value: String,
+        /// The first character outside the alphabet.
+        character: char,
+    },
     /// Larger than 2^160 - 1.
-    Overflow { value: String },
+    Overflow {
+        /// The text given.
+        value: String,
+    },
     /// The time is before the epoch or too far after it for 32 bits.
-    TimeOutOfRange { unix: i64 },
+    TimeOutOfRange {
+        /// The time given, in Unix seconds.
+        unix: i64,
+    },
 }
 
 impl fmt::Display for KsuidError {
@@ -48,7 +62,10 @@ impl fmt::Display for KsuidError {
 impl std::error::Error for KsuidError {}
 
 /// A KSUID for `unix_seconds` with the given 16-byte payload.
-pub fn ksuid_with_payload(unix_seconds: i64, payload: [u8; 16]) -> Result<String, KsuidError> {
+pub(crate) fn ksuid_with_payload(
+    unix_seconds: i64,
+    payload: [u8; 16],
+) -> Result<String, KsuidError> {
     let offset = u32::try_from(unix_seconds - KSUID_EPOCH)
         .map_err(|_| KsuidError::TimeOutOfRange { unix: unix_seconds })?;
     let mut bytes = [0u8; 20];

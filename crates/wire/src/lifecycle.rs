@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::json::go_escape;
+use crate::time::rfc3339_utc;
 
 /// Protocol prefix of the Choria format; the event type follows it.
 const PROTOCOL_PREFIX: &str = "io.choria.lifecycle.v1.";
@@ -17,7 +18,7 @@ const PROTOCOL_PREFIX: &str = "io.choria.lifecycle.v1.";
 const CLOUDEVENT_SOURCE: &str = "io.choria.lifecycle";
 
 /// The event types go-choria knows (lifecycle/lifecycle.go).
-pub const KINDS: [&str; 6] = [
+const KINDS: [&str; 6] = [
     "startup",
     "shutdown",
     "provisioned",
@@ -35,29 +36,41 @@ const KINDS_WITH_VERSION: [&str; 3] = ["startup", "alive", "upgraded"];
 pub struct LifecycleEvent {
     /// "startup", "shutdown", ...
     pub kind: String,
+    /// The sender's identity as it wrote it, unchecked: the caller parses it into an
+    /// [`Identity`](crate::identity::Identity) before it is used.
     pub identity: String,
+    /// The component that sent it (`provision_mode_server`, `server`, `provisioner`, ...).
     pub component: String,
     /// Unix seconds.
-    pub timestamp: i64,
+    timestamp: i64,
+    /// The sender's version, for the types that carry one; `None` when absent.
     pub version: Option<String>,
+    /// The event's id (a UUID in go-choria's events).
     pub id: String,
 }
 
 /// Why bytes on a lifecycle subject are not a usable event.
 #[derive(Clone, Debug, PartialEq)]
 pub enum EventError {
+    /// Not a JSON object; the decoder's reason.
     NotJson(String),
     /// Neither a Choria-format `protocol` nor a Choria CloudEvent.
     UnknownFormat,
     /// A lifecycle protocol naming a type go-choria does not know.
     UnknownType {
+        /// The protocol string as sent.
         protocol: String,
     },
+    /// A field the event needs is absent.
     MissingField {
+        /// The field.
         field: &'static str,
     },
+    /// A field of the wrong type.
     InvalidField {
+        /// The field.
         field: &'static str,
+        /// What is wrong with it.
         reason: String,
     },
 }
@@ -311,7 +324,7 @@ pub fn encode_cloudevent(
 }
 
 /// As [`encode_cloudevent`] with a given id (the CloudEvent and inner ids are the same).
-pub fn encode_cloudevent_with_id(
+fn encode_cloudevent_with_id(
     kind: &str,
     identity: &str,
     component: &str,
@@ -329,28 +342,6 @@ pub fn encode_cloudevent_with_id(
         time: rfc3339_utc(timestamp),
         data: ChoriaBody::new(kind, identity, component, version, timestamp, id),
     })
-}
-
-/// Unix seconds as RFC 3339 UTC, `2018-08-24T10:36:13Z` (proleptic Gregorian calendar).
-pub fn rfc3339_utc(unix: i64) -> String {
-    let days = unix.div_euclid(86_400);
-    let secs = unix.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
 }
 
 #[cfg(test)]
@@ -588,21 +579,6 @@ mod tests {
             assert!(matches!(&parts[3][..1], "8" | "9" | "a" | "b"), "{id}");
         }
         assert_ne!(new_event_id(), new_event_id());
-    }
-
-    #[test]
-    fn rfc3339_table() {
-        let cases = [
-            (0, "1970-01-01T00:00:00Z"),
-            (1535106973, "2018-08-24T10:36:13Z"),
-            (1700000000, "2023-11-14T22:13:20Z"),
-            (951782400, "2000-02-29T00:00:00Z"),
-            (4102444799, "2099-12-31T23:59:59Z"),
-            (-1, "1969-12-31T23:59:59Z"),
-        ];
-        for (unix, expected) in cases {
-            assert_eq!(rfc3339_utc(unix), expected, "{unix}");
-        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 
 /// What goes into `signature` and `pubcert` when requests are not signed (`protocol.Secure`
 /// is "false").
-pub const INSECURE: &str = "insecure";
+const INSECURE: &str = "insecure";
 
 /// How requests are signed.
 // One signer per daemon: the size of the key variant does not matter (and the contract names
@@ -36,7 +36,9 @@ pub enum Signer {
     Insecure,
     /// The `file` provider: the client's RSA key and its certificate's PEM text.
     X509 {
+        /// The client's RSA private key, checked to pair with the certificate.
         key: RsaPrivateKey,
+        /// The certificate's PEM text, sent as `pubcert` with every request.
         cert_pem: String,
     },
 }
@@ -126,18 +128,41 @@ impl Protocol {
 /// Why the signing key or certificate could not be used.
 #[derive(Debug)]
 pub enum SecurityError {
+    /// A file could not be read.
     Read {
+        /// The file.
         path: PathBuf,
+        /// Why.
         error: std::io::Error,
     },
     /// The key file is neither a PKCS#1 nor a PKCS#8 RSA private key PEM.
-    BadKey { path: PathBuf, reason: String },
+    BadKey {
+        /// The key file.
+        path: PathBuf,
+        /// Why each form was refused.
+        reason: String,
+    },
     /// The certificate file is not a PEM certificate.
-    BadCertificate { path: PathBuf, reason: String },
+    BadCertificate {
+        /// The certificate file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The key does not belong to the certificate.
-    KeyMismatch { cert: PathBuf, key: PathBuf },
+    KeyMismatch {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+    },
     /// A trial signature failed (e.g. the key is too small for a SHA-256 PKCS#1 signature).
-    CannotSign { path: PathBuf, reason: String },
+    CannotSign {
+        /// The key file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl fmt::Display for SecurityError {
@@ -170,7 +195,7 @@ impl fmt::Display for SecurityError {
 impl std::error::Error for SecurityError {}
 
 /// An RSA private key from PKCS#1 (`RSA PRIVATE KEY`) or PKCS#8 (`PRIVATE KEY`) PEM text.
-pub fn parse_private_key(pem_text: &str, path: &Path) -> Result<RsaPrivateKey, SecurityError> {
+fn parse_private_key(pem_text: &str, path: &Path) -> Result<RsaPrivateKey, SecurityError> {
     let pkcs1 = match RsaPrivateKey::from_pkcs1_pem(pem_text) {
         Ok(key) => return Ok(key),
         Err(e) => e,
@@ -247,7 +272,7 @@ impl Signer {
     ///
     /// Cannot fail for a signer built by [`Signer::from_pem`] (it signs once at load); should
     /// it fail anyway, the signature is empty, which every server's schema check refuses.
-    pub fn sign(&self, request_json: &[u8]) -> (String, String) {
+    pub(crate) fn sign(&self, request_json: &[u8]) -> (String, String) {
         match self {
             Signer::Insecure => (INSECURE.to_string(), INSECURE.to_string()),
             Signer::X509 { cert_pem, .. } => match self.try_sign(request_json) {
@@ -261,7 +286,7 @@ impl Signer {
     }
 
     /// The base64 signature alone, or why it could not be made.
-    pub fn try_sign(&self, bytes: &[u8]) -> Result<String, String> {
+    fn try_sign(&self, bytes: &[u8]) -> Result<String, String> {
         match self {
             Signer::Insecure => Ok(INSECURE.to_string()),
             Signer::X509 { key, .. } => {
@@ -279,7 +304,7 @@ impl Signer {
     }
 
     /// True when requests carry a real signature.
-    pub fn is_secure(&self) -> bool {
+    fn is_secure(&self) -> bool {
         matches!(self, Signer::X509 { .. })
     }
 }

@@ -3,14 +3,14 @@
 //! A node controls every string it sends: a `\n` (or U+0085, U+2028, U+2029, which some line
 //! readers also break at) would forge a line of ours, an escape sequence would repaint the
 //! operator's terminal, a bidirectional override or an invisible character would make one name
-//! read as another, and 400 KB of it would bury the line. One rule, [`needs_escape`], says
+//! read as another, and 400 KB of it would bury the line. One rule, `needs_escape`, says
 //! which characters are shown escaped; everything here applies it:
 //!
 //! - [`escape`] shows a plain string as it is (so ordinary messages read as Go's do) and quotes
 //!   anything else (control, invisible and formatting characters, quotes and backslashes
-//!   escaped), cut to [`MAX_LOGGED_CHARS`] characters with the number of bytes left out. Every
+//!   escaped), cut to `MAX_LOGGED_CHARS` characters with the number of bytes left out. Every
 //!   value a node sent goes through it on its way into a message.
-//! - [`one_line`] escapes what [`needs_escape`] names in a whole message, unquoted: the
+//! - [`one_line`] escapes what `needs_escape` names in a whole message, unquoted: the
 //!   logger's and the audit trail's last line of defence.
 //! - [`cut`] bounds a whole message in bytes, with the same kind of marker.
 
@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use std::fmt::{self, Write as _};
 
 /// How much of one untrusted string a log line shows.
-pub const MAX_LOGGED_CHARS: usize = 200;
+const MAX_LOGGED_CHARS: usize = 200;
 
 /// An untrusted string, displayed as is when plain, else quoted and escaped; always cut
 /// short. See [`escape`].
@@ -28,11 +28,6 @@ pub struct Escaped<'a>(&'a str);
 /// `"n1\r\nPUB x"` displays quoted with the backslashes literal, never as two lines.
 pub fn escape(text: &str) -> Escaped<'_> {
     Escaped(text)
-}
-
-/// [`escape`] for bytes that may not be UTF-8 (invalid sequences show as U+FFFD).
-pub fn escape_bytes(bytes: &[u8]) -> String {
-    escape(&String::from_utf8_lossy(bytes)).to_string()
 }
 
 /// Writes `c` as it appears inside a quoted [`escape`]: Rust's `{:?}` escapes (which also
@@ -84,7 +79,7 @@ impl fmt::Debug for Escaped<'_> {
     }
 }
 
-/// Makes a whole, already formatted message one safe line: every character [`needs_escape`]
+/// Makes a whole, already formatted message one safe line: every character `needs_escape`
 /// names becomes a `\u{..}`-style escape (`\n`, `\r`, `\t` for those three). The logger and
 /// the audit trail apply it to every message as a last line of defence; messages that quote
 /// network text should still use [`escape`], which also bounds the length.
@@ -130,7 +125,7 @@ pub fn cut(text: &str, max_bytes: usize) -> Cow<'_, str> {
 /// invisible ones that make a text read as another: bidirectional controls, zero-width and
 /// joiner characters, soft hyphen, fillers that render blank, variation selectors, tags,
 /// interlinear annotations and the byte order mark.
-pub fn needs_escape(c: char) -> bool {
+fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(c,
             '\u{00AD}'                     // soft hyphen
@@ -200,7 +195,6 @@ mod tests {
         // Cut on a character boundary.
         let wide = "é".repeat(MAX_LOGGED_CHARS + 1);
         assert!(escape(&wide).to_string().ends_with("… (2 more bytes)"));
-        assert_eq!(escape_bytes(b"\xffok\n"), "\"\u{fffd}ok\\n\"");
     }
 
     #[test]

@@ -16,16 +16,23 @@ use crate::signing::Signer;
 
 /// Everything that goes into one request, as the caller decided it.
 pub struct RequestSpec<'a> {
+    /// The agent the request is for (`choria_provision`, `discovery`).
     pub agent: &'a str,
-    /// Exactly as put in Request.message: RPC JSON, or [`DISCOVERY_PING`].
+    /// Exactly as put in Request.message: RPC JSON, or [`DISCOVERY_PING`](super::DISCOVERY_PING).
     pub message: &'a str,
+    /// Which nodes may answer.
     pub filter: &'a Filter,
+    /// How long the request stays valid, in seconds.
     pub ttl: u64,
     /// Unix seconds.
     pub time: i64,
+    /// The request id (see [`super::new_request_id`]).
     pub request_id: &'a str,
+    /// The sender's identity.
     pub sender_id: &'a str,
+    /// The caller id (`choria=<identity>` for the `file` provider).
     pub caller_id: &'a str,
+    /// The collective, `provisioning` for a provisioning-mode node.
     pub collective: &'a str,
 }
 
@@ -79,7 +86,10 @@ pub fn request_json(spec: &RequestSpec) -> Result<String, ProtocolError> {
 
 /// The SecureRequest JSON wrapping `request_json`, signed by `signer` (go-choria
 /// protocol/v1/security_request.go).
-pub fn secure_request_json(request_json: &str, signer: &Signer) -> Result<String, ProtocolError> {
+pub(crate) fn secure_request_json(
+    request_json: &str,
+    signer: &Signer,
+) -> Result<String, ProtocolError> {
     let (signature, pubcert) = signer.sign(request_json.as_bytes());
     go_json(
         &SecureRequestOut {
@@ -147,10 +157,12 @@ pub fn rpc_request_body(agent: &str, action: &str, data: &Value) -> String {
 /// One node's reply, after the transport, hash and protocol checks.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reply {
+    /// The id of the request answered, as the node wrote it.
     pub request_id: String,
+    /// The node's identity as it wrote it, unchecked.
     pub sender: String,
-    pub agent: String,
-    pub time: i64,
+    pub(crate) agent: String,
+    pub(crate) time: i64,
     /// The payload: RPC reply JSON, or `pong` for discovery.
     pub message: String,
 }
@@ -158,9 +170,13 @@ pub struct Reply {
 /// A parsed RPC reply body (go-choria providers/agent/mcorpc/mcorpc.go, Reply).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RpcReply {
-    pub action: String,
+    pub(crate) action: String,
+    /// 0 for success; MCollective's codes otherwise (1 aborted, 4 invalid data, 5 unknown
+    /// error, ...).
     pub statuscode: u8,
+    /// The node's message; "" when absent.
     pub statusmsg: String,
+    /// The action's reply data; `null` when absent.
     pub data: Value,
 }
 

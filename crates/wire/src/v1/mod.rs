@@ -33,11 +33,11 @@ pub mod server;
 /// ConfigureProvisioning).
 pub const COLLECTIVE: &str = "provisioning";
 
-pub const TRANSPORT_V1: &str = "choria:transport:1";
-pub const SECURE_REQUEST_V1: &str = "choria:secure:request:1";
-pub const REQUEST_V1: &str = "choria:request:1";
-pub const SECURE_REPLY_V1: &str = "choria:secure:reply:1";
-pub const REPLY_V1: &str = "choria:reply:1";
+const TRANSPORT_V1: &str = "choria:transport:1";
+const SECURE_REQUEST_V1: &str = "choria:secure:request:1";
+const REQUEST_V1: &str = "choria:request:1";
+const SECURE_REPLY_V1: &str = "choria:secure:reply:1";
+const REPLY_V1: &str = "choria:reply:1";
 
 /// The discovery agent's request payload: base64("ping"), never the raw string, which is valid
 /// base64 itself and decodes to junk on the server.
@@ -45,7 +45,7 @@ pub const DISCOVERY_PING: &str = "cGluZw==";
 
 /// Go's `base64.StdEncoding` on decode: padding required, non-zero trailing bits tolerated
 /// (Go's default, non-strict mode).
-pub(crate) const GO_STD_DECODE: GeneralPurpose = GeneralPurpose::new(
+const GO_STD_DECODE: GeneralPurpose = GeneralPurpose::new(
     &alphabet::STANDARD,
     GeneralPurposeConfig::new()
         .with_decode_allow_trailing_bits(true)
@@ -55,16 +55,27 @@ pub(crate) const GO_STD_DECODE: GeneralPurpose = GeneralPurpose::new(
 /// Which message layer a [`ProtocolError`] is about (protocol v1 or v2, see [`crate::v2`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layer {
+    /// `choria:transport:1`, the outer layer both ways.
     Transport,
+    /// `choria:secure:request:1`: the request and its signature.
     SecureRequest,
+    /// `choria:request:1`: the signed request.
     Request,
+    /// `choria:secure:reply:1`: the reply and its hash.
     SecureReply,
+    /// `choria:reply:1`: the reply.
     Reply,
+    /// The MCollective RPC reply body inside a reply (both protocols).
     RpcReply,
+    /// `io.choria.protocol.v2.transport`.
     TransportV2,
+    /// `io.choria.protocol.v2.secure_request`.
     SecureRequestV2,
+    /// `io.choria.protocol.v2.request`.
     RequestV2,
+    /// `io.choria.protocol.v2.secure_reply`.
     SecureReplyV2,
+    /// `io.choria.protocol.v2.reply`.
     ReplyV2,
 }
 
@@ -90,35 +101,62 @@ impl fmt::Display for Layer {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ProtocolError {
     /// The layer is not a JSON object at all.
-    NotJson { layer: Layer, error: String },
-    /// The `protocol` field is missing or names another protocol.
-    WrongProtocol {
+    NotJson {
+        /// The layer.
         layer: Layer,
+        /// The decoder's reason.
+        error: String,
+    },
+    /// The `protocol` field names another protocol (or is not a string).
+    WrongProtocol {
+        /// The layer.
+        layer: Layer,
+        /// The protocol the layer must name.
         expected: &'static str,
+        /// What it named, as sent.
         found: String,
     },
     /// A required field is absent.
-    MissingField { layer: Layer, field: &'static str },
+    MissingField {
+        /// The layer.
+        layer: Layer,
+        /// The field.
+        field: &'static str,
+    },
     /// A field has the wrong JSON type or an unacceptable value.
     InvalidField {
+        /// The layer.
         layer: Layer,
+        /// The field.
         field: &'static str,
+        /// What is wrong with it.
         reason: String,
     },
     /// A field that must be base64 does not decode.
     BadBase64 {
+        /// The layer.
         layer: Layer,
+        /// The field.
         field: &'static str,
+        /// The decoder's reason.
         error: String,
     },
     /// The secure reply's `hash` is not base64(SHA-256(the reply it carries)).
     HashMismatch {
+        /// The layer.
         layer: Layer,
+        /// The hash the sender wrote.
         claimed: String,
+        /// The hash of what it sent.
         computed: String,
     },
     /// Serialising one of our own layers failed (should not happen; reported, not panicked).
-    Encode { layer: Layer, error: String },
+    Encode {
+        /// The layer.
+        layer: Layer,
+        /// The encoder's reason.
+        error: String,
+    },
 }
 
 impl fmt::Display for ProtocolError {
@@ -180,7 +218,7 @@ pub(crate) fn go_json<T: Serialize>(value: &T, layer: Layer) -> Result<String, P
 
 /// A copy of `value` with every object's keys in sorted order, as Go writes a `map`
 /// (independent of whether serde_json preserves insertion order in this build).
-pub(crate) fn sorted_value(value: &Value) -> Value {
+fn sorted_value(value: &Value) -> Value {
     match value {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
@@ -199,7 +237,7 @@ pub(crate) fn sorted_value(value: &Value) -> Value {
 }
 
 /// Compact JSON of a `serde_json::Value` with Go map ordering and escaping.
-pub(crate) fn go_value_json(value: &Value) -> String {
+fn go_value_json(value: &Value) -> String {
     // Serialising a Value cannot fail (all keys are strings).
     go_escape(serde_json::to_string(&sorted_value(value)).unwrap_or_default())
 }
@@ -208,14 +246,19 @@ pub(crate) fn go_value_json(value: &Value) -> String {
 /// agent, identity, compound.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Filter {
+    /// Fact filters; empty in everything the provisioner sends.
     #[serde(default)]
     pub fact: Vec<Value>,
+    /// Class filters; empty in everything the provisioner sends.
     #[serde(default)]
     pub cf_class: Vec<String>,
+    /// The agents a node must have to answer.
     #[serde(default)]
     pub agent: Vec<String>,
+    /// The identities that may answer; empty for any.
     #[serde(default)]
     pub identity: Vec<String>,
+    /// Compound filters; empty in everything the provisioner sends.
     #[serde(default)]
     pub compound: Vec<Value>,
 }
@@ -231,20 +274,20 @@ impl Filter {
 }
 
 #[derive(Serialize)]
-pub(crate) struct TransportOut<'a> {
-    pub(crate) protocol: &'static str,
-    pub(crate) data: String,
-    pub(crate) headers: TransportHeadersOut<'a>,
+struct TransportOut<'a> {
+    protocol: &'static str,
+    data: String,
+    headers: TransportHeadersOut<'a>,
 }
 
 #[derive(Serialize)]
-pub(crate) struct TransportHeadersOut<'a> {
+struct TransportHeadersOut<'a> {
     #[serde(rename = "reply-to", skip_serializing_if = "str::is_empty")]
-    pub(crate) reply_to: &'a str,
+    reply_to: &'a str,
     #[serde(rename = "mc_sender", skip_serializing_if = "str::is_empty")]
-    pub(crate) mc_sender: &'a str,
+    mc_sender: &'a str,
     #[serde(rename = "seen-by", skip_serializing_if = "Vec::is_empty")]
-    pub(crate) seen_by: Vec<[&'a str; 3]>,
+    seen_by: Vec<[&'a str; 3]>,
 }
 
 /// A fresh request id: a UUID v4 without dashes, 32 lowercase hex characters (go-choria
@@ -263,7 +306,7 @@ pub fn reply_subject(collective: &str, caller_id: &str, request_id: &str) -> Str
     format!("{collective}.reply.{}.{request_id}", hex::encode(digest))
 }
 
-pub(crate) fn transport_json(
+fn transport_json(
     secure_json: &str,
     reply_to: &str,
     mc_sender: &str,
@@ -364,7 +407,7 @@ pub(crate) fn opt_str<'m>(
     }
 }
 
-pub(crate) fn get_i64(
+fn get_i64(
     map: &Map<String, Value>,
     layer: Layer,
     field: &'static str,
@@ -384,7 +427,7 @@ pub(crate) fn get_i64(
     }
 }
 
-pub(crate) fn get_object<'m>(
+fn get_object<'m>(
     map: &'m Map<String, Value>,
     layer: Layer,
     field: &'static str,
@@ -411,13 +454,13 @@ pub(crate) fn go_base64_decode(text: &str) -> Result<Vec<u8>, base64::DecodeErro
 }
 
 /// The parsed transport: its decoded `data` and its headers.
-pub(crate) struct TransportIn {
-    pub(crate) data: Vec<u8>,
-    pub(crate) reply_to: String,
-    pub(crate) mc_sender: String,
+struct TransportIn {
+    data: Vec<u8>,
+    reply_to: String,
+    mc_sender: String,
 }
 
-pub(crate) fn decode_transport(bytes: &[u8]) -> Result<TransportIn, ProtocolError> {
+fn decode_transport(bytes: &[u8]) -> Result<TransportIn, ProtocolError> {
     let layer = Layer::Transport;
     let map = parse_object(bytes, layer)?;
     check_protocol(&map, layer, TRANSPORT_V1)?;
@@ -528,14 +571,16 @@ mod tests {
         let reply = reply_json(id, "node1.example.net", "discovery", "pong", 1_700_000_001);
         assert_eq!(reply, A_REPLY);
         assert_eq!(secure_reply_json(&reply), A_SECURE_REPLY);
-        let transport = encode_reply_via(
-            id,
-            "node1.example.net",
-            "discovery",
-            "pong",
-            1_700_000_001,
-            BROKER,
-        );
+        // With the `seen-by` hop a Go server's connector records on publish
+        // (protocol/v1/transport.go, RecordNetworkHop).
+        let node = "node1.example.net";
+        let transport = transport_json(
+            &secure_reply_json(&reply),
+            "",
+            node,
+            vec![[BROKER, node, BROKER]],
+        )
+        .unwrap();
         assert_eq!(String::from_utf8(transport).unwrap(), A_REPLY_TRANSPORT);
     }
 

@@ -51,20 +51,31 @@ pub fn encode_rpc_reply(action: &str, statuscode: u8, statusmsg: &str, data: &Va
 /// A decoded request, for the simulator's side of the wire.
 #[derive(Clone, Debug, PartialEq)]
 pub struct IncomingRequest {
+    /// `headers.reply-to`: where the reply goes.
     pub reply_to: String,
+    /// `headers.mc_sender`.
     pub mc_sender: String,
+    /// The parsed SecureRequest JSON (for its schema).
     pub secure_request: Value,
     /// The parsed Request JSON.
     pub request: Value,
     /// SecureRequest.message verbatim: the bytes that were signed.
-    pub request_json: String,
+    pub(crate) request_json: String,
+    /// `envelope.requestid`.
     pub request_id: String,
+    /// `envelope.senderid`.
     pub sender_id: String,
+    /// `envelope.callerid`.
     pub caller_id: String,
+    /// `envelope.collective`.
     pub collective: String,
+    /// `envelope.agent`.
     pub agent: String,
+    /// `envelope.ttl`, seconds.
     pub ttl: i64,
+    /// `envelope.time`, Unix seconds.
     pub time: i64,
+    /// `envelope.filter`; `null` when absent.
     pub filter: Value,
     /// Request.message base64-decoded if it decodes, else its raw bytes (go-choria
     /// message/message.go, NewMessageFromRequest ignores the decode error).
@@ -129,7 +140,7 @@ pub fn reply_json(request_id: &str, sender: &str, agent: &str, message: &str, ti
 
 /// The SecureReply JSON wrapping `reply_json`, with its `hash` (go-choria
 /// protocol/v1/security_reply.go).
-pub fn secure_reply_json(reply_json: &str) -> String {
+pub(crate) fn secure_reply_json(reply_json: &str) -> String {
     let hash = STANDARD.encode(Sha256::digest(reply_json.as_bytes()));
     go_json(
         &SecureReplyOut {
@@ -143,7 +154,7 @@ pub fn secure_reply_json(reply_json: &str) -> String {
 }
 
 /// A node's reply transport (server side, for the simulator), with `mc_sender` = `sender` and
-/// no `seen-by` hop; [`encode_reply_via`] records the hop as a Go server does.
+/// no `seen-by` hop.
 pub fn encode_reply(
     request_id: &str,
     sender: &str,
@@ -151,38 +162,6 @@ pub fn encode_reply(
     message: &str,
     time: i64,
 ) -> Vec<u8> {
-    encode_reply_hops(request_id, sender, agent, message, time, Vec::new())
-}
-
-/// As [`encode_reply`], with the `seen-by` hop `[connected_server, sender, connected_server]`
-/// a Go server's connector records on publish (protocol/v1/transport.go, RecordNetworkHop).
-pub fn encode_reply_via(
-    request_id: &str,
-    sender: &str,
-    agent: &str,
-    message: &str,
-    time: i64,
-    connected_server: &str,
-) -> Vec<u8> {
-    encode_reply_hops(
-        request_id,
-        sender,
-        agent,
-        message,
-        time,
-        vec![[connected_server, sender, connected_server]],
-    )
-}
-
-fn encode_reply_hops(
-    request_id: &str,
-    sender: &str,
-    agent: &str,
-    message: &str,
-    time: i64,
-    seen_by: Vec<[&str; 3]>,
-) -> Vec<u8> {
     let reply = reply_json(request_id, sender, agent, message, time);
-    let secure = secure_reply_json(&reply);
-    transport_json(&secure, "", sender, seen_by).unwrap_or_default()
+    transport_json(&secure_reply_json(&reply), "", sender, Vec::new()).unwrap_or_default()
 }

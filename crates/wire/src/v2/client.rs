@@ -16,27 +16,32 @@ use super::{
 use crate::signing::ChoriaSigner;
 use crate::v1::{check_protocol, get_str, go_json, parse_object, Layer, ProtocolError};
 
-/// The reply and RPC body types and functions are the same in both protocols.
-pub use crate::v1::client::{parse_rpc_reply, rpc_request_body, Reply, RpcReply};
+/// The reply a node sends is read into the same [`Reply`] in both protocols.
+use crate::v1::client::Reply;
 
 /// Everything that goes into one v2 request, as the caller decided it.
 pub struct RequestSpec<'a> {
+    /// The agent the request is for (`choria_provision`, `discovery`).
     pub agent: &'a str,
     /// The payload, base64'd into Request.message: RPC request JSON, or [`DISCOVERY_PING`]
     /// (itself base64 of `ping`, so discovery's `message` is base64 twice, as Go's broadcast
     /// discovery sends it).
     ///
-    /// [`DISCOVERY_PING`]: super::DISCOVERY_PING
+    /// [`DISCOVERY_PING`]: crate::v1::DISCOVERY_PING
     pub payload: &'a [u8],
     /// `None` leaves `filter` out, as Go's `omitempty` does for a nil filter.
     pub filter: Option<&'a Filter>,
+    /// How long the request stays valid, in seconds.
     pub ttl: u64,
     /// Unix nanoseconds (v1 sends seconds).
     pub time: i64,
+    /// The request id, a KSUID (see [`super::new_request_id`]).
     pub request_id: &'a str,
+    /// The sender's identity.
     pub sender_id: &'a str,
     /// The client JWT's `callerid` claim.
     pub caller_id: &'a str,
+    /// The collective, `provisioning` for a provisioning-mode node.
     pub collective: &'a str,
 }
 
@@ -65,7 +70,7 @@ struct SecureRequestOut<'a> {
 
 /// The Request JSON (innermost layer) exactly as Go writes it (go-choria protocol/v2/request.go,
 /// Request with its embedded ReqEnvelope). These are the bytes signed.
-pub fn request_json(spec: &RequestSpec) -> Result<String, ProtocolError> {
+pub(crate) fn request_json(spec: &RequestSpec) -> Result<String, ProtocolError> {
     go_json(
         &RequestOut {
             protocol: REQUEST_V2,
@@ -86,7 +91,7 @@ pub fn request_json(spec: &RequestSpec) -> Result<String, ProtocolError> {
 /// The SecureRequest JSON carrying `request_json`, its ed25519 signature and the caller JWT
 /// (go-choria protocol/v2/secure_request.go, NewSecureRequest and SetMessage). No `signer`:
 /// that is only for requests signed by a delegated (AAA) signer.
-pub fn secure_request_json(
+pub(crate) fn secure_request_json(
     request_json: &str,
     signer: &ChoriaSigner,
 ) -> Result<String, ProtocolError> {

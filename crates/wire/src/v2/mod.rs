@@ -32,13 +32,15 @@ use crate::v1::{
 pub mod client;
 pub mod server;
 
-pub use crate::v1::{reply_subject, Filter, COLLECTIVE, DISCOVERY_PING};
+/// The filter and the collective are the same in both protocols.
+pub use crate::v1::{Filter, COLLECTIVE};
 
+/// The `protocol` of a v2 transport (v1's is `choria:transport:1`).
 pub const TRANSPORT_V2: &str = "io.choria.protocol.v2.transport";
-pub const SECURE_REQUEST_V2: &str = "io.choria.protocol.v2.secure_request";
-pub const REQUEST_V2: &str = "io.choria.protocol.v2.request";
-pub const SECURE_REPLY_V2: &str = "io.choria.protocol.v2.secure_reply";
-pub const REPLY_V2: &str = "io.choria.protocol.v2.reply";
+const SECURE_REQUEST_V2: &str = "io.choria.protocol.v2.secure_request";
+const REQUEST_V2: &str = "io.choria.protocol.v2.request";
+const SECURE_REPLY_V2: &str = "io.choria.protocol.v2.secure_reply";
+const REPLY_V2: &str = "io.choria.protocol.v2.reply";
 
 /// A fresh v2 request id: a KSUID for `unix_seconds` with a random payload (go-choria
 /// choria/framework.go, NewRequestID: `ksuid.NewRandom()`). A clock outside the KSUID range
@@ -92,12 +94,12 @@ fn transport_json(
 
 /// A parsed v2 transport: its decoded `data` and its headers.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TransportIn {
-    pub data: Vec<u8>,
-    pub reply: String,
-    pub sender: String,
+struct TransportIn {
+    data: Vec<u8>,
+    reply: String,
+    sender: String,
     /// `[in, processor, out]` hops, each read as Go reads a `[3]string` (see [`decode_trace`]).
-    pub trace: Vec<[String; 3]>,
+    trace: Vec<[String; 3]>,
 }
 
 /// A `[]byte` field as Go's `encoding/json` reads it: absent or `null` is empty, a string is
@@ -137,7 +139,7 @@ fn required_bytes(
 /// `trace` as Go decodes `[][3]string`: `null` is empty; each hop is an array whose first
 /// three strings are kept (a longer one is cut, a shorter one padded with ""), and any element
 /// that is not a string is an error.
-pub fn decode_trace(value: Option<&Value>) -> Result<Vec<[String; 3]>, ProtocolError> {
+fn decode_trace(value: Option<&Value>) -> Result<Vec<[String; 3]>, ProtocolError> {
     let layer = Layer::TransportV2;
     let invalid = |reason: String| ProtocolError::InvalidField {
         layer,
@@ -186,7 +188,7 @@ pub fn decode_trace(value: Option<&Value>) -> Result<Vec<[String; 3]>, ProtocolE
 }
 
 /// Decodes a v2 transport: `protocol`, the base64 `data` and the headers.
-pub fn decode_transport(bytes: &[u8]) -> Result<TransportIn, ProtocolError> {
+fn decode_transport(bytes: &[u8]) -> Result<TransportIn, ProtocolError> {
     let layer = Layer::TransportV2;
     let map = parse_object(bytes, layer)?;
     check_protocol(&map, layer, TRANSPORT_V2)?;

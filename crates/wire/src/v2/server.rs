@@ -16,16 +16,13 @@ use crate::v1::{
     check_protocol, go_base64_decode, go_json, opt_str, parse_object, Layer, ProtocolError,
 };
 
-/// The RPC reply body is the same in both protocols.
-pub use crate::v1::server::encode_rpc_reply;
-
 /// A decoded v2 request, for the simulator's side of the wire.
 #[derive(Clone, Debug, PartialEq)]
 pub struct IncomingRequest {
     /// `headers.reply`.
     pub reply_to: String,
     /// `headers.sender`.
-    pub sender_header: String,
+    pub(crate) sender_header: String,
     /// The parsed SecureRequest JSON (for its schema).
     pub secure_request: Value,
     /// The parsed Request JSON (for its schema).
@@ -37,13 +34,18 @@ pub struct IncomingRequest {
     /// SecureRequest.caller: the caller's JWT.
     pub caller_jwt: String,
     /// SecureRequest.signer: a delegated signer's JWT, "" when absent.
-    pub signer_jwt: String,
+    pub(crate) signer_jwt: String,
+    /// Request.id.
     pub request_id: String,
+    /// Request.sender.
     pub sender_id: String,
     /// Request.caller: the caller id (a JWT's `callerid` claim).
     pub caller_id: String,
+    /// Request.collective.
     pub collective: String,
+    /// Request.agent.
     pub agent: String,
+    /// Request.ttl, seconds.
     pub ttl: i64,
     /// Unix nanoseconds.
     pub time: i64,
@@ -163,37 +165,6 @@ pub fn secure_reply_with_hash(reply_json: &str, hash: &str) -> String {
         Layer::SecureReplyV2,
     )
     .unwrap_or_default()
-}
-
-/// A node's reply transport with `headers.sender` = `sender` and no `trace` hop;
-/// [`encode_reply_via`] records the hop as a Go server does.
-pub fn encode_reply(
-    request_id: &str,
-    sender: &str,
-    agent: &str,
-    message: &[u8],
-    time: i64,
-) -> Vec<u8> {
-    let reply = reply_json(request_id, sender, agent, message, time);
-    wrap_secure_reply(&secure_reply_json(&reply), sender, Vec::new())
-}
-
-/// As [`encode_reply`], with the `trace` hop `[connected_server, sender, connected_server]` a
-/// Go server's connector records on publish.
-pub fn encode_reply_via(
-    request_id: &str,
-    sender: &str,
-    agent: &str,
-    message: &[u8],
-    time: i64,
-    connected_server: &str,
-) -> Vec<u8> {
-    let reply = reply_json(request_id, sender, agent, message, time);
-    wrap_secure_reply(
-        &secure_reply_json(&reply),
-        sender,
-        vec![[connected_server, sender, connected_server]],
-    )
 }
 
 /// The transport around an already built SecureReply JSON.

@@ -14,6 +14,7 @@ use super::client::{self, RequestSpec};
 use super::server;
 use super::*;
 use crate::signing::ChoriaSigner;
+use crate::v1::DISCOVERY_PING;
 
 const BROKER: &str = "nats://127.0.0.1:4222";
 const PROVISIONER: &str = "provisioner.peer.test";
@@ -81,7 +82,7 @@ fn client_reproduces_the_rpc_request_layers() {
     let filter = rpc_filter();
     let spec = rpc_spec(&filter);
     assert_eq!(
-        client::rpc_request_body("choria_provision", "jwt", &json!({"token": "s3cret"})),
+        crate::v1::client::rpc_request_body("choria_provision", "jwt", &json!({"token": "s3cret"})),
         RPC_BODY
     );
     let request = client::request_json(&spec).unwrap();
@@ -148,13 +149,11 @@ fn server_reproduces_the_reply_layers() {
     );
     assert_eq!(reply, vector("reply"));
     assert_eq!(server::secure_reply_json(&reply), vector("secure_reply"));
-    let transport = server::encode_reply_via(
-        RPC_ID,
+    // With the `trace` hop a Go server's connector records on publish.
+    let transport = server::wrap_secure_reply(
+        &server::secure_reply_json(&reply),
         NODE,
-        "choria_provision",
-        RPC_REPLY_BODY.as_bytes(),
-        REPLY_TIME,
-        BROKER,
+        vec![[BROKER, NODE, BROKER]],
     );
     assert_eq!(
         String::from_utf8(transport).unwrap(),
@@ -165,7 +164,12 @@ fn server_reproduces_the_reply_layers() {
         vector("discovery_reply")
     );
     assert_eq!(
-        server::encode_rpc_reply("jwt", 0, "OK", &json!({"ecdh_public": "y", "jwt": "x"})),
+        crate::v1::server::encode_rpc_reply(
+            "jwt",
+            0,
+            "OK",
+            &json!({"ecdh_public": "y", "jwt": "x"})
+        ),
         // Go writes a map's keys sorted; the vector's body is the action's struct order.
         r#"{"action":"jwt","statuscode":0,"statusmsg":"OK","data":{"ecdh_public":"y","jwt":"x"}}"#
     );
@@ -176,7 +180,7 @@ fn client_decodes_the_reply_vector() {
     let reply = client::decode_reply(vector("reply_transport").as_bytes()).unwrap();
     assert_eq!(
         reply,
-        client::Reply {
+        crate::v1::client::Reply {
             request_id: RPC_ID.into(),
             sender: NODE.into(),
             agent: "choria_provision".into(),
@@ -184,7 +188,7 @@ fn client_decodes_the_reply_vector() {
             message: RPC_REPLY_BODY.into(),
         }
     );
-    let rpc = client::parse_rpc_reply(&reply.message).unwrap();
+    let rpc = crate::v1::client::parse_rpc_reply(&reply.message).unwrap();
     assert_eq!(rpc.statuscode, 0);
     assert_eq!(rpc.data, json!({"jwt": "x", "ecdh_public": "y"}));
     assert_eq!(
