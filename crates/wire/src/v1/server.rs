@@ -165,3 +165,18 @@ pub fn encode_reply(
     let reply = reply_json(request_id, sender, agent, message, time);
     transport_json(&secure_reply_json(&reply), "", sender, Vec::new()).unwrap_or_default()
 }
+
+/// As [`encode_reply`], with the `seen-by` hop `[connected_server, sender, connected_server]`
+/// a Go server's connector records on publish (protocol/v1/transport.go, RecordNetworkHop).
+pub fn encode_reply_via(
+    request_id: &str,
+    sender: &str,
+    agent: &str,
+    message: &str,
+    time: i64,
+    connected_server: &str,
+) -> Vec<u8> {
+    let reply = reply_json(request_id, sender, agent, message, time);
+    let hop = vec![[connected_server, sender, connected_server]];
+    transport_json(&secure_reply_json(&reply), "", sender, hop).unwrap_or_default()
+}

@@ -167,6 +167,37 @@ pub fn secure_reply_with_hash(reply_json: &str, hash: &str) -> String {
     .unwrap_or_default()
 }
 
+/// A node's reply transport with `headers.sender` = `sender` and no `trace` hop;
+/// [`encode_reply_via`] records the hop as a Go server does.
+pub fn encode_reply(
+    request_id: &str,
+    sender: &str,
+    agent: &str,
+    message: &[u8],
+    time: i64,
+) -> Vec<u8> {
+    let reply = reply_json(request_id, sender, agent, message, time);
+    wrap_secure_reply(&secure_reply_json(&reply), sender, Vec::new())
+}
+
+/// As [`encode_reply`], with the `trace` hop `[connected_server, sender, connected_server]` a
+/// Go server's connector records on publish.
+pub fn encode_reply_via(
+    request_id: &str,
+    sender: &str,
+    agent: &str,
+    message: &[u8],
+    time: i64,
+    connected_server: &str,
+) -> Vec<u8> {
+    let reply = reply_json(request_id, sender, agent, message, time);
+    wrap_secure_reply(
+        &secure_reply_json(&reply),
+        sender,
+        vec![[connected_server, sender, connected_server]],
+    )
+}
+
 /// The transport around an already built SecureReply JSON.
 pub fn wrap_secure_reply(secure_reply_json: &str, sender: &str, trace: Vec<[&str; 3]>) -> Vec<u8> {
     transport_json(secure_reply_json, "", sender, trace).unwrap_or_default()
