@@ -24,6 +24,7 @@ use choria_fleet_sim::report::{NodeReport, Report};
 use choria_wire::lifecycle;
 use choria_wire::v1::server::{self, IncomingRequest};
 
+use crate::cluster::RouteLinks;
 use crate::relay::{Relay, RelayRules};
 use crate::{free_port, vector_path, NatsServer};
 
@@ -140,10 +141,13 @@ pub struct World {
     pub broker: NatsServer,
     /// The other servers of a clustered world ([`World::clustered`]), `n1`, `n2`, ...
     pub peers: Vec<NatsServer>,
-    /// Each server's monitoring port in a clustered world, `broker` first.
-    monitor_ports: Vec<u16>,
+    /// Each server's monitoring address in a clustered world, `broker` first.
+    monitors: Vec<std::net::SocketAddr>,
     pub dir: tempfile::TempDir,
     relay: Option<Relay>,
+    /// A partitionable world's route links ([`World::partitionable`]); last, so the servers
+    /// stop before their namespaces go.
+    links: Option<RouteLinks>,
 }
 
 impl Drop for World {
@@ -179,20 +183,68 @@ impl World {
             .expect("a nats-server cluster starts (install the nats-server package)");
         let mut servers = cluster.servers;
         let broker = servers.remove(0);
-        World::of(broker, servers, cluster.monitor_ports)
+        World::of(broker, servers, cluster.monitors)
     }
 
-    fn of(broker: NatsServer, peers: Vec<NatsServer>, monitor_ports: Vec<u16>) -> World {
+    /// A cluster of `size` brokers, each in a network namespace of its own with a link to
+    /// every other and one to the clients' host, which this thread enters: every provisioner
+    /// and simulator the test starts runs there and is given every server's URL. Routes can be
+    /// cut ([`World::links`]) and `/routez` read ([`World::route_peers`]). Needs root and
+    /// iproute2 (`scripts/setup`).
+    pub fn partitionable(size: usize) -> World {
+        let cluster = crate::NatsCluster::start_partitionable(size, "").expect(
+            "a partitionable nats-server cluster starts (root, iproute2 and nats-server needed)",
+        );
+        let mut servers = cluster.servers;
+        let broker = servers.remove(0);
+        let mut world = World::of(broker, servers, cluster.monitors);
+        world.links = cluster.network;
+        world
+    }
+
+    fn of(
+        broker: NatsServer,
+        peers: Vec<NatsServer>,
+        monitors: Vec<std::net::SocketAddr>,
+    ) -> World {
         World {
             broker,
             peers,
-            monitor_ports,
+            monitors,
             dir: tempfile::Builder::new()
                 .prefix("choria-e2e-")
                 .tempdir()
                 .expect("a temp dir"),
             relay: None,
+            links: None,
         }
+    }
+
+    /// The route links of a partitionable world (panics for another: a test bug).
+    pub fn links(&mut self) -> &mut RouteLinks {
+        self.links
+            .as_mut()
+            .expect("a partitionable world (World::partitionable)")
+    }
+
+    /// The servers of a clustered world, `broker` first.
+    pub fn servers(&self) -> impl Iterator<Item = &NatsServer> {
+        std::iter::once(&self.broker).chain(&self.peers)
+    }
+
+    /// Each server's monitoring address in a clustered world, `broker` first.
+    pub fn monitors(&self) -> &[std::net::SocketAddr] {
+        &self.monitors
+    }
+
+    /// The server names server `index` of a clustered world holds a route to (`/routez`).
+    pub fn route_peers(&self, index: usize) -> std::io::Result<BTreeSet<String>> {
+        crate::cluster::route_peers(&self.monitors, index)
+    }
+
+    /// Who server `index` of a clustered world says leads `stream` (`/jsz`).
+    pub fn stream_leader(&self, index: usize, stream: &str) -> Option<String> {
+        crate::cluster::stream_leader(self.monitors[index], stream)
     }
 
     /// Server `index` of a clustered world (0 is `broker`).
@@ -205,10 +257,11 @@ impl World {
 
     /// The running server of a clustered world that holds a client connection named `name`.
     pub fn server_of_client(&self, name: &str) -> Option<usize> {
-        let servers = std::iter::once(&self.broker).chain(&self.peers);
-        servers
-            .zip(&self.monitor_ports)
-            .position(|(server, port)| server.pid().is_some() && crate::has_client(*port, name))
+        self.servers()
+            .zip(&self.monitors)
+            .position(|(server, monitor)| {
+                server.pid().is_some() && crate::has_client(*monitor, name)
+            })
     }
 
     /// Puts the CONNECT relay in front of the broker: from now on the provisioners and the
@@ -671,14 +724,20 @@ fn strip_site(series: &str) -> String {
 
 /// GET /metrics on the loopback port with a plain TcpStream.
 pub fn scrape(port: u16) -> Result<Metrics, String> {
+    scrape_within(port, Duration::from_secs(5))
+}
+
+/// As [`scrape`], each read and write bounded by `limit` (a frozen process accepts the
+/// connection, its kernel does, and never answers).
+pub fn scrape_within(port: u16, limit: Duration) -> Result<Metrics, String> {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+    let mut stream = TcpStream::connect_timeout(&addr, limit.min(Duration::from_secs(2)))
         .map_err(|e| format!("connect to {addr}: {e}"))?;
     stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
+        .set_read_timeout(Some(limit))
         .map_err(|e| e.to_string())?;
     stream
-        .set_write_timeout(Some(Duration::from_secs(5)))
+        .set_write_timeout(Some(limit))
         .map_err(|e| e.to_string())?;
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
@@ -718,12 +777,18 @@ impl Sim {
 
     /// As `start`, with its files named after `name`, so a world can run several fleets.
     pub fn start_named(world: &World, name: &str, args: &[&str]) -> Sim {
+        Sim::start_named_on(world, name, &world.client_url(), args)
+    }
+
+    /// As `start_named`, connected to `brokers` (comma-separated URLs) instead of every
+    /// server of the world: a fleet placed on chosen members of a cluster.
+    pub fn start_named_on(world: &World, name: &str, brokers: &str, args: &[&str]) -> Sim {
         let report_path = world.path(&format!("{name}-report.json"));
         let stdout_path = world.path(&format!("{name}.stdout"));
         let stderr_path = world.path(&format!("{name}.stderr"));
         let child = Command::new(crate::binary("choria-fleet-sim"))
             .arg("--broker")
-            .arg(world.client_url())
+            .arg(brokers)
             .arg("--report")
             .arg(&report_path)
             .args(args)

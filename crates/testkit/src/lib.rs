@@ -9,13 +9,15 @@
 //! It never becomes a normal dependency of a crate the daemon ships.
 
 pub mod certificates;
+pub mod cluster;
 pub mod flood;
 pub mod harness;
+pub mod netns;
 pub mod relay;
 pub mod slow_clients;
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -86,6 +88,10 @@ pub struct NatsServer {
     pub port: u16,
     pub dir: PathBuf,
     conf: PathBuf,
+    /// The address it listens on: loopback, or its host's in a [`netns::Network`].
+    pub host: Ipv4Addr,
+    /// The namespace it runs in (`ip netns exec`), when not the test's own.
+    netns: Option<String>,
 }
 
 impl NatsServer {
@@ -96,12 +102,21 @@ impl NatsServer {
 
     /// As `start`, with extra configuration text (accounts, users, ...) appended.
     pub fn start_with(extra_conf: &str) -> std::io::Result<NatsServer> {
-        let port = free_port()?;
+        NatsServer::start_at(Ipv4Addr::LOCALHOST, free_port()?, None, extra_conf)
+    }
+
+    /// As `start_with`, listening on `host:port`, run in namespace `netns` when given.
+    fn start_at(
+        host: Ipv4Addr,
+        port: u16,
+        netns: Option<String>,
+        extra_conf: &str,
+    ) -> std::io::Result<NatsServer> {
         let dir = temp_dir("nats-server")?;
         let conf = dir.join("nats.conf");
         let store = dir.join("jetstream");
         let mut file = std::fs::File::create(&conf)?;
-        writeln!(file, "listen: 127.0.0.1:{port}")?;
+        writeln!(file, "listen: {host}:{port}")?;
         writeln!(
             file,
             "jetstream {{ store_dir: {:?} }}",
@@ -115,6 +130,8 @@ impl NatsServer {
             port,
             dir,
             conf,
+            host,
+            netns,
         };
         server.spawn()?;
         Ok(server)
@@ -128,7 +145,16 @@ impl NatsServer {
             )
         })?;
         let log = std::fs::File::create(self.dir.join("nats-server.log"))?;
-        let child = Command::new(binary)
+        let mut command = match &self.netns {
+            None => Command::new(binary),
+            Some(netns) => {
+                // iproute2 execs the server: the child's pid is the server's.
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", netns]).arg(binary);
+                command
+            }
+        };
+        let child = command
             .arg("-c")
             .arg(&self.conf)
             .stdin(Stdio::null())
@@ -136,12 +162,15 @@ impl NatsServer {
             .stderr(log)
             .spawn()?;
         self.child = Some(child);
-        wait_for_port(self.port, Duration::from_secs(15))
+        wait_for_addr(
+            SocketAddr::from((self.host, self.port)),
+            Duration::from_secs(15),
+        )
     }
 
-    /// `nats://127.0.0.1:<port>`.
+    /// `nats://<host>:<port>` (`127.0.0.1` unless it runs in a network namespace).
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://{}:{}", self.host, self.port)
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -179,22 +208,35 @@ impl NatsServer {
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::thread::panicking() {
+            // Its log says what the cluster went through.
+            eprintln!(
+                "kept {} (nats-server's log) for inspection",
+                self.dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
-/// Several `nats-server`s routed into one cluster on loopback, with clustered JetStream (each
-/// its own store), as a site runs its brokers. Each server is a [`NatsServer`] of its own, so
-/// a test stops and starts them one by one.
+/// Several `nats-server`s routed into one cluster, with clustered JetStream (each its own
+/// store), as a site runs its brokers. Each server is a [`NatsServer`] of its own, so a test
+/// stops and starts them one by one. On loopback ([`NatsCluster::start`]), or each on a host of
+/// its own in a [`netns::Network`] so a test can cut routes ([`NatsCluster::start_partitionable`]
+/// and the rest in `cluster.rs`).
 pub struct NatsCluster {
     pub servers: Vec<NatsServer>,
-    /// Each server's monitoring port (`/connz` says who is connected where).
-    pub monitor_ports: Vec<u16>,
+    /// Each server's monitoring address (`/connz` says who is connected where, `/routez` which
+    /// routes it holds, `/jsz` who leads each stream).
+    pub monitors: Vec<SocketAddr>,
+    /// A partitionable cluster's route links (dropped after the servers, declared after them).
+    pub network: Option<cluster::RouteLinks>,
 }
 
 impl NatsCluster {
-    /// `size` servers named `n0`, `n1`, ... routed to each other, with `extra_conf` added to
-    /// each configuration.
+    /// `size` servers named `n0`, `n1`, ... routed to each other on loopback, with
+    /// `extra_conf` added to each configuration.
     pub fn start(size: usize, extra_conf: &str) -> std::io::Result<NatsCluster> {
         let route_ports: Vec<u16> = (0..size).map(|_| free_port()).collect::<Result<_, _>>()?;
         let monitor_ports: Vec<u16> = (0..size).map(|_| free_port()).collect::<Result<_, _>>()?;
@@ -214,7 +256,11 @@ impl NatsCluster {
         }
         Ok(NatsCluster {
             servers,
-            monitor_ports,
+            monitors: monitor_ports
+                .into_iter()
+                .map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+                .collect(),
+            network: None,
         })
     }
 
@@ -232,44 +278,77 @@ impl NatsCluster {
     /// each server's `/connz`.
     pub fn server_of_client(&self, name: &str) -> Option<usize> {
         (0..self.servers.len()).find(|index| {
-            self.servers[*index].pid().is_some() && has_client(self.monitor_ports[*index], name)
+            self.servers[*index].pid().is_some() && has_client(self.monitors[*index], name)
         })
     }
 }
 
-/// Whether the server monitored on `monitor_port` holds a client connection named `name`.
-pub fn has_client(monitor_port: u16, name: &str) -> bool {
-    // nats-server indents its JSON: `"name": "x"`.
-    let needles = [
-        format!("\"name\": \"{name}\""),
-        format!("\"name\":\"{name}\""),
-    ];
-    http_get(monitor_port, "/connz?limit=4096")
-        .is_ok_and(|body| needles.iter().any(|needle| body.contains(needle)))
+/// Whether the server monitored on `monitor` holds a client connection named `name`.
+pub fn has_client(monitor: SocketAddr, name: &str) -> bool {
+    http_get(monitor, "/connz?limit=4096").is_ok_and(|body| {
+        serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|connz| {
+            connz["connections"]
+                .as_array()
+                .is_some_and(|all| all.iter().any(|c| c["name"] == name))
+        })
+    })
 }
 
-/// A GET on a loopback port: the body, if the answer is 200.
-fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+/// A GET of `path` on `addr`, bounded: the body, if the answer is 200 (a chunked one joined).
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
     use std::io::Read;
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )?;
+    // Monitoring answers are a few KiB; a bound keeps a confused peer from filling memory.
     let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    match response.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
-        _ => Err(std::io::Error::other(format!("GET {path}: no 200"))),
+    stream.take(16 << 20).read_to_string(&mut response)?;
+    let Some((head, body)) = response.split_once("\r\n\r\n") else {
+        return Err(std::io::Error::other(format!("GET {path}: no header end")));
+    };
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(std::io::Error::other(format!(
+            "GET {path}: {}",
+            head.lines().next().unwrap_or("")
+        )));
+    }
+    let chunked = head
+        .lines()
+        .any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
+    if !chunked {
+        return Ok(body.to_string());
+    }
+    let mut joined = String::new();
+    let mut rest = body;
+    loop {
+        let (size, after) = rest
+            .split_once("\r\n")
+            .ok_or_else(|| std::io::Error::other(format!("GET {path}: a chunk without a size")))?;
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|e| std::io::Error::other(format!("GET {path}: chunk size: {e}")))?;
+        if size == 0 {
+            return Ok(joined);
+        }
+        let chunk = after
+            .get(..size)
+            .ok_or_else(|| std::io::Error::other(format!("GET {path}: a short chunk")))?;
+        joined.push_str(chunk);
+        rest = after[size..].trim_start_matches("\r\n");
     }
 }
 
 /// Waits until something accepts TCP connections on the loopback port.
 pub fn wait_for_port(port: u16, limit: Duration) -> std::io::Result<()> {
+    wait_for_addr(SocketAddr::from(([127, 0, 0, 1], port)), limit)
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_for_addr(addr: SocketAddr, limit: Duration) -> std::io::Result<()> {
     let deadline = Instant::now() + limit;
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
     loop {
         if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
             return Ok(());
@@ -277,7 +356,7 @@ pub fn wait_for_port(port: u16, limit: Duration) -> std::io::Result<()> {
         if Instant::now() >= deadline {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                format!("nothing listening on 127.0.0.1:{port} after {limit:?}"),
+                format!("nothing listening on {addr} after {limit:?}"),
             ));
         }
         std::thread::sleep(Duration::from_millis(50));
