@@ -12,7 +12,8 @@
 // limitations under the License.
 //
 // Modified by the choria-provisioner project (see PATCHED.md): the AuthStyle::Combined arm
-// of the CONNECT below.
+// of the CONNECT below; a TLS stream ends on the peer's close_notify, and its waits are woken
+// by incoming bytes, a FIN or a reset.
 
 use lazy_static::__Deref;
 use parking_lot::{Mutex, MutexGuard};
@@ -457,10 +458,9 @@ impl Read for &NatsStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match &*self.flavor {
             Flavor::Tcp(tcp) => (tcp.deref()).read(buf),
-            Flavor::Tls(tls) => tls_op(tls, |session, eof| match session.reader().read(buf) {
-                Ok(0) if !eof => Err(io::ErrorKind::WouldBlock.into()),
-                res => res,
-            }),
+            // rustls 0.22 says "no data yet" with WouldBlock; Ok(0) is the peer's clean
+            // close (close_notify), an end of stream like a TCP EOF (choria-provisioner patch).
+            Flavor::Tls(tls) => tls_op(tls, |session| session.reader().read(buf)),
         }
     }
 }
@@ -479,14 +479,14 @@ impl Write for &NatsStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match &*self.flavor {
             Flavor::Tcp(tcp) => (tcp.deref()).write(buf),
-            Flavor::Tls(tls) => tls_op(tls, |session, _| session.writer().write(buf)),
+            Flavor::Tls(tls) => tls_op(tls, |session| session.writer().write(buf)),
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
         match &*self.flavor {
             Flavor::Tcp(tcp) => (tcp.deref()).flush(),
-            Flavor::Tls(tls) => tls_op(tls, |session, _| session.writer().flush()),
+            Flavor::Tls(tls) => tls_op(tls, |session| session.writer().flush()),
         }
     }
 }
@@ -496,17 +496,17 @@ impl Write for &NatsStream {
 /// However, note that the inner TCP stream is in non-blocking mode.
 fn tls_op<T: std::fmt::Debug>(
     tls: &Mutex<TlsStream>,
-    mut op: impl FnMut(&mut ClientConnection, bool) -> io::Result<T>,
+    mut op: impl FnMut(&mut ClientConnection) -> io::Result<T>,
 ) -> io::Result<T> {
     loop {
         let mut tls = tls.lock();
         let TlsStream { tcp, session } = &mut *tls;
-        let mut eof = false;
 
-        // If necessary, read TLS messages.
+        // If necessary, read TLS messages. A TCP EOF (Ok(0)) is recorded by rustls, whose
+        // reader then reports it (UnexpectedEof without a close_notify).
         if session.wants_read() {
             match session.read_tls(tcp) {
-                Ok(0) => eof = true,
+                Ok(0) => {}
                 Ok(_) => {
                     session
                         .process_new_packets()
@@ -527,7 +527,7 @@ fn tls_op<T: std::fmt::Debug>(
         }
 
         // Try the non-blocking read/write/flush operation.
-        match op(session, eof) {
+        match op(session) {
             Err(err) if err.kind() == ErrorKind::WouldBlock => {}
             res => return res,
         }
@@ -559,14 +559,14 @@ fn tls_wait(mut tls: MutexGuard<'_, TlsStream>) -> io::Result<()> {
         #[cfg(windows)]
         fd: tcp.as_raw_socket() as _,
         #[cfg(unix)]
-        events: sys::POLLERR,
+        events: sys::POLLERR | sys::POLLIN,
         #[cfg(windows)]
-        events: 0,
+        events: sys::POLLIN,
         revents: 0,
     };
-    if session.wants_read() {
-        pollfd.events |= sys::POLLIN;
-    }
+    // Always woken by incoming bytes, a FIN or a reset (choria-provisioner patch): upstream
+    // asked for POLLIN only while rustls wanted to read, so a wait that began when it did not
+    // (after a close_notify) slept through the peer's FIN until another thread wrote.
     if session.wants_write() {
         pollfd.events |= sys::POLLOUT;
     }
