@@ -13,7 +13,8 @@
 //
 // Modified by the choria-provisioner project (see PATCHED.md): the AuthStyle::Combined arm
 // of the CONNECT below; a TLS stream ends on the peer's close_notify, and its waits are woken
-// by incoming bytes, a FIN or a reset.
+// by incoming bytes, a FIN or a reset; a connected socket's writes are bounded by the ping
+// interval.
 
 use lazy_static::__Deref;
 use parking_lot::{Mutex, MutexGuard};
@@ -395,6 +396,8 @@ impl Connector {
             }
         }
 
+        // Connected: each write at most a ping interval (choria-provisioner patch).
+        stream.set_write_timeout(Some(self.options.ping_interval))?;
         Ok((server_info, stream))
     }
 }
