@@ -13,7 +13,7 @@
 //
 // Modified by the choria-provisioner project (see PATCHED.md): AuthStyle::Combined and
 // Options::with_combined_auth send user and password, a token, and a JWT with the signed
-// server nonce in one CONNECT; Options::ping_interval.
+// server nonce in one CONNECT; Options::ping_interval and Options::connect_timeout.
 
 use std::cmp;
 use std::convert::TryInto;
@@ -44,6 +44,7 @@ pub struct Options {
     pub(crate) client_key: Option<PathBuf>,
     pub(crate) tls_client_config: Option<crate::rustls::ClientConfig>,
     pub(crate) ping_interval: Duration,
+    pub(crate) connect_timeout: Option<Duration>,
 
     pub(crate) error_callback: ErrorCallback,
     pub(crate) disconnect_callback: Callback,
@@ -68,6 +69,7 @@ impl fmt::Debug for Options {
             .entry(&"client_key", &self.client_key)
             .entry(&"tls_client_config", &"XXXXXXXX")
             .entry(&"ping_interval", &self.ping_interval)
+            .entry(&"connect_timeout", &self.connect_timeout)
             .entry(&"error_callback", &self.error_callback)
             .entry(&"disconnect_callback", &self.disconnect_callback)
             .entry(&"reconnect_callback", &self.reconnect_callback)
@@ -99,6 +101,7 @@ impl Default for Options {
             lame_duck_callback: Callback(None),
             tls_client_config: None,
             ping_interval: DEFAULT_PING_INTERVAL,
+            connect_timeout: None,
         }
     }
 }
@@ -499,6 +502,15 @@ impl Options {
     /// server that stopped reading gives up and the connection is re-established.
     pub fn ping_interval(mut self, interval: Duration) -> Options {
         self.ping_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Bounds each connection attempt, from the TCP connect through TLS, INFO, CONNECT and the
+    /// first PONG (choria-provisioner patch, see PATCHED.md; default: unbounded). A server that
+    /// accepts connections but does not answer (stopped, overloaded) then fails the attempt,
+    /// and the next server or attempt is tried.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Options {
+        self.connect_timeout = Some(timeout);
         self
     }
 
