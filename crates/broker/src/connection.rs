@@ -15,6 +15,11 @@
 //! - `nats::connect` sleeps 0–1 s of jitter before the first attempt; our reconnect delay
 //!   callback makes the first attempt immediate and keeps a backoff for later ones.
 //!
+//! The vendored crate is patched (`vendor/nats/PATCHED.md`) so the link notices every way it
+//! ends: a TLS close, an EOF or a reset at once, a broker that stops answering within two of
+//! go-choria's 30 s PING intervals ([`PING_INTERVAL`]), and each connection attempt gives up
+//! after [`CONNECT_LIMIT`]. [`Connection::reconnects`] tells the daemon when the link is back.
+//!
 //! Besides routed replies the connection offers plain subscriptions, a multi-subscription
 //! [`Inbox`] (the simulator's many per-node subjects), and [`Connection::request`]: a request
 //! with headers whose answer comes back on a lazily made `_INBOX.<random>.*` subscription,
@@ -51,6 +56,17 @@ const CLOSE_LIMIT: Duration = Duration::from_secs(5);
 
 /// Bound on one prompt flush (a PING/PONG round trip on a healthy link).
 const PROMPT_FLUSH_LIMIT: Duration = Duration::from_secs(2);
+
+/// go-choria's client PING interval (choria/connection.go, Connect:
+/// `nats.PingInterval(30*time.Second)`); the crate's own is 2 minutes. A broker that stops
+/// answering (stopped, its host stalled) is noticed within two of these.
+pub const PING_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Bound on one connection attempt: TCP connect, TLS, INFO, CONNECT and the first PONG
+/// (go-choria's is `plugin.choria.network.connect_timeout`, 2 s by default, which we do not
+/// read; this leaves room for a loaded broker). Without it an attempt on a broker that accepts
+/// but does not answer waits until it does.
+pub const CONNECT_LIMIT: Duration = Duration::from_secs(5);
 
 /// TLS client files for the broker connection.
 #[derive(Clone, Debug, PartialEq)]
@@ -407,6 +423,10 @@ pub struct ConnectOptions {
     /// Subscribe to our reply subjects and route replies to [`Connection::expect_replies`]
     /// callers. Off for a connection that never sends requests (the simulator's nodes).
     pub reply_routing: bool,
+    /// How often the crate PINGs the broker; a PING unanswered for one interval, with nothing
+    /// else heard meanwhile, drops the link and the crate reconnects. [`PING_INTERVAL`]
+    /// unless a test wants a frozen broker noticed sooner.
+    pub ping_interval: Duration,
 }
 
 impl Default for ConnectOptions {
@@ -414,6 +434,7 @@ impl Default for ConnectOptions {
         ConnectOptions {
             prompt_flush: true,
             reply_routing: true,
+            ping_interval: PING_INTERVAL,
         }
     }
 }
@@ -570,6 +591,8 @@ impl Connection {
         let closing_seen = closing.clone();
         options = options
             .with_name(name)
+            .ping_interval(tuning.ping_interval)
+            .connect_timeout(CONNECT_LIMIT)
             .max_reconnects(None)
             .reconnect_delay_callback(reconnect_delay)
             .disconnect_callback(move || {
@@ -919,6 +942,14 @@ impl Connection {
     /// Times the link dropped since the connection was made.
     pub fn link_drops(&self) -> u64 {
         self.inner.link.drops()
+    }
+
+    /// A channel that receives `()` after each reconnect from now on (not the first connect),
+    /// once the crate has sent every subscription again: a discovery published after it is
+    /// answered to subscriptions the broker already has. Reconnects the reader has not taken
+    /// yet coalesce into one. Each call makes its own channel.
+    pub fn reconnects(&self) -> Receiver<()> {
+        self.inner.link.reconnects()
     }
 
     /// A watch on the link as it is now: [`LinkWatch::lost`] disconnects when it drops

@@ -9,10 +9,16 @@
 //! "lost" even after the link is back: the request it guards went out on the old link.
 //!
 //! The `nats` crate reports both edges through its disconnect and reconnect callbacks.
+//!
+//! A reconnect is also news for the fleet: startup events published while we were away were
+//! never delivered to us. [`Rediscovery`] asks for a discovery after each reconnect, spaced
+//! so a flapping link does not broadcast to the whole fleet at every flap.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError};
+use crossbeam_channel::{bounded, select, Receiver, Sender, TryRecvError, TrySendError};
 use parking_lot::Mutex;
 
 use crate::gate::Never;
@@ -24,6 +30,8 @@ pub(crate) struct Link {
     /// Times the link dropped since the connection was made.
     drops: AtomicU64,
     signals: Mutex<Signals>,
+    /// One slot each, told of every reconnect ([`Link::reconnects`]).
+    reconnect_watchers: Mutex<Vec<Sender<()>>>,
 }
 
 #[derive(Debug)]
@@ -65,6 +73,7 @@ impl Link {
             up: AtomicBool::new(up),
             drops: AtomicU64::new(0),
             signals: Mutex::new(signals),
+            reconnect_watchers: Mutex::new(Vec::new()),
         }
     }
 
@@ -90,7 +99,8 @@ impl Link {
         }
     }
 
-    /// The link is back: wakes every wait for it. Repeats are no-ops.
+    /// The link is back: wakes every wait for it and tells every reconnect watcher. Repeats
+    /// are no-ops.
     pub(crate) fn back(&self) {
         let mut signals = self.signals.lock();
         signals.down = None;
@@ -99,7 +109,19 @@ impl Link {
             let (tx, rx) = bounded::<Never>(0);
             signals.up = Some(tx);
             signals.up_rx = rx;
+            drop(signals);
+            // A full slot already holds an untaken reconnect; a gone watcher is forgotten.
+            self.reconnect_watchers.lock().retain(|watcher| {
+                !matches!(watcher.try_send(()), Err(TrySendError::Disconnected(_)))
+            });
         }
+    }
+
+    /// A channel that receives `()` at each reconnect from now on; untaken ones coalesce.
+    pub(crate) fn reconnects(&self) -> Receiver<()> {
+        let (tx, rx) = bounded::<()>(1);
+        self.reconnect_watchers.lock().push(tx);
+        rx
     }
 
     /// A watch on the current connected period (already lost if the link is down now).
@@ -133,10 +155,122 @@ impl LinkWatch {
     }
 }
 
+/// The least time between two discoveries asked for by reconnects.
+pub const REDISCOVERY_GAP: Duration = Duration::from_secs(10);
+
+/// When reconnects ask for a discovery: at once, unless the last ask was within the gap;
+/// then once when the gap is over, however many reconnects came in it. So no reconnect goes
+/// without a discovery after it, and a flapping link costs one broadcast per gap.
+#[derive(Debug)]
+struct Spacing {
+    gap: Duration,
+    last: Option<Instant>,
+    due: Option<Instant>,
+}
+
+impl Spacing {
+    fn new(gap: Duration) -> Spacing {
+        Spacing {
+            gap,
+            last: None,
+            due: None,
+        }
+    }
+
+    /// The link came back at `now`.
+    fn reconnected(&mut self, now: Instant) {
+        if self.due.is_none() {
+            let earliest = self.last.map_or(now, |last| last + self.gap);
+            self.due = Some(earliest.max(now));
+        }
+    }
+
+    /// When the next ask is due, if one is.
+    fn due(&self) -> Option<Instant> {
+        self.due
+    }
+
+    /// The ask went out at `now`.
+    fn asked(&mut self, now: Instant) {
+        self.last = Some(now);
+        self.due = None;
+    }
+}
+
+/// The thread that turns reconnects into discoveries: after each reconnect (the crate has
+/// sent every subscription again by then, the lifecycle listener's among them) it asks for a
+/// discovery through `trigger`, at most once per `gap` (see `Spacing`).
+pub struct Rediscovery {
+    stop_signal: Option<Sender<Never>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Rediscovery {
+    /// Starts the `rediscovery` thread on `reconnects` (from
+    /// [`crate::connection::Connection::reconnects`]); `trigger` asks for a discovery (the
+    /// fleet's one-slot trigger: an ask while one is pending is the same ask).
+    pub fn start(
+        reconnects: Receiver<()>,
+        trigger: Sender<()>,
+        gap: Duration,
+    ) -> std::io::Result<Rediscovery> {
+        let (stop_signal, stopped) = bounded::<Never>(0);
+        let thread = std::thread::Builder::new()
+            .name("rediscovery".into())
+            .spawn(move || rediscover(&reconnects, &trigger, &stopped, gap))?;
+        Ok(Rediscovery {
+            stop_signal: Some(stop_signal),
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread and joins it (it wakes at once).
+    pub fn stop(mut self) {
+        self.stop_signal.take();
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                log::error!("the rediscovery thread panicked");
+            }
+        }
+    }
+}
+
+fn rediscover(
+    reconnects: &Receiver<()>,
+    trigger: &Sender<()>,
+    stopped: &Receiver<Never>,
+    gap: Duration,
+) {
+    let mut spacing = Spacing::new(gap);
+    loop {
+        let timer = match spacing.due() {
+            Some(at) => crossbeam_channel::at(at),
+            None => crossbeam_channel::never(),
+        };
+        select! {
+            recv(reconnects) -> edge => match edge {
+                Ok(()) => spacing.reconnected(Instant::now()),
+                // The connection is gone: no reconnect can come.
+                Err(_) => return,
+            },
+            recv(timer) -> _ => {
+                spacing.asked(Instant::now());
+                match trigger.try_send(()) {
+                    Ok(()) | Err(TrySendError::Full(())) => log::info!(
+                        "the broker link is back: discovering now, as startup events sent while \
+                         it was down never reached us"
+                    ),
+                    Err(TrySendError::Disconnected(())) => return,
+                }
+            },
+            recv(stopped) -> _ => return,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn a_watch_sees_the_drop_of_its_own_period_only() {
@@ -183,5 +317,95 @@ mod tests {
         let ended = watch.lost().recv_timeout(Duration::from_secs(60));
         assert!(ended.is_err_and(|e| e.is_disconnected()));
         thread.join().unwrap();
+    }
+
+    #[test]
+    fn reconnects_ask_for_a_discovery_at_once_then_at_most_once_a_gap() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut spacing = Spacing::new(Duration::from_secs(10));
+        assert_eq!(spacing.due(), None, "nothing to ask before a reconnect");
+        spacing.reconnected(at(0));
+        assert_eq!(
+            spacing.due(),
+            Some(at(0)),
+            "the first reconnect asks at once"
+        );
+        spacing.asked(at(5));
+        spacing.reconnected(at(2_000));
+        assert_eq!(
+            spacing.due(),
+            Some(at(10_005)),
+            "a flap within the gap waits for its end"
+        );
+        spacing.reconnected(at(3_000));
+        spacing.reconnected(at(9_000));
+        assert_eq!(
+            spacing.due(),
+            Some(at(10_005)),
+            "more flaps in the same gap are the same ask"
+        );
+        spacing.asked(at(10_005));
+        assert_eq!(spacing.due(), None);
+        spacing.reconnected(at(25_000));
+        assert_eq!(
+            spacing.due(),
+            Some(at(25_000)),
+            "after a quiet gap, at once again"
+        );
+    }
+
+    #[test]
+    fn reconnect_watchers_hear_each_reconnect_but_not_the_first_connect() {
+        let link = Link::new(false);
+        let early = link.reconnects();
+        // The first connection: a watcher made after it hears only what follows.
+        link.back();
+        let watcher = link.reconnects();
+        assert_eq!(watcher.try_recv(), Err(TryRecvError::Empty));
+        link.lost();
+        link.back();
+        link.back();
+        assert_eq!(watcher.try_recv(), Ok(()), "one reconnect, one message");
+        assert_eq!(
+            watcher.try_recv(),
+            Err(TryRecvError::Empty),
+            "a repeated back is no reconnect"
+        );
+        link.lost();
+        link.back();
+        link.lost();
+        link.back();
+        assert_eq!(watcher.try_recv(), Ok(()), "untaken reconnects coalesce");
+        assert_eq!(watcher.try_recv(), Err(TryRecvError::Empty));
+        assert_eq!(early.try_recv(), Ok(()), "every watcher is told");
+        drop(watcher);
+        drop(early);
+        link.lost();
+        link.back();
+        assert!(
+            link.reconnect_watchers.lock().is_empty(),
+            "gone watchers are forgotten"
+        );
+    }
+
+    #[test]
+    fn the_rediscovery_thread_asks_after_a_reconnect_and_spaces_the_next() {
+        let (edges, reconnects) = bounded::<()>(1);
+        let (trigger, triggered) = bounded::<()>(1);
+        let rediscovery =
+            Rediscovery::start(reconnects, trigger, Duration::from_secs(3600)).unwrap();
+        edges.send(()).unwrap();
+        assert_eq!(
+            triggered.recv_timeout(Duration::from_secs(30)),
+            Ok(()),
+            "a reconnect asks for a discovery"
+        );
+        edges.send(()).unwrap();
+        // Within an hour's gap no second ask can come.
+        assert!(triggered
+            .recv_timeout(Duration::from_millis(300))
+            .is_err_and(|e| e.is_timeout()));
+        rediscovery.stop();
     }
 }
