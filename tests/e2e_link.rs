@@ -19,6 +19,7 @@ use choria_testkit::harness as support;
 
 use std::time::{Duration, Instant};
 
+use choria_broker::election::{BucketAdmin, DEFAULT_BUCKET};
 use choria_testkit::pki::TestPki;
 use support::*;
 
@@ -155,4 +156,122 @@ fn nodes_booted_after_each_way_the_broker_goes_are_provisioned_over_plain_tcp() 
 #[test]
 fn nodes_booted_after_each_way_the_broker_goes_are_provisioned_over_tls() {
     nodes_booted_after_each_way_the_broker_goes_are_provisioned(true);
+}
+
+/// The election bucket's TTL for the frozen-broker scenario: the lease is TTL − 2 s − 0.5 s.
+const ELECTION_TTL: Duration = Duration::from_secs(10);
+/// Less than the lease that follows a keep-alive (7.5 s), with room for the next one's
+/// interval (up to 0.75 s) and a loaded box.
+const ELECTION_FREEZE: Duration = Duration::from_secs(4);
+
+/// Working leader: elected and resumed.
+fn is_working_leader(metrics: &Metrics) -> bool {
+    metrics.total("choria_election_leader") == Some(1.0)
+        && metrics.total("choria_provisioner_paused") == Some(0.0)
+}
+
+/// A broker frozen (SIGSTOP) for less than the leader's lease: the keep-alive in flight is
+/// answered after the thaw, and the leader keeps leading and working (nodes booted after the
+/// thaw are provisioned by it), the standby never leads. Before, the keep-alive gave up after
+/// 2 s and the leader stood down with its lease still valid, and nobody could lead until its
+/// own key expired.
+#[test]
+fn a_leader_on_a_broker_frozen_for_less_than_its_lease_keeps_leading_and_working() {
+    let world = World::new();
+    BucketAdmin::connect(&world.broker.url(), None, "$JS.API")
+        .expect("admin connects")
+        .create_bucket(DEFAULT_BUCKET, ELECTION_TTL)
+        .expect("election bucket created");
+    let helper = world.write_executable("helper.sh", HELPER);
+    let member = |identity: &str| {
+        Provisioner::start(
+            &world,
+            ProvisionerSetup {
+                identity: identity.to_string(),
+                yaml: format!(
+                    "workers: 4\nhelper: {helper}\nrelease_delay: 10s\nleader_election: true\n\
+                     leader_election_api_prefix: \"$JS.API\"\n"
+                ),
+                ..Default::default()
+            },
+        )
+    };
+    let members = [
+        member("leader-a.e2e.example.net"),
+        member("leader-b.e2e.example.net"),
+    ];
+    let logs = || {
+        members
+            .iter()
+            .map(Provisioner::logs)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let leader = wait_for(
+        "one working leader",
+        PATIENCE,
+        || {
+            let working: Vec<usize> = (0..members.len())
+                .filter(|&i| {
+                    members[i]
+                        .try_metrics()
+                        .is_ok_and(|m| is_working_leader(&m))
+                })
+                .collect();
+            (working.len() == 1).then(|| working[0])
+        },
+        logs,
+    );
+    let standby = 1 - leader;
+    let lost = |member: &Provisioner| member.log().matches("lost the leader election").count();
+    world.broker.freeze();
+    std::thread::sleep(ELECTION_FREEZE);
+    world.broker.thaw();
+    let fleet = Sim::start(
+        &world,
+        &[
+            "--nodes",
+            &NODES.to_string(),
+            "--exit-when-done",
+            "--deadline",
+            "90s",
+            "--keygen-threads",
+            "0",
+        ],
+    );
+    let report = fleet.wait_within(PROVISIONED_WITHIN + Duration::from_secs(30), logs);
+    let context = logs();
+    assert_eq!(report.exit_reason, "done", "{context}");
+    assert_eq!(report.totals.in_service, NODES, "{context}");
+    assert_eq!(report.totals.duplicates, 0, "{context}");
+    let leader_caller = members[leader].caller();
+    for node in &report.nodes {
+        assert_provisioned_once(node);
+        assert!(
+            node.record
+                .actions
+                .iter()
+                .all(|a| a.caller == leader_caller),
+            "{}: provisioned by someone other than the leader\n{context}",
+            node.identity
+        );
+    }
+    assert_eq!(
+        lost(&members[leader]),
+        0,
+        "the leader stood down\n{context}"
+    );
+    assert!(
+        !members[standby].log().contains("now leader of"),
+        "the standby led\n{context}"
+    );
+    assert!(
+        members[leader]
+            .try_metrics()
+            .is_ok_and(|m| is_working_leader(&m)),
+        "{context}"
+    );
+    for member in members {
+        member.stop();
+    }
 }

@@ -990,6 +990,34 @@ impl Connection {
         body: &[u8],
         timeout: Duration,
     ) -> Result<Vec<u8>, RequestError> {
+        let pending = self.send_request(subject, headers, body)?;
+        let waiter = &pending.waiter;
+        let timer = crossbeam_channel::after(timeout);
+        let answer = select! {
+            recv(waiter.replies) -> answer => answer.ok(),
+            // Its answer cannot come back on a link that dropped: fail now, not at the timeout.
+            recv(waiter.link.lost()) -> _ => match waiter.replies.try_recv() {
+                Ok(answer) => Some(answer),
+                Err(_) => return Err(RequestError::Disconnected),
+            },
+            recv(timer) -> _ => None,
+        };
+        match answer {
+            Some(answer) => answer.result(),
+            None => Err(RequestError::Timeout),
+        }
+    }
+
+    /// As [`Connection::request`], but returns once the request is published, with the
+    /// [`PendingRequest`] its one answer arrives on, for a caller that waits in its own
+    /// `select!` and decides itself what a dropped link means (the election's keep-alive
+    /// waits as long as its lease lasts). Refused, with nothing sent, while the link is down.
+    pub fn send_request(
+        &self,
+        subject: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<PendingRequest, RequestError> {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(RequestError::Transport(ConnectionError::Closed.to_string()));
         }
@@ -1001,11 +1029,14 @@ impl Connection {
         let id = v1::new_request_id();
         let reply_to = format!("{prefix}{id}");
         let (tx, rx) = bounded(1);
-        let route: Route = Arc::new(move |delivery: Delivery| match tx.try_send(delivery) {
-            Ok(()) => Routed::Queued,
-            Err(TrySendError::Full(_)) => Routed::Full,
-            Err(TrySendError::Disconnected(_)) => Routed::Gone,
-        });
+        let route: Route =
+            Arc::new(
+                move |delivery: Delivery| match tx.try_send(Answer(delivery)) {
+                    Ok(()) => Routed::Queued,
+                    Err(TrySendError::Full(_)) => Routed::Full,
+                    Err(TrySendError::Disconnected(_)) => Routed::Gone,
+                },
+            );
         let link = self.inner.link.watch();
         if link.is_lost() {
             return Err(RequestError::Disconnected);
@@ -1031,21 +1062,12 @@ impl Connection {
             .publish_with_reply_or_headers(subject, Some(&reply_to), header_map.as_ref(), body)
             .map_err(|e| RequestError::Transport(e.to_string()))?;
         self.inner.kick_flush();
-        let timer = crossbeam_channel::after(timeout);
-        let answer = select! {
-            recv(waiter.replies) -> delivery => delivery.ok(),
-            // Its answer cannot come back on a link that dropped: fail now, not at the timeout.
-            recv(waiter.link.lost()) -> _ => match waiter.replies.try_recv() {
-                Ok(delivery) => Some(delivery),
-                Err(_) => return Err(RequestError::Disconnected),
-            },
-            recv(timer) -> _ => None,
-        };
-        match answer {
-            Some(delivery) if delivery.no_responders => Err(RequestError::NoResponders),
-            Some(delivery) => Ok(delivery.data),
-            None => Err(RequestError::Timeout),
-        }
+        Ok(PendingRequest { waiter })
+    }
+
+    /// Disconnects when the link is up (at once if it is up now).
+    pub(crate) fn link_back(&self) -> Receiver<Never> {
+        self.inner.link.back_signal()
     }
 
     /// Our `_INBOX.<random>.` prefix, subscribed (with its dispatcher thread) on first use.
@@ -1313,6 +1335,39 @@ fn prompt_flush(inner: &Inner, wanted: Receiver<()>) {
                 }
             },
             recv(inner.closed) -> _ => break,
+        }
+    }
+}
+
+/// A request sent by [`Connection::send_request`], still registered for its answer (dropping
+/// it unregisters).
+pub struct PendingRequest {
+    waiter: ReplyWaiter<Answer>,
+}
+
+impl PendingRequest {
+    /// Where the one answer arrives.
+    pub fn answers(&self) -> &Receiver<Answer> {
+        &self.waiter.replies
+    }
+
+    /// Whether the link the request went out on has dropped since (its answer may still come
+    /// if the request waited in the crate's reconnect buffer and went out after the reconnect).
+    pub fn link_lost(&self) -> bool {
+        self.waiter.link_lost()
+    }
+}
+
+/// The answer to a [`PendingRequest`].
+pub struct Answer(Delivery);
+
+impl Answer {
+    /// The answer's payload, or the broker's "no responders".
+    pub fn result(self) -> Result<Vec<u8>, RequestError> {
+        if self.0.no_responders {
+            Err(RequestError::NoResponders)
+        } else {
+            Ok(self.0.data)
         }
     }
 }
