@@ -14,7 +14,7 @@ use choria_broker::connection::{Connection, ConnectionError};
 use choria_broker::discovery::Discovery;
 use choria_broker::election::{Election, ElectionEvent, ElectionSettings};
 use choria_broker::gate::Gate;
-use choria_broker::link::{Rediscovery, REDISCOVERY_GAP};
+use choria_broker::link::{Rediscovery, REDISCOVERY_FOLLOW_UP, REDISCOVERY_GAP};
 use choria_broker::listener::{EventListener, NodeHandler};
 use choria_broker::rpc::RpcClient;
 
@@ -377,9 +377,14 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     .map_err(DaemonError::Listener)?;
     health.set_subscribed(true);
     // Startup events sent while the link was down never reached us: each reconnect asks for a
-    // discovery (spaced, so a flapping link does not broadcast at every flap).
-    let rediscovery = Rediscovery::start(conn.reconnects(), threads.trigger(), REDISCOVERY_GAP)
-        .map_err(DaemonError::Threads)?;
+    // discovery, and a follow-up (spaced, so a flapping link does not broadcast at every flap).
+    let rediscovery = Rediscovery::start(
+        conn.reconnects(),
+        threads.trigger(),
+        REDISCOVERY_GAP,
+        REDISCOVERY_FOLLOW_UP,
+    )
+    .map_err(DaemonError::Threads)?;
     // Our startup event, and the watch for another process announcing our identity (which
     // would defeat the nodes' locks and the election alike).
     let twins = match TwinWatch::start(&conn, &settings.identity, env!("CARGO_PKG_VERSION")) {

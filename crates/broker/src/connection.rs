@@ -944,6 +944,12 @@ impl Connection {
         self.inner.link.drops()
     }
 
+    /// Whether the link came back after a drop less than `window` ago (the fleet may still be
+    /// reconnecting: see [`crate::link::FLEET_RETURN`]).
+    pub fn reconnected_within(&self, window: Duration) -> bool {
+        self.inner.link.reconnected_within(window)
+    }
+
     /// A channel that receives `()` after each reconnect from now on (not the first connect),
     /// once the crate has sent every subscription again: a discovery published after it is
     /// answered to subscriptions the broker already has. Reconnects the reader has not taken

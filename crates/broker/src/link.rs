@@ -11,8 +11,11 @@
 //! The `nats` crate reports both edges through its disconnect and reconnect callbacks.
 //!
 //! A reconnect is also news for the fleet: startup events published while we were away were
-//! never delivered to us. [`Rediscovery`] asks for a discovery after each reconnect, spaced
-//! so a flapping link does not broadcast to the whole fleet at every flap.
+//! never delivered to us, and nodes come back on the broker over the following seconds, on
+//! their own schedules. [`Rediscovery`] asks for a discovery at once after a reconnect and once
+//! more a few seconds later, spaced so a flapping link does not broadcast to the whole fleet
+//! at every flap; and for [`FLEET_RETURN`] after a reconnect a request that gets no answer is
+//! sent again sooner than its try's timeout ([`Link::reconnected_within`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -32,6 +35,8 @@ pub(crate) struct Link {
     signals: Mutex<Signals>,
     /// One slot each, told of every reconnect ([`Link::reconnects`]).
     reconnect_watchers: Mutex<Vec<Sender<()>>>,
+    /// When the link last came back after a drop.
+    reconnected_at: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug)]
@@ -74,6 +79,7 @@ impl Link {
             drops: AtomicU64::new(0),
             signals: Mutex::new(signals),
             reconnect_watchers: Mutex::new(Vec::new()),
+            reconnected_at: Mutex::new(None),
         }
     }
 
@@ -110,11 +116,21 @@ impl Link {
             signals.up = Some(tx);
             signals.up_rx = rx;
             drop(signals);
+            if self.drops() > 0 {
+                *self.reconnected_at.lock() = Some(Instant::now());
+            }
             // A full slot already holds an untaken reconnect; a gone watcher is forgotten.
             self.reconnect_watchers.lock().retain(|watcher| {
                 !matches!(watcher.try_send(()), Err(TrySendError::Disconnected(_)))
             });
         }
+    }
+
+    /// Whether the link came back after a drop less than `window` ago.
+    pub(crate) fn reconnected_within(&self, window: Duration) -> bool {
+        self.reconnected_at
+            .lock()
+            .is_some_and(|at| at.elapsed() < window)
     }
 
     /// A channel that receives `()` at each reconnect from now on; untaken ones coalesce.
@@ -155,45 +171,72 @@ impl LinkWatch {
     }
 }
 
-/// The least time between two discoveries asked for by reconnects.
+/// The least time between two discoveries asked for by reconnects, but for the follow-up.
 pub const REDISCOVERY_GAP: Duration = Duration::from_secs(10);
 
-/// When reconnects ask for a discovery: at once, unless the last ask was within the gap;
-/// then once when the gap is over, however many reconnects came in it. So no reconnect goes
-/// without a discovery after it, and a flapping link costs one broadcast per gap.
+/// How long after the discovery a reconnect asked for the second one goes out: nodes whose
+/// startup events went into a dead socket before they noticed the broker was gone come back
+/// on the broker over the seconds after we do, and only a discovery finds them.
+pub const REDISCOVERY_FOLLOW_UP: Duration = Duration::from_secs(5);
+
+/// How long after a reconnect the fleet may still be reconnecting: a request that gets no
+/// answer in that time may have gone to a node not back on the broker yet, so the RPC client
+/// sends it again on the FiveSec steps instead of waiting out the try.
+pub const FLEET_RETURN: Duration = Duration::from_secs(10);
+
+/// When reconnects ask for a discovery: at once (unless the last ask was within the gap, then
+/// at its end), and once more [`REDISCOVERY_FOLLOW_UP`] later; reconnects meanwhile are served
+/// by that follow-up and by one more a gap after it. So every reconnect is followed by an ask
+/// at or after it and by another some seconds later, and a flapping link costs one broadcast
+/// a gap.
 #[derive(Debug)]
 struct Spacing {
     gap: Duration,
+    follow_up: Duration,
     last: Option<Instant>,
-    due: Option<Instant>,
+    /// The next ask, and whether it is a follow-up.
+    due: Option<(Instant, bool)>,
+    /// A reconnect came since the last ask was scheduled: another ask must follow it.
+    again: bool,
 }
 
 impl Spacing {
-    fn new(gap: Duration) -> Spacing {
+    fn new(gap: Duration, follow_up: Duration) -> Spacing {
         Spacing {
             gap,
+            follow_up,
             last: None,
             due: None,
+            again: false,
         }
     }
 
     /// The link came back at `now`.
     fn reconnected(&mut self, now: Instant) {
+        self.again = true;
         if self.due.is_none() {
             let earliest = self.last.map_or(now, |last| last + self.gap);
-            self.due = Some(earliest.max(now));
+            self.due = Some((earliest.max(now), false));
         }
     }
 
     /// When the next ask is due, if one is.
     fn due(&self) -> Option<Instant> {
-        self.due
+        self.due.map(|(at, _)| at)
     }
 
     /// The ask went out at `now`.
     fn asked(&mut self, now: Instant) {
         self.last = Some(now);
-        self.due = None;
+        let was_follow_up = self.due.take().is_some_and(|(_, follow_up)| follow_up);
+        if std::mem::take(&mut self.again) {
+            let after = if was_follow_up {
+                self.gap
+            } else {
+                self.follow_up
+            };
+            self.due = Some((now + after, true));
+        }
     }
 }
 
@@ -208,16 +251,19 @@ pub struct Rediscovery {
 impl Rediscovery {
     /// Starts the `rediscovery` thread on `reconnects` (from
     /// [`crate::connection::Connection::reconnects`]); `trigger` asks for a discovery (the
-    /// fleet's one-slot trigger: an ask while one is pending is the same ask).
+    /// fleet's one-slot trigger: an ask while one is pending is the same ask). The daemon
+    /// passes [`REDISCOVERY_GAP`] and [`REDISCOVERY_FOLLOW_UP`].
     pub fn start(
         reconnects: Receiver<()>,
         trigger: Sender<()>,
         gap: Duration,
+        follow_up: Duration,
     ) -> std::io::Result<Rediscovery> {
         let (stop_signal, stopped) = bounded::<Never>(0);
+        let spacing = Spacing::new(gap, follow_up);
         let thread = std::thread::Builder::new()
             .name("rediscovery".into())
-            .spawn(move || rediscover(&reconnects, &trigger, &stopped, gap))?;
+            .spawn(move || rediscover(&reconnects, &trigger, &stopped, spacing))?;
         Ok(Rediscovery {
             stop_signal: Some(stop_signal),
             thread: Some(thread),
@@ -239,9 +285,8 @@ fn rediscover(
     reconnects: &Receiver<()>,
     trigger: &Sender<()>,
     stopped: &Receiver<Never>,
-    gap: Duration,
+    mut spacing: Spacing,
 ) {
-    let mut spacing = Spacing::new(gap);
     loop {
         let timer = match spacing.due() {
             Some(at) => crossbeam_channel::at(at),
@@ -258,7 +303,8 @@ fn rediscover(
                 match trigger.try_send(()) {
                     Ok(()) | Err(TrySendError::Full(())) => log::info!(
                         "the broker link is back: discovering now, as startup events sent while \
-                         it was down never reached us"
+                         it was down never reached us (and again in a moment, for nodes not back \
+                         on the broker yet)"
                     ),
                     Err(TrySendError::Disconnected(())) => return,
                 }
@@ -320,37 +366,48 @@ mod tests {
     }
 
     #[test]
-    fn reconnects_ask_for_a_discovery_at_once_then_at_most_once_a_gap() {
+    fn a_reconnect_asks_at_once_and_again_later_and_flaps_cost_one_ask_a_gap() {
         let start = Instant::now();
         let at = |ms: u64| start + Duration::from_millis(ms);
-        let mut spacing = Spacing::new(Duration::from_secs(10));
+        let mut spacing = Spacing::new(Duration::from_secs(10), Duration::from_secs(5));
         assert_eq!(spacing.due(), None, "nothing to ask before a reconnect");
         spacing.reconnected(at(0));
-        assert_eq!(
-            spacing.due(),
-            Some(at(0)),
-            "the first reconnect asks at once"
-        );
+        assert_eq!(spacing.due(), Some(at(0)), "a reconnect asks at once");
         spacing.asked(at(5));
-        spacing.reconnected(at(2_000));
         assert_eq!(
             spacing.due(),
-            Some(at(10_005)),
-            "a flap within the gap waits for its end"
+            Some(at(5_005)),
+            "and once more a follow-up later"
         );
-        spacing.reconnected(at(3_000));
+        spacing.asked(at(5_005));
+        assert_eq!(spacing.due(), None, "two asks for one reconnect");
+
+        // A flap in the gap after the follow-up: its first ask waits for the gap's end.
+        spacing.reconnected(at(8_000));
+        assert_eq!(spacing.due(), Some(at(15_005)));
         spacing.reconnected(at(9_000));
+        spacing.reconnected(at(14_000));
+        assert_eq!(spacing.due(), Some(at(15_005)), "more flaps, the same ask");
+        spacing.asked(at(15_005));
+        assert_eq!(spacing.due(), Some(at(20_005)), "its follow-up");
+        // Flapping on: a reconnect before every ask costs one ask a gap after the follow-up.
+        spacing.reconnected(at(17_000));
+        spacing.asked(at(20_005));
         assert_eq!(
             spacing.due(),
-            Some(at(10_005)),
-            "more flaps in the same gap are the same ask"
+            Some(at(30_005)),
+            "after a follow-up, the gap, not another follow-up"
         );
-        spacing.asked(at(10_005));
-        assert_eq!(spacing.due(), None);
         spacing.reconnected(at(25_000));
+        spacing.asked(at(30_005));
+        assert_eq!(spacing.due(), Some(at(40_005)));
+        spacing.asked(at(40_005));
+        assert_eq!(spacing.due(), None, "quiet again: no more asks");
+
+        spacing.reconnected(at(90_000));
         assert_eq!(
             spacing.due(),
-            Some(at(25_000)),
+            Some(at(90_000)),
             "after a quiet gap, at once again"
         );
     }
@@ -393,8 +450,13 @@ mod tests {
     fn the_rediscovery_thread_asks_after_a_reconnect_and_spaces_the_next() {
         let (edges, reconnects) = bounded::<()>(1);
         let (trigger, triggered) = bounded::<()>(1);
-        let rediscovery =
-            Rediscovery::start(reconnects, trigger, Duration::from_secs(3600)).unwrap();
+        let rediscovery = Rediscovery::start(
+            reconnects,
+            trigger,
+            Duration::from_secs(3600),
+            Duration::from_secs(3600),
+        )
+        .unwrap();
         edges.send(()).unwrap();
         assert_eq!(
             triggered.recv_timeout(Duration::from_secs(30)),
@@ -402,7 +464,7 @@ mod tests {
             "a reconnect asks for a discovery"
         );
         edges.send(()).unwrap();
-        // Within an hour's gap no second ask can come.
+        // Within an hour's follow-up and gap no second ask can come.
         assert!(triggered
             .recv_timeout(Duration::from_millis(300))
             .is_err_and(|e| e.is_timeout()));
