@@ -510,3 +510,72 @@ fn a_tls_handshake_that_is_never_answered_ends() {
     attempt.join().expect("the attempt thread");
     server.join().expect("the silent server");
 }
+
+/// Just after a reconnect the nodes may not be back on the broker yet (each reconnects on its
+/// own schedule): a request sent to one that is not is lost. Within `link::FLEET_RETURN` of a
+/// reconnect the try sends again on the FiveSec steps, so a node back a moment later is
+/// answered within seconds, not after the try's timeout (a minute here; 21 s for Go's).
+#[test]
+fn a_node_not_back_after_a_reconnect_is_asked_again_within_the_try() {
+    use choria_broker::gate::Gate;
+    use choria_broker::observe::Counts;
+    use choria_broker::rpc::{Action, NodeRpc, RpcClient, RpcOutcome};
+    use choria_testkit::harness::{unix_now, Responder};
+    use choria_wire::identity::Identity;
+    use choria_wire::v1::server;
+
+    let setup = Setup::new(false);
+    let mut broker = setup.broker();
+    let conn = setup.connect(&broker.url(), "link-rpc", PING_INTERVAL);
+    let reconnects = conn.reconnects();
+    broker.stop();
+    broker.start_again().expect("the broker starts again");
+    assert_eq!(reconnects.recv_timeout(PATIENCE), Ok(()), "reconnected");
+
+    let node = "late.link.test";
+    let rpc = RpcClient::new(conn.clone(), Arc::new(Counts::default()))
+        .with_ddl_timeout(Duration::from_secs(60));
+    let (done, outcome) = crossbeam_channel::bounded(1);
+    let caller = std::thread::Builder::new()
+        .name("test-caller".into())
+        .spawn(move || {
+            let identity = Identity::parse(node).expect("identity");
+            let _ = done.send(rpc.call(
+                &identity,
+                &Action::JWT,
+                serde_json::json!({"token": "t"}),
+                &Gate::new(false),
+            ));
+        })
+        .expect("thread");
+    // The node comes back after the first request went out to nobody.
+    std::thread::sleep(Duration::from_millis(1500));
+    let responder = Responder::start(
+        &broker.url(),
+        node,
+        &format!("provisioning.node.{node}"),
+        Box::new(move |request, _| {
+            let body = server::encode_rpc_reply(
+                "jwt",
+                0,
+                "OK",
+                &serde_json::json!({"jwt": "a.b.c", "ecdh_public": "00"}),
+            );
+            vec![server::encode_reply(
+                &request.request_id,
+                node,
+                &request.agent,
+                &body,
+                unix_now(),
+            )]
+        }),
+    );
+    let outcome = outcome
+        .recv_timeout(Duration::from_secs(30))
+        .expect("answered within the try, long before its minute");
+    assert!(matches!(outcome, RpcOutcome::Ok(_)), "{outcome:?}");
+    assert!(!responder.seen().is_empty());
+    caller.join().expect("caller thread");
+    responder.stop();
+    conn.close();
+}
