@@ -20,6 +20,7 @@ use choria_broker::connection::{ConnectSettings, Connection, ConnectionError};
 use choria_broker::discovery::Discovery;
 use choria_broker::election::{Election, ElectionEvent, ElectionSettings};
 use choria_broker::gate::Gate;
+use choria_broker::link::{Rediscovery, REDISCOVERY_FOLLOW_UP, REDISCOVERY_GAP};
 use choria_broker::listener::{EventListener, NodeHandler};
 use choria_broker::rpc::RpcClient;
 
@@ -319,6 +320,7 @@ struct Started {
     helper: Option<Helper>,
     threads: Option<FleetThreads>,
     listener: Option<EventListener>,
+    rediscovery: Option<Rediscovery>,
     twins: Option<TwinWatch>,
     election: Option<Election>,
     election_events: Receiver<ElectionEvent>,
@@ -370,6 +372,7 @@ impl Started {
             helper: None,
             threads: None,
             listener: None,
+            rediscovery: None,
             twins: None,
             election: None,
             election_events: never(),
@@ -542,6 +545,19 @@ impl Started {
         .map_err(DaemonError::Listener)?;
         self.listener = Some(listener);
         self.health.set_subscribed(true);
+        // Startup events sent while the link was down never reached us: each reconnect asks
+        // for a discovery, and a follow-up (spaced, so a flapping link does not broadcast at
+        // every flap).
+        if let Some(trigger) = self.threads.as_ref().map(FleetThreads::trigger) {
+            let rediscovery = Rediscovery::start(
+                conn.reconnects(),
+                trigger,
+                REDISCOVERY_GAP,
+                REDISCOVERY_FOLLOW_UP,
+            )
+            .map_err(DaemonError::Threads)?;
+            self.rediscovery = Some(rediscovery);
+        }
         // Our startup event, and the watch for another process announcing our identity
         // (which would defeat the nodes' locks and the election alike).
         match TwinWatch::start(conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
@@ -610,6 +626,9 @@ impl Started {
         self.gate.stop();
         if let Some(listener) = self.listener.take() {
             listener.stop();
+        }
+        if let Some(rediscovery) = self.rediscovery.take() {
+            rediscovery.stop();
         }
         if let Some(twins) = self.twins.take() {
             twins.stop();

@@ -123,6 +123,7 @@ impl FastFleet {
             ConnectOptions {
                 prompt_flush: true,
                 reply_routing: false,
+                ..ConnectOptions::default()
             },
         )
         .expect("the fast fleet connects");

@@ -15,6 +15,11 @@
 //! - `nats::connect` sleeps 0–1 s of jitter before the first attempt; our reconnect delay
 //!   callback makes the first attempt immediate and keeps a backoff for later ones.
 //!
+//! The vendored crate is patched (`vendor/nats/PATCHED.md`) so the link notices every way it
+//! ends: a TLS close, an EOF or a reset at once, a broker that stops answering within two of
+//! go-choria's 30 s PING intervals ([`PING_INTERVAL`]), and each connection attempt gives up
+//! after [`CONNECT_LIMIT`]. [`Connection::reconnects`] tells the daemon when the link is back.
+//!
 //! Besides routed replies the connection offers plain subscriptions, a multi-subscription
 //! [`Inbox`] (the simulator's many per-node subjects), and [`Connection::request`]: a request
 //! with headers whose answer comes back on a lazily made `_INBOX.<random>.*` subscription,
@@ -61,6 +66,17 @@ const CLOSE_LIMIT: Duration = Duration::from_secs(5);
 
 /// Bound on one prompt flush (a PING/PONG round trip on a healthy link).
 const PROMPT_FLUSH_LIMIT: Duration = Duration::from_secs(2);
+
+/// go-choria's client PING interval (choria/connection.go, Connect:
+/// `nats.PingInterval(30*time.Second)`); the crate's own is 2 minutes. A broker that stops
+/// answering (stopped, its host stalled) is noticed within two of these.
+pub const PING_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Bound on one connection attempt: TCP connect, TLS, INFO, CONNECT and the first PONG
+/// (go-choria's is `plugin.choria.network.connect_timeout`, 2 s by default, which we do not
+/// read; this leaves room for a loaded broker). Without it an attempt on a broker that accepts
+/// but does not answer waits until it does.
+pub const CONNECT_LIMIT: Duration = Duration::from_secs(5);
 
 /// TLS client files for the broker connection.
 #[derive(Clone, Debug, PartialEq)]
@@ -417,6 +433,10 @@ pub struct ConnectOptions {
     /// Subscribe to our reply subjects and route replies to [`Connection::expect_replies`]
     /// callers. Off for a connection that never sends requests (the simulator's nodes).
     pub reply_routing: bool,
+    /// How often the crate PINGs the broker; a PING unanswered for one interval, with nothing
+    /// else heard meanwhile, drops the link and the crate reconnects. [`PING_INTERVAL`]
+    /// unless a test wants a frozen broker noticed sooner.
+    pub ping_interval: Duration,
 }
 
 impl Default for ConnectOptions {
@@ -424,6 +444,7 @@ impl Default for ConnectOptions {
         ConnectOptions {
             prompt_flush: true,
             reply_routing: true,
+            ping_interval: PING_INTERVAL,
         }
     }
 }
@@ -585,6 +606,8 @@ impl Connection {
         let closing_seen = closing.clone();
         options = options
             .with_name(name)
+            .ping_interval(tuning.ping_interval)
+            .connect_timeout(CONNECT_LIMIT)
             .max_reconnects(None)
             .reconnect_delay_callback(reconnect_delay)
             .disconnect_callback(move || {
@@ -974,6 +997,20 @@ impl Connection {
         self.inner.link.drops()
     }
 
+    /// Whether the link came back after a drop less than `window` ago (the fleet may still be
+    /// reconnecting: see [`crate::link::FLEET_RETURN`]).
+    pub fn reconnected_within(&self, window: Duration) -> bool {
+        self.inner.link.reconnected_within(window)
+    }
+
+    /// A channel that receives `()` after each reconnect from now on (not the first connect),
+    /// once the crate has sent every subscription again: a discovery published after it is
+    /// answered to subscriptions the broker already has. Reconnects the reader has not taken
+    /// yet coalesce into one. Each call makes its own channel.
+    pub fn reconnects(&self) -> Receiver<()> {
+        self.inner.link.reconnects()
+    }
+
     /// A watch on the link as it is now: [`LinkWatch::lost`] disconnects when it drops
     /// (already, if it is down now).
     pub fn link_watch(&self) -> LinkWatch {
@@ -1012,6 +1049,34 @@ impl Connection {
         body: &[u8],
         timeout: Duration,
     ) -> Result<Vec<u8>, RequestError> {
+        let pending = self.send_request(subject, headers, body)?;
+        let waiter = &pending.waiter;
+        let timer = crossbeam_channel::after(timeout);
+        let answer = select! {
+            recv(waiter.replies) -> answer => answer.ok(),
+            // Its answer cannot come back on a link that dropped: fail now, not at the timeout.
+            recv(waiter.link.lost()) -> _ => match waiter.replies.try_recv() {
+                Ok(answer) => Some(answer),
+                Err(_) => return Err(RequestError::Disconnected),
+            },
+            recv(timer) -> _ => None,
+        };
+        match answer {
+            Some(answer) => answer.result(),
+            None => Err(RequestError::Timeout),
+        }
+    }
+
+    /// As [`Connection::request`], but returns once the request is published, with the
+    /// [`PendingRequest`] its one answer arrives on, for a caller that waits in its own
+    /// `select!` and decides itself what a dropped link means (the election's keep-alive
+    /// waits as long as its lease lasts). Refused, with nothing sent, while the link is down.
+    pub fn send_request(
+        &self,
+        subject: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<PendingRequest, RequestError> {
         if self.inner.closing.load(Ordering::SeqCst) {
             return Err(RequestError::Transport(ConnectionError::Closed.to_string()));
         }
@@ -1030,7 +1095,7 @@ impl Connection {
                 tally.add(bytes);
                 return Routed::Oversized(bytes);
             }
-            match tx.try_send(delivery) {
+            match tx.try_send(Answer(delivery)) {
                 Ok(()) => Routed::Queued,
                 Err(TrySendError::Full(_)) => Routed::Full,
                 Err(TrySendError::Disconnected(_)) => Routed::Gone,
@@ -1062,21 +1127,12 @@ impl Connection {
             .publish_with_reply_or_headers(subject, Some(&reply_to), header_map.as_ref(), body)
             .map_err(|e| RequestError::Transport(e.to_string()))?;
         self.inner.kick_flush();
-        let timer = crossbeam_channel::after(timeout);
-        let answer = select! {
-            recv(waiter.replies) -> delivery => delivery.ok(),
-            // Its answer cannot come back on a link that dropped: fail now, not at the timeout.
-            recv(waiter.link.lost()) -> _ => match waiter.replies.try_recv() {
-                Ok(delivery) => Some(delivery),
-                Err(_) => return Err(RequestError::Disconnected),
-            },
-            recv(timer) -> _ => None,
-        };
-        match answer {
-            Some(delivery) if delivery.no_responders => Err(RequestError::NoResponders),
-            Some(delivery) => Ok(delivery.data),
-            None => Err(RequestError::Timeout),
-        }
+        Ok(PendingRequest { waiter })
+    }
+
+    /// Disconnects when the link is up (at once if it is up now).
+    pub(crate) fn link_back(&self) -> Receiver<Never> {
+        self.inner.link.back_signal()
     }
 
     /// Our `_INBOX.<random>.` prefix, subscribed (with its dispatcher thread) on first use.
@@ -1437,6 +1493,39 @@ fn prompt_flush(inner: &Inner, wanted: Receiver<()>) {
                 }
             },
             recv(inner.closed) -> _ => break,
+        }
+    }
+}
+
+/// A request sent by [`Connection::send_request`], still registered for its answer (dropping
+/// it unregisters).
+pub struct PendingRequest {
+    waiter: ReplyWaiter<Answer>,
+}
+
+impl PendingRequest {
+    /// Where the one answer arrives.
+    pub fn answers(&self) -> &Receiver<Answer> {
+        &self.waiter.replies
+    }
+
+    /// Whether the link the request went out on has dropped since (its answer may still come
+    /// if the request waited in the crate's reconnect buffer and went out after the reconnect).
+    pub fn link_lost(&self) -> bool {
+        self.waiter.link_lost()
+    }
+}
+
+/// The answer to a [`PendingRequest`].
+pub struct Answer(Delivery);
+
+impl Answer {
+    /// The answer's payload, or the broker's "no responders".
+    pub fn result(self) -> Result<Vec<u8>, RequestError> {
+        if self.0.no_responders {
+            Err(RequestError::NoResponders)
+        } else {
+            Ok(self.0.data)
         }
     }
 }

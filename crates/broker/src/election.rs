@@ -12,10 +12,14 @@
 //! Two things differ from Go on purpose (see ARCHITECTURE.md, deliberate differences):
 //! - cadence: a standby campaigns about once a second instead of backing off to 10–30 s
 //!   (Go's TwentySec policy), which makes a takeover within TTL + 2 s possible;
-//! - every write is a hand-rolled request on our own reply subscription with an explicit timeout of
-//!   at most min(2 s, TTL/4): the blocking crate's KV `create`/`update` wait forever (until a reply
-//!   or the connection closes), and a leader blocked in a write while another takes over is split
-//!   brain. A timed-out or failed keep-alive is a loss.
+//! - every write is a hand-rolled request on our own reply subscription with an explicit bound:
+//!   the blocking crate's KV `create`/`update` wait forever (until a reply or the connection
+//!   closes), and a leader blocked in a write while another takes over is split brain. A create,
+//!   a release and the set-up's reads wait at most min(2 s, TTL/4). A keep-alive waits for its
+//!   answer as long as the lease it would renew lasts, and is never sent twice: a slow broker
+//!   (a loaded JetStream, a broker stalled for seconds) costs nothing while the lease holds,
+//!   where Go stands down after nats.go's 5 s request timeout. A keep-alive refused, or not
+//!   answered before the lease ends, is a loss.
 //!
 //! The leader's lease is enforced where work happens: on a gate given to
 //! [`Election::start_fenced`], every successful keep-alive extends the gate's lease to the
@@ -35,6 +39,9 @@
 //! Setup failures (missing bucket, no JetStream, bad TTL) are never silent, unlike Go's discarded
 //! error (provisioner hosts/hosts.go drops `startElection`'s error and stays paused): the thread
 //! logs the reason, exposes it through [`Election::setup_problem`] and retries with backoff.
+//! Whether the account lets us read the key's last entry (and so see a delete marker) is
+//! settled only by an answer or a refusal; a read that timed out is asked again when it
+//! matters (`Markers`).
 //!
 //! Every request goes through the daemon's one [`Connection`], with its explicit timeout.
 
@@ -188,6 +195,14 @@ pub enum ElectionError {
     /// Our last successful keep-alive is so old the key may have expired (a frozen process):
     /// the lease is over.
     KeepAliveOverdue { since: Duration, budget: Duration },
+    /// The keep-alive was not answered while the lease lasted.
+    NoReplyWithinLease {
+        subject: String,
+        waited: Duration,
+        /// The link dropped while it waited (its answer, if the broker took the write before
+        /// the drop, went nowhere).
+        link_dropped: bool,
+    },
     /// The bucket's max age cannot serve as an election TTL.
     BadTtl { bucket: String, max_age: Duration },
     /// The value (our identity) does not fit the bucket's message size limit.
@@ -246,6 +261,20 @@ impl fmt::Display for ElectionError {
                  stopped or the host suspended), beyond the {budget:?} lease the TTL allows; \
                  another member may already lead"
             ),
+            ElectionError::NoReplyWithinLease {
+                subject,
+                waited,
+                link_dropped,
+            } => write!(
+                f,
+                "no reply on {subject} within the {waited:?} left of the lease{}; the write may \
+                 still land, and a standby takes over once the key expires",
+                if *link_dropped {
+                    " (the broker link dropped meanwhile)"
+                } else {
+                    ""
+                }
+            ),
             ElectionError::BadTtl { bucket, max_age } => write!(
                 f,
                 "election bucket {bucket} has max age {max_age:?}, which cannot serve as the \
@@ -288,7 +317,11 @@ pub fn write_timeout(ttl: Duration, cap: Duration) -> Duration {
 
 /// How long after a successful keep-alive was sent the leader may act: TTL − write timeout −
 /// [`LEASE_MARGIN`]. The key lives a TTL from the broker's receipt of the write, which is
-/// after the send, so the lease always ends before the key can expire.
+/// after the send, so the lease always ends before the key can expire, however late the
+/// answer came (it is counted from the send, never from the answer). The write timeout is
+/// no longer how long a keep-alive waits (it waits as long as the lease lasts) but stays in
+/// as margin: the broker measures the key's age on its wall clock, which a step of the
+/// broker's clock or a stream-leader change in a cluster moves by the servers' skew.
 pub fn lease_length(ttl: Duration, write_timeout: Duration) -> Duration {
     ttl.saturating_sub(write_timeout)
         .saturating_sub(LEASE_MARGIN)
@@ -751,7 +784,66 @@ struct Bucket {
     write_timeout: Duration,
     /// Whether STREAM.MSG.GET is reachable (not in the provisioning account, which imports only
     /// STREAM.INFO and the key's subjects).
-    can_read_markers: bool,
+    markers: Markers,
+}
+
+/// Whether the key's last entry can be read, so a delete marker can be seen and written over
+/// (and a release helps a standby): known once STREAM.MSG.GET answered or was refused. A
+/// read that timed out tells neither, so it is asked again where it matters (a create that
+/// met a value, a release), up to [`MARKER_PROBES`] unanswered reads in all.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Markers {
+    Readable,
+    /// Refused: nobody answers the subject (the provisioning account does not import it) or
+    /// the API said no.
+    Unreadable,
+    /// Not answered in time, `unanswered` times so far.
+    Unknown {
+        unanswered: u8,
+    },
+}
+
+/// Reads of the last entry left unanswered before the account counts as not letting us read
+/// it: a restricted account's permission violation is never answered, only logged.
+const MARKER_PROBES: u8 = 3;
+
+impl Markers {
+    /// What one read of the last entry says about the account. A broken connection or an
+    /// unreadable answer says nothing.
+    fn after(self, read: &Result<LastEntry, ElectionError>) -> Markers {
+        match read {
+            Ok(_) => Markers::Readable,
+            Err(ElectionError::NoResponders { .. } | ElectionError::Api { .. }) => {
+                Markers::Unreadable
+            }
+            Err(ElectionError::Timeout { .. }) => match self {
+                Markers::Unknown { unanswered } if unanswered + 1 >= MARKER_PROBES => {
+                    Markers::Unreadable
+                }
+                Markers::Unknown { unanswered } => Markers::Unknown {
+                    unanswered: unanswered + 1,
+                },
+                // Known already: one slow answer changes nothing.
+                known => known,
+            },
+            Err(_) => self,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Markers::Readable => "readable",
+            Markers::Unreadable => "not readable",
+            Markers::Unknown { .. } => "not known yet (the read went unanswered)",
+        }
+    }
+}
+
+/// What [`Member::await_item`] waited for.
+enum Awaited<T> {
+    Item(Option<T>),
+    Stopped,
+    Deadline,
 }
 
 /// Why a campaign ended.
@@ -888,39 +980,53 @@ impl Member {
                 config.max_msgs_per_subject
             );
         }
-        let can_read_markers = match self.last_entry() {
-            Ok(_) => true,
-            Err(err) => {
-                let reason = match err {
-                    ElectionError::NoResponders { subject } => {
-                        format!("nothing answers on {subject}")
-                    }
-                    other => other.to_string(),
-                };
-                log::info!(
-                    "cannot read the election key's last entry ({reason}), as in the broker's \
-                     provisioning account: a delete marker (eviction, release) blocks every \
-                     campaign until it expires after one TTL"
-                );
-                false
-            }
-        };
+        let mut markers = Markers::Unknown { unanswered: 0 };
+        // A timeout is no refusal (a slow JetStream, a busy box): it is asked again later.
+        let _ = self.read_last_entry(&mut markers);
         let write_timeout = write_timeout(ttl, cap);
         log::info!(
             "election bucket {} found: TTL {ttl:?}, write timeout {write_timeout:?}, delete \
              markers {}",
             self.settings.bucket,
-            if can_read_markers {
-                "readable"
-            } else {
-                "not readable"
-            }
+            markers.label()
         );
         Ok(Bucket {
             ttl,
             write_timeout,
-            can_read_markers,
+            markers,
         })
+    }
+
+    /// Reads the key's last entry and records what the outcome says about the account in
+    /// `markers` (logged when it becomes known).
+    fn read_last_entry(&self, markers: &mut Markers) -> Result<LastEntry, ElectionError> {
+        let read = self.last_entry();
+        let before = *markers;
+        *markers = before.after(&read);
+        if *markers == Markers::Unreadable && before != Markers::Unreadable {
+            let reason = match &read {
+                Err(ElectionError::NoResponders { subject }) => {
+                    format!("nothing answers on {subject}")
+                }
+                Err(ElectionError::Timeout { subject, .. }) => format!(
+                    "{MARKER_PROBES} reads on {subject} went unanswered (a permission the \
+                     account lacks is refused without an answer)"
+                ),
+                Err(other) => other.to_string(),
+                Ok(_) => String::new(),
+            };
+            log::info!(
+                "cannot read the election key's last entry ({reason}), as in the broker's \
+                 provisioning account: a delete marker (eviction, release) blocks every \
+                 campaign until it expires after one TTL"
+            );
+        } else if let (Markers::Unknown { .. }, Err(err)) = (*markers, &read) {
+            log::info!(
+                "could not tell yet whether the election key's last entry is readable: {err}; \
+                 asking again when it matters"
+            );
+        }
+        read
     }
 
     fn last_entry(&self) -> Result<LastEntry, ElectionError> {
@@ -964,15 +1070,24 @@ impl Member {
     /// Create: expecting no previous value, or over a delete marker where we can see one.
     fn create(&self, bucket: &mut Bucket) -> Result<u64, ElectionError> {
         match self.write(bucket, 0, false) {
-            Err(ElectionError::WrongLastSequence { .. }) if bucket.can_read_markers => {
-                match self.last_entry()? {
-                    LastEntry::Marker { revision } => self.write(bucket, revision, false),
-                    LastEntry::Absent => self.write(bucket, 0, false),
-                    LastEntry::Value { revision } => Err(ElectionError::WrongLastSequence {
+            Err(held @ ElectionError::WrongLastSequence { .. })
+                if bucket.markers != Markers::Unreadable =>
+            {
+                let mut markers = bucket.markers;
+                let read = self.read_last_entry(&mut markers);
+                bucket.markers = markers;
+                match read {
+                    Ok(LastEntry::Marker { revision }) => self.write(bucket, revision, false),
+                    Ok(LastEntry::Absent) => self.write(bucket, 0, false),
+                    Ok(LastEntry::Value { revision }) => Err(ElectionError::WrongLastSequence {
                         subject: self.settings.write_subject(),
                         expected: 0,
                         description: format!("held at revision {revision}"),
                     }),
+                    // Refused: the account cannot see markers; someone holds the key or a
+                    // marker blocks it, the normal standby outcome.
+                    Err(_) if bucket.markers == Markers::Unreadable => Err(held),
+                    Err(err) => Err(err),
                 }
             }
             other => other,
@@ -1043,7 +1158,12 @@ impl Member {
                 | Standing::Leader { revision, written } => {
                     let announced = matches!(standing, Standing::Leader { .. });
                     match self.keep_alive(bucket, revision, written) {
-                        Ok((revision, written)) => {
+                        // Asked to stop while the keep-alive waited for its answer.
+                        Ok(None) => {
+                            self.release(bucket, revision);
+                            return CampaignEnd::Stopped;
+                        }
+                        Ok(Some((revision, written))) => {
                             if let Some(gate) = &self.fence {
                                 let length = lease_length(bucket.ttl, bucket.write_timeout);
                                 gate.extend_lease(written.after(length));
@@ -1106,25 +1226,123 @@ impl Member {
         }
     }
 
-    /// Update expecting our last revision; refuses without writing when the last successful
-    /// write is so old the key may have expired (self-fencing; Go has no such check).
+    /// Update expecting our last revision, and its answer waited for as long as the lease
+    /// lasts: a slow broker (a loaded JetStream, a broker stalled for seconds) costs nothing
+    /// while the lease holds. Refuses without writing when the last successful write is so old
+    /// the key may have expired (self-fencing; Go has no such check). Sent once, never again:
+    /// a write is not cancelled by giving up on it and may still land, and a second one would
+    /// then fail against the revision the first made (go-choria election.go, maintainLeadership
+    /// stands down after nats.go's 5 s request timeout instead). While the link is down it is
+    /// not sent yet, and goes out once the link is back within the lease. `Ok(None)`: asked to
+    /// stop meanwhile.
     fn keep_alive(
-        &self,
+        &mut self,
         bucket: &mut Bucket,
         revision: u64,
         written: BootInstant,
-    ) -> Result<(u64, BootInstant), ElectionError> {
+    ) -> Result<Option<(u64, BootInstant)>, ElectionError> {
         // The lease is over at the same moment the gate stops letting work out.
-        // One reading for the check and the send time: a freeze between two readings could
-        // otherwise grant a fresh lease from a write checked before it.
         let budget = lease_length(bucket.ttl, bucket.write_timeout);
-        let sent = self.boot.now();
-        let since = sent.saturating_duration_since(written);
-        if since >= budget {
-            return Err(ElectionError::KeepAliveOverdue { since, budget });
+        let lease_left = |boot: &dyn BootClock| -> Result<(BootInstant, Duration), ElectionError> {
+            // One reading for the check and the send time: a freeze between two readings
+            // could otherwise grant a fresh lease from a write checked before it.
+            let now = boot.now();
+            let since = now.saturating_duration_since(written);
+            if since >= budget {
+                return Err(ElectionError::KeepAliveOverdue { since, budget });
+            }
+            Ok((now, budget - since))
+        };
+        let (_, left) = lease_left(self.boot.as_ref())?;
+        // The timers below run on the monotonic clock, which stops while the host is
+        // suspended; the boot clock is read again after every wait.
+        let lease_end = Instant::now() + left;
+        let subject = self.settings.write_subject();
+        while !self.conn.is_connected() {
+            // Disconnects once the link is back.
+            let back = self.conn.link_back();
+            match self.await_item(&back, lease_end) {
+                Awaited::Item(_) => {}
+                Awaited::Stopped => return Ok(None),
+                Awaited::Deadline => {
+                    let since = lease_left(self.boot.as_ref())
+                        .map(|(_, left)| budget - left)
+                        .unwrap_or(budget);
+                    return Err(ElectionError::KeepAliveOverdue { since, budget });
+                }
+            }
         }
-        let revision = self.write(bucket, revision, false)?;
-        Ok((revision, sent))
+        let (sent, _) = lease_left(self.boot.as_ref())?;
+        let expected = revision.to_string();
+        let headers = [(EXPECTED_LAST_SUBJECT_SEQUENCE, expected.as_str())];
+        let pending = self
+            .conn
+            .send_request(&subject, &headers, self.settings.identity.as_bytes())
+            .map_err(|err| request_error(&subject, err, budget))?;
+        if let Some(twins) = &self.twins {
+            twins.sent();
+        }
+        // Whatever the link does meanwhile: a keep-alive that waited in the crate's reconnect
+        // buffer is answered after the reconnect; one the broker took before the drop is
+        // answered nowhere, and the lease runs out.
+        let answer = match self.await_item(pending.answers(), lease_end) {
+            Awaited::Item(Some(answer)) => answer,
+            // Unregistered: the connection is closing.
+            Awaited::Item(None) => {
+                return Err(ElectionError::Transport {
+                    subject,
+                    reason: "the broker connection closed".into(),
+                })
+            }
+            Awaited::Stopped => return Ok(None),
+            Awaited::Deadline => {
+                return Err(ElectionError::NoReplyWithinLease {
+                    subject,
+                    waited: left,
+                    link_dropped: pending.link_lost(),
+                })
+            }
+        };
+        let body = answer
+            .result()
+            .map_err(|err| request_error(&subject, err, left))?;
+        let revision = parse_pub_ack(&subject, revision, &body)?;
+        // Answered in time on the monotonic clock; the boot clock has the last word.
+        lease_left(self.boot.as_ref())?;
+        Ok(Some((revision, sent)))
+    }
+
+    /// Waits for the next item of `ready` (`None` once its senders are gone), `deadline`, or
+    /// stop, handing undelivered events over to the daemon meanwhile.
+    fn await_item<T>(&mut self, ready: &Receiver<T>, deadline: Instant) -> Awaited<T> {
+        let timer = crossbeam_channel::at(deadline);
+        let at_deadline = |member: &Member| {
+            if member.stopping() {
+                Awaited::Stopped
+            } else {
+                Awaited::Deadline
+            }
+        };
+        loop {
+            let Some(&event) = self.undelivered.front() else {
+                return select! {
+                    recv(ready) -> item => Awaited::Item(item.ok()),
+                    recv(self.stop_wait) -> _ => Awaited::Stopped,
+                    recv(timer) -> _ => at_deadline(self),
+                };
+            };
+            select! {
+                recv(ready) -> item => return Awaited::Item(item.ok()),
+                recv(self.stop_wait) -> _ => return Awaited::Stopped,
+                send(self.events, event) -> sent => {
+                    self.undelivered.pop_front();
+                    if sent.is_err() {
+                        log::debug!("election event {event:?} dropped: nobody listens any more");
+                    }
+                },
+                recv(timer) -> _ => return at_deadline(self),
+            }
+        }
     }
 
     /// Stands down on stop and, where a standby can create over the marker, deletes the key
@@ -1135,7 +1353,13 @@ impl Member {
         if self.shared.leader.swap(false, Ordering::SeqCst) {
             self.send(ElectionEvent::Lost);
         }
-        if !bucket.can_read_markers {
+        if let Markers::Unknown { .. } = bucket.markers {
+            // Not known yet whether a standby could write over a marker: ask once more.
+            let mut markers = bucket.markers;
+            let _ = self.read_last_entry(&mut markers);
+            bucket.markers = markers;
+        }
+        if bucket.markers != Markers::Readable {
             // In the provisioning account a marker blocks every create for a TTL (no member can
             // read it to write over it):
             // deleting gains nothing, so leave the key to expire.
@@ -1248,23 +1472,28 @@ fn request(
     timeout: Duration,
 ) -> Result<Vec<u8>, ElectionError> {
     conn.request(subject, headers, body, timeout)
-        .map_err(|err| match err {
-            RequestError::NoResponders => ElectionError::NoResponders {
-                subject: subject.to_string(),
-            },
-            RequestError::Timeout => ElectionError::Timeout {
-                subject: subject.to_string(),
-                after: timeout,
-            },
-            RequestError::Disconnected => ElectionError::Transport {
-                subject: subject.to_string(),
-                reason: RequestError::Disconnected.to_string(),
-            },
-            RequestError::Transport(reason) => ElectionError::Transport {
-                subject: subject.to_string(),
-                reason,
-            },
-        })
+        .map_err(|err| request_error(subject, err, timeout))
+}
+
+/// A request's failure in the election's terms (`timeout`: how long it was waited for).
+fn request_error(subject: &str, err: RequestError, timeout: Duration) -> ElectionError {
+    match err {
+        RequestError::NoResponders => ElectionError::NoResponders {
+            subject: subject.to_string(),
+        },
+        RequestError::Timeout => ElectionError::Timeout {
+            subject: subject.to_string(),
+            after: timeout,
+        },
+        RequestError::Disconnected => ElectionError::Transport {
+            subject: subject.to_string(),
+            reason: RequestError::Disconnected.to_string(),
+        },
+        RequestError::Transport(reason) => ElectionError::Transport {
+            subject: subject.to_string(),
+            reason,
+        },
+    }
 }
 
 /// A dedicated connection for one election member (tests, the failover bench): it
@@ -1613,6 +1842,34 @@ mod tests {
             );
         }
         assert!(parse_last_entry("s", br#"{"message":{"hdrs":"!!"}}"#).is_err());
+    }
+
+    #[test]
+    fn a_timed_out_read_of_the_last_entry_is_no_refusal() {
+        let timeout = || {
+            Err(ElectionError::Timeout {
+                subject: "s".into(),
+                after: Duration::from_secs(2),
+            })
+        };
+        let unknown = |unanswered| Markers::Unknown { unanswered };
+        #[rustfmt::skip]
+        let cases: Vec<(&str, Markers, Result<LastEntry, ElectionError>, Markers)> = vec![
+            ("an answer settles it",         unknown(0),          Ok(LastEntry::Absent),                                   Markers::Readable),
+            ("a marker is an answer too",    unknown(2),          Ok(LastEntry::Marker { revision: 3 }),                   Markers::Readable),
+            ("no responders is a refusal",   unknown(0),          Err(ElectionError::NoResponders { subject: "s".into() }), Markers::Unreadable),
+            ("an API error is a refusal",    unknown(1),          Err(ElectionError::Api { subject: "s".into(), code: 403, err_code: 0, description: "no".into() }), Markers::Unreadable),
+            ("a timeout is asked again",     unknown(0),          timeout(),                                               unknown(1)),
+            ("a second one too",             unknown(1),          timeout(),                                               unknown(2)),
+            ("a third gives up",             unknown(2),          timeout(),                                               Markers::Unreadable),
+            ("a slow answer unsettles none", Markers::Readable,   timeout(),                                               Markers::Readable),
+            ("nor a refusal",                Markers::Unreadable, timeout(),                                               Markers::Unreadable),
+            ("a broken link says nothing",   unknown(1),          Err(ElectionError::Transport { subject: "s".into(), reason: "closed".into() }), unknown(1)),
+            ("nor an unreadable answer",     unknown(0),          Err(ElectionError::Malformed { subject: "s".into(), reason: "junk".into() }), unknown(0)),
+        ];
+        for (what, before, read, after) in cases {
+            assert_eq!(before.after(&read), after, "{what}");
+        }
     }
 
     #[test]

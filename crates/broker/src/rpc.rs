@@ -645,7 +645,9 @@ impl RpcClient {
     /// it again (a fresh request id) as soon as the link is back. The node may not be back on
     /// the broker yet, so from then on the try sends again after each FiveSec step without an
     /// answer (only the latest request's reply counts, as the node acts on the latest), until
-    /// its time runs out. Only the time runs out a try.
+    /// its time runs out. A try that sends within `link::FLEET_RETURN` of a reconnect (one
+    /// that waited for it, or began just after) sends on those steps from the start: the node
+    /// may not be back yet. Only the time runs out a try.
     fn one_try(
         &self,
         identity: &Identity,
@@ -672,6 +674,11 @@ impl RpcClient {
                         request: last,
                     }
                 }
+            }
+            // Just after a reconnect (this try may have waited for it) the node may not be
+            // back on the broker yet: send again on the FiveSec steps as after a drop.
+            if resent == 0 && self.conn.reconnected_within(crate::link::FLEET_RETURN) {
+                resent = 1;
             }
             let wait_until = if resent == 0 {
                 deadline

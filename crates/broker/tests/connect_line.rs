@@ -107,6 +107,7 @@ fn connect(settings: &ConnectSettings) -> Result<Connection, String> {
         ConnectOptions {
             prompt_flush: false,
             reply_routing: false,
+            ..ConnectOptions::default()
         },
     )
     .map_err(|e| e.to_string())

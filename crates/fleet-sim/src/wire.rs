@@ -92,6 +92,7 @@ pub fn connect(urls: &[String], name: &str, auth: &Auth) -> Result<(Link, Inbox)
     let tuning = ConnectOptions {
         prompt_flush: true,
         reply_routing: false,
+        ..ConnectOptions::default()
     };
     let conn =
         Connection::connect_with(&settings, name, tuning).map_err(|e| WireError::Connect {

@@ -118,6 +118,7 @@ fn flood_one(plan: &FloodPlan, connection: usize, stop: &AtomicBool) -> FloodSen
         ConnectOptions {
             prompt_flush: false,
             reply_routing: false,
+            ..ConnectOptions::default()
         },
     )
     .expect("the flood connects");

@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod flood;
 pub mod harness;
 pub mod netns;
+pub mod pki;
 pub mod relay;
 pub mod slow_clients;
 
@@ -202,6 +203,46 @@ impl NatsServer {
             return Ok(());
         }
         self.spawn()
+    }
+
+    /// SIGTERM by pid, as `systemctl stop` sends it: the server closes every client (over TLS
+    /// with a `close_notify` first) and exits. Waits up to 15 s for it, then kills it. Start
+    /// it again with [`NatsServer::start_again`].
+    pub fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            self.signal(&child, libc::SIGTERM);
+            if harness::wait_exit(&mut child, Duration::from_secs(15)).is_none() {
+                harness::kill_and_reap(&mut child);
+            }
+        }
+    }
+
+    /// SIGSTOP by pid: the server stops answering while its sockets stay open, as a broker
+    /// stalled by its host does, until [`NatsServer::thaw`] (a frozen server still dies by
+    /// [`NatsServer::stop`]'s SIGKILL).
+    pub fn freeze(&self) {
+        if let Some(child) = &self.child {
+            self.signal(child, libc::SIGSTOP);
+        }
+    }
+
+    /// SIGCONT by pid: runs again after [`NatsServer::freeze`].
+    pub fn thaw(&self) {
+        if let Some(child) = &self.child {
+            self.signal(child, libc::SIGCONT);
+        }
+    }
+
+    fn signal(&self, child: &Child, signal: libc::c_int) {
+        let pid = child.id() as libc::pid_t;
+        // SAFETY: kill(2) with the pid of our own child process; no memory is involved.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, {signal}) failed: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

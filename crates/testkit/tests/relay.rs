@@ -78,6 +78,7 @@ fn connect(settings: &ConnectSettings) -> Result<Connection, String> {
         ConnectOptions {
             prompt_flush: true,
             reply_routing: false,
+            ..ConnectOptions::default()
         },
     )
     .map_err(|e| e.to_string())

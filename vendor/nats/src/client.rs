@@ -13,7 +13,9 @@
 //
 // Modified by the choria-provisioner project (see PATCHED.md): the byte bounds of a
 // subscription (`Subscription::bound_bytes`), applied to every MSG and HMSG before it is
-// queued.
+// queued; the client PINGs every Options::ping_interval whatever else it sends, a PING
+// unanswered for an interval ends the connection as stale, and the socket's write timeout is
+// the ping interval.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -35,6 +37,10 @@ use crate::proto::{self, ClientOp, ServerOp};
 use crate::{header::HeaderMap, inject_delay, inject_io_failure, Options, ServerInfo};
 
 const BUF_CAPACITY: usize = 32 * 1024;
+
+/// PINGs unanswered at a tick of the PING schedule before the connection is stale
+/// (choria-provisioner patch: one, so a silent server is dropped within two intervals).
+const MAX_PINGS_OUT: u8 = 1;
 
 /// Client state.
 ///
@@ -247,10 +253,11 @@ impl Client {
                 // Track last flush/write time.
                 const MIN_FLUSH_BETWEEN: Duration = Duration::from_millis(5);
 
-                // Handle recv timeouts and check if we should send a PING.
-                // TODO(dlc) - Make configurable.
-                const PING_INTERVAL: Duration = Duration::from_secs(2 * 60);
-                const MAX_PINGS_OUT: u8 = 2;
+                // choria-provisioner patch: the PINGs keep to their own schedule. Upstream
+                // pinged only when no flush had been asked for in a whole interval, which a
+                // steady trickle of publishes (or the server's own PINGs) never allowed.
+                let ping_interval = client.options.ping_interval;
+                let mut next_ping = Instant::now() + ping_interval;
 
                 let mut last = Instant::now().checked_sub(MIN_FLUSH_BETWEEN).unwrap();
 
@@ -260,7 +267,7 @@ impl Client {
                     if client.check_shutdown().is_err() {
                         break;
                     }
-                    match flush_wanted.recv_timeout(PING_INTERVAL) {
+                    match flush_wanted.recv_deadline(next_ping) {
                         Ok(_) => {
                             let since = last.elapsed();
                             if since < MIN_FLUSH_BETWEEN {
@@ -286,41 +293,17 @@ impl Client {
                             drop(read);
                             drop(write);
                         }
-                        Err(RecvTimeoutError::Timeout) => {
-                            let mut write = client.state.write.lock();
-                            let mut read = client.state.read.lock();
-
-                            if read.pings_out >= MAX_PINGS_OUT {
-                                if let Some(writer) = write.writer.as_mut() {
-                                    writer.get_ref().shutdown();
-                                }
-                                write.writer = None;
-                                read.pongs.clear();
-                            } else if read.last_active.elapsed() > PING_INTERVAL {
-                                read.pings_out += 1;
-                                read.pongs.push_back(write.flush_kicker.clone());
-                                // Send out a PING here.
-                                if let Some(mut writer) = write.writer.as_mut() {
-                                    // Ok to ignore errors here.
-                                    proto::encode(&mut writer, ClientOp::Ping).ok();
-                                    let res = writer.flush();
-                                    if res.is_err() {
-                                        // NB see locking protocol for state.write and state.read
-                                        writer.get_ref().shutdown();
-                                        write.writer = None;
-                                        read.pongs.clear();
-                                    }
-                                }
-                            }
-
-                            // NB see locking protocol for state.write and state.read
-                            drop(read);
-                            drop(write);
-                        }
-                        _ => {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => {
                             // Any other err break and exit.
                             break;
                         }
+                    }
+                    // Checked after every wake, so flushes asked for faster than the deadline
+                    // comes round never postpone a PING.
+                    if Instant::now() >= next_ping {
+                        next_ping = Instant::now() + ping_interval;
+                        client.ping_or_drop_stale();
                     }
                 }
             }
@@ -328,6 +311,43 @@ impl Client {
 
         *client.flush_thread.lock() = Some(handle);
         Ok(client)
+    }
+
+    /// One tick of the PING schedule (choria-provisioner patch): a PING of the previous tick
+    /// still unanswered, with nothing else heard from the server for an interval, means the
+    /// server stopped answering (stopped, its host stalled): the socket is flushed as far as
+    /// the write timeout lets it and shut down, which ends the reader's wait, and the client
+    /// reconnects. Otherwise a PING goes out. While reconnecting nothing is sent: the
+    /// connector's own timeouts bound the attempts.
+    fn ping_or_drop_stale(&self) {
+        let mut write = self.state.write.lock();
+        let mut read = self.state.read.lock();
+        if write.writer.is_none() {
+            return;
+        }
+        let silent = read.last_active.elapsed() >= self.options.ping_interval;
+        if read.pings_out >= MAX_PINGS_OUT && silent {
+            if let Some(mut writer) = write.writer.take() {
+                // What the server has not read yet it reads when it runs again, before our
+                // FIN: publishes already buffered are not lost.
+                writer.flush().ok();
+                writer.get_ref().shutdown();
+            }
+            read.pongs.clear();
+            return;
+        }
+        read.pings_out = read.pings_out.saturating_add(1);
+        read.pongs.push_back(write.flush_kicker.clone());
+        if let Some(mut writer) = write.writer.as_mut() {
+            // Ok to ignore errors here.
+            proto::encode(&mut writer, ClientOp::Ping).ok();
+            if writer.flush().is_err() {
+                // NB see locking protocol for state.write and state.read
+                writer.get_ref().shutdown();
+                write.writer = None;
+                read.pongs.clear();
+            }
+        }
     }
 
     /// Retrieves server info as received by the most recent connection.
@@ -358,7 +378,10 @@ impl Client {
                     writer.get_ref().set_write_timeout(Some(timeout))?;
                     proto::encode(&mut writer, ClientOp::Ping)?;
                     writer.flush()?;
-                    writer.get_ref().set_write_timeout(None)?;
+                    // choria-provisioner patch: back to the connection's bound, not to none.
+                    writer
+                        .get_ref()
+                        .set_write_timeout(Some(self.options.ping_interval))?;
                 }
             }
 

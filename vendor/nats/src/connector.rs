@@ -12,7 +12,10 @@
 // limitations under the License.
 //
 // Modified by the choria-provisioner project (see PATCHED.md): the AuthStyle::Combined arm
-// of the CONNECT below.
+// of the CONNECT below; a TLS stream ends on the peer's close_notify, and its waits are woken
+// by incoming bytes, a FIN or a reset; Options::connect_timeout bounds each connection
+// attempt; a TLS stream keeps read and write timeouts as a TCP socket does, a flush waits until
+// the TLS bytes are written, and a write into a full TLS buffer waits for the socket.
 
 use lazy_static::__Deref;
 use parking_lot::{Mutex, MutexGuard};
@@ -24,7 +27,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use url::{Host, Url};
 
 use crate::auth_utils;
@@ -230,12 +233,37 @@ impl Connector {
         addr: SocketAddr,
         server: &ServerAddress,
     ) -> io::Result<(ServerInfo, NatsStream)> {
+        // choria-provisioner patch: the whole attempt within Options::connect_timeout; a
+        // socket timeout (WouldBlock on Unix) is reported as what it is.
+        let limit = self.options.connect_timeout;
+        let deadline = limit.map(|limit| Instant::now() + limit);
+        self.connect_addr_by(addr, server, deadline)
+            .map_err(|err| match (err.kind(), limit) {
+                (ErrorKind::WouldBlock | ErrorKind::TimedOut, Some(limit)) => Error::new(
+                    ErrorKind::TimedOut,
+                    format!("{addr} did not complete the connection within {limit:?}"),
+                ),
+                _ => err,
+            })
+    }
+
+    fn connect_addr_by(
+        &self,
+        addr: SocketAddr,
+        server: &ServerAddress,
+        deadline: Option<Instant>,
+    ) -> io::Result<(ServerInfo, NatsStream)> {
         // Inject random I/O failures when testing.
         inject_io_failure()?;
 
         // Connect to the remote socket.
-        let mut stream = TcpStream::connect(addr)?;
+        let mut stream = match time_left(deadline)? {
+            Some(left) => TcpStream::connect_timeout(&addr, left)?,
+            None => TcpStream::connect(addr)?,
+        };
         stream.set_nodelay(true)?;
+        stream.set_read_timeout(time_left(deadline)?)?;
+        stream.set_write_timeout(time_left(deadline)?)?;
 
         // Expect an INFO message.
         let mut line = crate::SecureVec::with_capacity(1024);
@@ -286,6 +314,8 @@ impl Connector {
             None
         };
         let mut stream = NatsStream::new(stream, session)?;
+        stream.set_read_timeout(time_left(deadline)?)?;
+        stream.set_write_timeout(time_left(deadline)?)?;
 
         // Data that will be formatted as a CONNECT message.
         let mut connect_info = ConnectInfo {
@@ -394,7 +424,23 @@ impl Connector {
             }
         }
 
+        // Connected: reads wait for the server as long as it takes (the PINGs watch it), each
+        // write at most a ping interval (choria-provisioner patch).
+        stream.set_read_timeout(None)?;
+        stream.set_write_timeout(Some(self.options.ping_interval))?;
         Ok((server_info, stream))
+    }
+}
+
+/// The time left until `deadline`, as a socket timeout; an error once it has passed
+/// (choria-provisioner patch).
+fn time_left(deadline: Option<Instant>) -> io::Result<Option<Duration>> {
+    match deadline {
+        None => Ok(None),
+        Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+            Some(left) if !left.is_zero() => Ok(Some(left)),
+            _ => Err(Error::new(ErrorKind::TimedOut, "connect timeout")),
+        },
     }
 }
 
@@ -414,6 +460,17 @@ enum Flavor {
 struct TlsStream {
     tcp: TcpStream,
     session: ClientConnection,
+    /// As a blocking socket's SO_RCVTIMEO and SO_SNDTIMEO, for the non-blocking socket under
+    /// TLS (choria-provisioner patch).
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
+}
+
+/// Which timeout of a [`TlsStream`] bounds an operation.
+#[derive(Clone, Copy)]
+enum Direction {
+    Read,
+    Write,
 }
 
 impl NatsStream {
@@ -423,7 +480,12 @@ impl NatsStream {
             None => Flavor::Tcp(tcp),
             Some(session) => {
                 tcp.set_nonblocking(true)?;
-                Flavor::Tls(Box::new(Mutex::new(TlsStream { tcp, session })))
+                Flavor::Tls(Box::new(Mutex::new(TlsStream {
+                    tcp,
+                    session,
+                    read_timeout: None,
+                    write_timeout: None,
+                })))
             }
         };
         let flavor = Arc::new(flavor);
@@ -433,7 +495,22 @@ impl NatsStream {
     pub(crate) fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         match &*self.flavor {
             Flavor::Tcp(tcp) => tcp.set_write_timeout(timeout),
-            Flavor::Tls(tls) => tls.lock().tcp.set_write_timeout(timeout),
+            Flavor::Tls(tls) => {
+                tls.lock().write_timeout = timeout;
+                Ok(())
+            }
+        }
+    }
+
+    /// Bounds each read as `TcpStream::set_read_timeout` does, under TLS too
+    /// (choria-provisioner patch).
+    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match &*self.flavor {
+            Flavor::Tcp(tcp) => tcp.set_read_timeout(timeout),
+            Flavor::Tls(tls) => {
+                tls.lock().read_timeout = timeout;
+                Ok(())
+            }
         }
     }
 
@@ -457,10 +534,9 @@ impl Read for &NatsStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match &*self.flavor {
             Flavor::Tcp(tcp) => (tcp.deref()).read(buf),
-            Flavor::Tls(tls) => tls_op(tls, |session, eof| match session.reader().read(buf) {
-                Ok(0) if !eof => Err(io::ErrorKind::WouldBlock.into()),
-                res => res,
-            }),
+            // rustls 0.22 says "no data yet" with WouldBlock; Ok(0) is the peer's clean
+            // close (close_notify), an end of stream like a TCP EOF (choria-provisioner patch).
+            Flavor::Tls(tls) => tls_op(tls, Direction::Read, |session| session.reader().read(buf)),
         }
     }
 }
@@ -479,14 +555,30 @@ impl Write for &NatsStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match &*self.flavor {
             Flavor::Tcp(tcp) => (tcp.deref()).write(buf),
-            Flavor::Tls(tls) => tls_op(tls, |session, _| session.writer().write(buf)),
+            // Ok(0) for a non-empty `buf` is rustls's buffer limit: wait for the socket, as a
+            // blocking socket's write would (choria-provisioner patch; upstream failed the
+            // write with WriteZero).
+            Flavor::Tls(tls) => tls_op(tls, Direction::Write, |session| {
+                match session.writer().write(buf) {
+                    Ok(0) if !buf.is_empty() => Err(ErrorKind::WouldBlock.into()),
+                    res => res,
+                }
+            }),
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
         match &*self.flavor {
             Flavor::Tcp(tcp) => (tcp.deref()).flush(),
-            Flavor::Tls(tls) => tls_op(tls, |session, _| session.writer().flush()),
+            // Done once every TLS byte is in the socket (choria-provisioner patch; upstream
+            // left what one write of the socket did not take for a later operation).
+            Flavor::Tls(tls) => tls_op(tls, Direction::Write, |session| {
+                if session.wants_write() {
+                    Err(ErrorKind::WouldBlock.into())
+                } else {
+                    session.writer().flush()
+                }
+            }),
         }
     }
 }
@@ -496,17 +588,26 @@ impl Write for &NatsStream {
 /// However, note that the inner TCP stream is in non-blocking mode.
 fn tls_op<T: std::fmt::Debug>(
     tls: &Mutex<TlsStream>,
-    mut op: impl FnMut(&mut ClientConnection, bool) -> io::Result<T>,
+    direction: Direction,
+    mut op: impl FnMut(&mut ClientConnection) -> io::Result<T>,
 ) -> io::Result<T> {
+    let deadline = {
+        let tls = tls.lock();
+        match direction {
+            Direction::Read => tls.read_timeout,
+            Direction::Write => tls.write_timeout,
+        }
+    }
+    .map(|timeout| Instant::now() + timeout);
     loop {
         let mut tls = tls.lock();
-        let TlsStream { tcp, session } = &mut *tls;
-        let mut eof = false;
+        let TlsStream { tcp, session, .. } = &mut *tls;
 
-        // If necessary, read TLS messages.
+        // If necessary, read TLS messages. A TCP EOF (Ok(0)) is recorded by rustls, whose
+        // reader then reports it (UnexpectedEof without a close_notify).
         if session.wants_read() {
             match session.read_tls(tcp) {
-                Ok(0) => eof = true,
+                Ok(0) => {}
                 Ok(_) => {
                     session
                         .process_new_packets()
@@ -527,17 +628,17 @@ fn tls_op<T: std::fmt::Debug>(
         }
 
         // Try the non-blocking read/write/flush operation.
-        match op(session, eof) {
+        match op(session) {
             Err(err) if err.kind() == ErrorKind::WouldBlock => {}
             res => return res,
         }
 
-        tls_wait(tls)?;
+        tls_wait(tls, deadline)?;
     }
 }
 
-/// Waits until the TLS stream becomes ready.
-fn tls_wait(mut tls: MutexGuard<'_, TlsStream>) -> io::Result<()> {
+/// Waits until the TLS stream becomes ready, or `deadline` passes (TimedOut).
+fn tls_wait(mut tls: MutexGuard<'_, TlsStream>, deadline: Option<Instant>) -> io::Result<()> {
     #[cfg(unix)]
     use {
         libc::{self as sys, poll, pollfd},
@@ -549,7 +650,7 @@ fn tls_wait(mut tls: MutexGuard<'_, TlsStream>) -> io::Result<()> {
         winapi::um::winsock2::{self as sys, WSAPoll as poll, WSAPOLLFD as pollfd},
     };
 
-    let TlsStream { tcp, session } = &mut *tls;
+    let TlsStream { tcp, session, .. } = &mut *tls;
 
     // Initialize a pollfd object with readiness events we're looking for.
     #[allow(trivial_numeric_casts)]
@@ -559,14 +660,14 @@ fn tls_wait(mut tls: MutexGuard<'_, TlsStream>) -> io::Result<()> {
         #[cfg(windows)]
         fd: tcp.as_raw_socket() as _,
         #[cfg(unix)]
-        events: sys::POLLERR,
+        events: sys::POLLERR | sys::POLLIN,
         #[cfg(windows)]
-        events: 0,
+        events: sys::POLLIN,
         revents: 0,
     };
-    if session.wants_read() {
-        pollfd.events |= sys::POLLIN;
-    }
+    // Always woken by incoming bytes, a FIN or a reset (choria-provisioner patch): upstream
+    // asked for POLLIN only while rustls wanted to read, so a wait that began when it did not
+    // (after a close_notify) slept through the peer's FIN until another thread wrote.
     if session.wants_write() {
         pollfd.events |= sys::POLLOUT;
     }
@@ -575,16 +676,31 @@ fn tls_wait(mut tls: MutexGuard<'_, TlsStream>) -> io::Result<()> {
     // This way concurrent operations on the TLS stream won't block each other.
     drop(tls);
 
-    // Wait until the TCP stream becomes ready.
-    #[allow(unsafe_code)]
-    while unsafe { poll(&mut pollfd, 1, -1) } == -1 {
-        let err = Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
+    // Wait until the TCP stream becomes ready, at most until the deadline.
+    loop {
+        let timeout_ms = match deadline {
+            None => -1,
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::new(ErrorKind::TimedOut, "TLS stream timed out"));
+                }
+                // Rounded up, so the wait never ends just short of the deadline.
+                left.as_micros().div_ceil(1000).min(i32::MAX as u128) as _
+            }
+        };
+        #[allow(unsafe_code)]
+        match unsafe { poll(&mut pollfd, 1, timeout_ms) } {
+            -1 => {
+                let err = Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+            0 => {}
+            _ => return Ok(()),
         }
     }
-
-    Ok(())
 }
 
 /// Address of a NATS server.

@@ -13,7 +13,7 @@
 //
 // Modified by the choria-provisioner project (see PATCHED.md): AuthStyle::Combined and
 // Options::with_combined_auth send user and password, a token, and a JWT with the signed
-// server nonce in one CONNECT.
+// server nonce in one CONNECT; Options::ping_interval and Options::connect_timeout.
 
 use std::cmp;
 use std::convert::TryInto;
@@ -43,6 +43,8 @@ pub struct Options {
     pub(crate) client_cert: Option<PathBuf>,
     pub(crate) client_key: Option<PathBuf>,
     pub(crate) tls_client_config: Option<crate::rustls::ClientConfig>,
+    pub(crate) ping_interval: Duration,
+    pub(crate) connect_timeout: Option<Duration>,
 
     pub(crate) error_callback: ErrorCallback,
     pub(crate) disconnect_callback: Callback,
@@ -66,6 +68,8 @@ impl fmt::Debug for Options {
             .entry(&"client_cert", &self.client_cert)
             .entry(&"client_key", &self.client_key)
             .entry(&"tls_client_config", &"XXXXXXXX")
+            .entry(&"ping_interval", &self.ping_interval)
+            .entry(&"connect_timeout", &self.connect_timeout)
             .entry(&"error_callback", &self.error_callback)
             .entry(&"disconnect_callback", &self.disconnect_callback)
             .entry(&"reconnect_callback", &self.reconnect_callback)
@@ -96,9 +100,15 @@ impl Default for Options {
             close_callback: Callback(None),
             lame_duck_callback: Callback(None),
             tls_client_config: None,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            connect_timeout: None,
         }
     }
 }
+
+/// The client's PING interval unless [`Options::ping_interval`] sets another (upstream's
+/// hard-coded value).
+pub(crate) const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(2 * 60);
 
 /// Calculates how long to sleep for before connecting to a server.
 pub(crate) fn backoff(reconnects: usize) -> Duration {
@@ -481,6 +491,26 @@ impl Options {
     /// ```
     pub fn reconnect_buffer_size(mut self, reconnect_buffer_size: usize) -> Options {
         self.reconnect_buffer_size = reconnect_buffer_size;
+        self
+    }
+
+    /// How often the client PINGs the server, whatever else it sends or hears (choria-provisioner
+    /// patch, see PATCHED.md; default 2 minutes). A PING still unanswered one interval later,
+    /// with nothing else heard from the server meanwhile, ends the connection as stale and
+    /// the client reconnects: a server that stops answering is noticed within two intervals.
+    /// The interval also bounds each blocking write to the socket, so a writer stuck on a
+    /// server that stopped reading gives up and the connection is re-established.
+    pub fn ping_interval(mut self, interval: Duration) -> Options {
+        self.ping_interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Bounds each connection attempt, from the TCP connect through TLS, INFO, CONNECT and the
+    /// first PONG (choria-provisioner patch, see PATCHED.md; default: unbounded). A server that
+    /// accepts connections but does not answer (stopped, overloaded) then fails the attempt,
+    /// and the next server or attempt is tried.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Options {
+        self.connect_timeout = Some(timeout);
         self
     }
 
