@@ -791,7 +791,9 @@ fn the_fleets_server_cut_from_the_leaders_then_a_kill_and_a_freeze() {
         || logs(&members),
     );
 
-    // 1. The fleet's server cut from the leader's.
+    // 1. The fleet's server cut from the leader's. Only what the leader logs from here on
+    // counts: a freshly made bucket's stream may cost a keep-alive while it settles.
+    let log_before_cut = members[first].log().len();
     let cut = Cut { at: now() };
     stage
         .world
@@ -802,7 +804,7 @@ fn the_fleets_server_cut_from_the_leaders_then_a_kill_and_a_freeze() {
     let provisioned_at_cut = members[first].metric("choria_provisioner_provisioned");
     std::thread::sleep(3 * TTL);
     assert!(
-        !members[first].log().contains("lost leadership"),
+        !members[first].log()[log_before_cut..].contains("lost leadership"),
         "{}\nthe leader lost its lease while its keep-alives reached the stream's leader",
         logs(&members)
     );

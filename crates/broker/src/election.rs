@@ -813,6 +813,10 @@ impl Markers {
     fn after(self, read: &Result<LastEntry, ElectionError>) -> Markers {
         match read {
             Ok(_) => Markers::Readable,
+            // JetStream answered, but cannot serve now (a cluster electing the stream's leader,
+            // or a server cut from it: 503 "JetStream system temporarily unavailable"): the API
+            // is reachable, so this is no refusal, and it is asked again later.
+            Err(ElectionError::Api { code, .. }) if *code >= 500 => self,
             Err(ElectionError::NoResponders { .. } | ElectionError::Api { .. }) => {
                 Markers::Unreadable
             }
@@ -1859,6 +1863,8 @@ mod tests {
             ("a marker is an answer too",    unknown(2),          Ok(LastEntry::Marker { revision: 3 }),                   Markers::Readable),
             ("no responders is a refusal",   unknown(0),          Err(ElectionError::NoResponders { subject: "s".into() }), Markers::Unreadable),
             ("an API error is a refusal",    unknown(1),          Err(ElectionError::Api { subject: "s".into(), code: 403, err_code: 0, description: "no".into() }), Markers::Unreadable),
+            ("JetStream unavailable is not", unknown(1),          Err(ElectionError::Api { subject: "s".into(), code: 503, err_code: 10008, description: "JetStream system temporarily unavailable".into() }), unknown(1)),
+            ("nor unsettles a known one",    Markers::Readable,   Err(ElectionError::Api { subject: "s".into(), code: 503, err_code: 10008, description: "unavailable".into() }), Markers::Readable),
             ("a timeout is asked again",     unknown(0),          timeout(),                                               unknown(1)),
             ("a second one too",             unknown(1),          timeout(),                                               unknown(2)),
             ("a third gives up",             unknown(2),          timeout(),                                               Markers::Unreadable),
