@@ -11,7 +11,7 @@
 //! open and, until the exit, the pidfd. So feeding stdin, draining stdout and logging stderr
 //! never deadlock against each other, there is no thread to join, and every wait is bounded by
 //! the deadline. On kernels without `pidfd_open` (EL7's and EL8's) the exit is polled for,
-//! every 1 to 20 ms; tests take that path on purpose ([`both_exit_watches`]), so CI runs it.
+//! every 1 to 20 ms; tests take that path on purpose (`both_exit_watches!`), so CI runs it.
 //!
 //! The system calls std does not wrap are `sys`'s, the only `unsafe` of the helper; `stderr`
 //! turns stderr into log lines.
