@@ -10,19 +10,17 @@
 //!   `configuration`, `action_policies`, `opa_policies`, `server_claims`, `upgrade`, any of
 //!   them absent or `null`, keys matched as Go's decoder does ([`HelperOutput`]).
 //!
-//! One idea to read the code: a single loop `poll(2)`s the child's three pipes, so feeding
-//! stdin, draining stdout and logging stderr never deadlock against each other, there is no
-//! thread to join, and every wait is bounded by `helper_timeout`. The helper runs in its own
-//! process group, so on a timeout SIGKILL reaches whatever it started too. The same loop polls
-//! a [`HelperAbort`] beside the pipes: fired at the end of the shutdown grace, it kills every
-//! helper still running the same way, so none outlives the daemon.
+//! This file holds the contract and the two ways of running it ([`Helper`]); the process and
+//! its pipes are the helper I/O engine's (`io`), which both modes share: the helper in its own
+//! process group, so a timeout or a fired [`HelperAbort`] (the end of the shutdown grace)
+//! kills whatever it started too, and one `poll(2)` loop over its pipes, so feeding stdin,
+//! draining stdout and logging stderr never deadlock, there is no thread to join, and every
+//! wait is bounded by `helper_timeout`.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{ErrorKind, Read, Write};
-use std::os::unix::io::{AsRawFd, RawFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,28 +28,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::config::HelperCommand;
-
-/// Most stdout we accept from a helper; more is an error, so a runaway helper cannot exhaust
-/// memory.
-pub const MAX_OUTPUT: usize = 1024 * 1024;
-
-/// A stderr line longer than this is logged cut short (the rest up to the newline is dropped).
-const MAX_STDERR_LINE: usize = 4096;
-
-/// How long the pipes are waited for once the helper itself has exited. A helper's own ends
-/// close as it exits; what is still open then is held by something it started (a background
-/// job, a `setsid` daemon), which may never close them. What the helper wrote is in the pipe
-/// already, so this wait is only for the helper's last bytes to be read: then its answer is
-/// used and the holder left alone (a warning). Go's `runHelper` (provisioner host/helper.go)
-/// reads stdout to its end, so there such a job keeps the node waiting; ours failed it at
-/// `helper_timeout`.
-pub const PIPES_AFTER_EXIT: Duration = Duration::from_millis(250);
-
-/// The log-limit kind of the warning about a helper's pipes held after its exit.
-const PIPES_HELD: &str = "helper_pipes_held";
-
-/// At most this many stderr lines are logged per run, so a chatty helper cannot flood the log.
-const MAX_STDERR_LINES: usize = 1000;
+use io::{Ask, End, Process};
 
 /// The node's `gencsr` reply as the helper sees it (go-choria `provision.CSRReply`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
@@ -453,47 +430,6 @@ impl Helper {
     }
 }
 
-/// The end of every running helper, fired once (the daemon's shutdown grace is over, or
-/// `helper-test` is interrupted). A pipe whose
-/// write end we close: every helper's poll loop watches the read end beside its own pipes and
-/// wakes at once (POLLHUP), however many helpers run. Both ends are close-on-exec, so no
-/// helper holds them.
-pub struct HelperAbort {
-    read: std::io::PipeReader,
-    write: parking_lot::Mutex<Option<std::io::PipeWriter>>,
-}
-
-impl HelperAbort {
-    pub fn new() -> std::io::Result<HelperAbort> {
-        let (read, write) = std::io::pipe()?;
-        Ok(HelperAbort {
-            read,
-            write: parking_lot::Mutex::new(Some(write)),
-        })
-    }
-
-    /// Kills every helper running now or started later (each at its next poll, at once).
-    pub fn fire(&self) {
-        self.write.lock().take();
-    }
-
-    pub fn is_fired(&self) -> bool {
-        self.write.lock().is_none()
-    }
-
-    fn fd(&self) -> RawFd {
-        self.read.as_raw_fd()
-    }
-}
-
-impl fmt::Debug for HelperAbort {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HelperAbort")
-            .field("fired", &self.is_fired())
-            .finish()
-    }
-}
-
 /// One exchange with the helper, as it happened: what it was sent, what it wrote, how it
 /// ended, how long it took, and the decoded answer or why there is none. `Debug` gives the
 /// sizes of what was written, not the bytes: the answer may hold a private key.
@@ -502,7 +438,7 @@ pub struct Exchange {
     pub stdin: String,
     /// Its stdout, up to [`MAX_OUTPUT`] bytes.
     pub stdout: Vec<u8>,
-    /// Its stderr, up to [`MAX_STDERR_KEPT`] bytes (every line is logged as well).
+    /// Its stderr, up to [`io::MAX_STDERR_KEPT`] bytes (every line is logged as well).
     pub stderr: Vec<u8>,
     /// How the process ended, if it ended by itself.
     pub exit: Option<ExitStatus>,
@@ -574,9 +510,6 @@ impl Exchange {
     }
 }
 
-/// Most stderr an [`Exchange`] keeps (every line is logged regardless, up to the line cap).
-pub const MAX_STDERR_KEPT: usize = 64 * 1024;
-
 /// Runs the helper for `identity`: writes `input` to its stdin, reads at most [`MAX_OUTPUT`]
 /// bytes of stdout, logs its stderr line by line tagged with the node, and decodes the answer.
 /// A run longer than `timeout` is killed (with its process group) and reaped. Messages name
@@ -601,68 +534,59 @@ pub fn run_helper_exchange(
 ) -> Exchange {
     let started = Instant::now();
     let helper = command.program().to_string();
+    let fail = |kind| HelperError::new(&helper, identity, kind);
     let stdin_text = match input.to_json() {
         Ok(text) => text,
         Err(err) => {
-            let error = HelperError::new(&helper, identity, HelperErrorKind::Input(err));
-            return Exchange::failed(String::new(), started, error);
+            return Exchange::failed(String::new(), started, fail(HelperErrorKind::Input(err)))
         }
     };
     if abort.is_some_and(HelperAbort::is_fired) {
-        let error = HelperError::new(&helper, identity, HelperErrorKind::Aborted);
-        return Exchange::failed(stdin_text, started, error);
+        return Exchange::failed(stdin_text, started, fail(HelperErrorKind::Aborted));
     }
-    let spawned = crate::notify::scrub(&mut Command::new(command.program()))
-        .args(command.args())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group, so a timeout kill reaches what it spawned too. systemd's
-        // NOTIFY_SOCKET and WATCHDOG_* stay the daemon's (scrubbed above): a helper can never
-        // report READY=1 or feed the watchdog for us.
-        .process_group(0)
-        .spawn();
-    let mut child = match spawned {
-        Ok(child) => child,
+    let mut process = match Process::spawn(command) {
+        Ok(process) => process,
         Err(source) => {
-            let error = HelperError::new(&helper, identity, HelperErrorKind::Start(source));
-            return Exchange::failed(stdin_text, started, error);
+            return Exchange::failed(stdin_text, started, fail(HelperErrorKind::Start(source)))
         }
     };
-    let run = Run {
-        helper: &helper,
-        identity,
+    let outcome = process.run_to_exit(Ask {
+        request: stdin_text.as_bytes(),
         deadline: Instant::now() + timeout,
         abort,
-    };
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    let result = run.drive(&mut child, stdin_text.as_bytes(), &mut stdout, &mut stderr);
-    let (exit, answer) = match result {
+        helper: &helper,
+        identity,
+    });
+    let (exit, answer) = match outcome.ended {
         Ok(status) => (
             Some(status),
-            decode_answer(&helper, identity, status, &stdout),
+            decode_answer(&helper, identity, status, &outcome.stdout),
         ),
         Err(end) => {
-            kill_group(&mut child);
-            let kind = match end {
-                RunEnd::Timeout => HelperErrorKind::Timeout(timeout),
-                RunEnd::TooLarge => HelperErrorKind::TooLarge,
-                RunEnd::Aborted => HelperErrorKind::Aborted,
-                RunEnd::Io(source) => HelperErrorKind::Io(source),
-            };
-            (None, Err(HelperError::new(&helper, identity, kind)))
+            process.kill();
+            (None, Err(fail(error_kind(end, timeout))))
         }
     };
     Exchange {
         stdin: stdin_text,
-        stdout,
-        stderr,
+        stdout: outcome.stdout,
+        stderr: outcome.stderr,
         exit,
         duration: started.elapsed(),
         answer,
         restarts: 0,
         served_by: None,
+    }
+}
+
+/// The error an exchange that stopped early comes to.
+fn error_kind(end: End, timeout: Duration) -> HelperErrorKind {
+    match end {
+        End::Timeout => HelperErrorKind::Timeout(timeout),
+        End::TooLarge => HelperErrorKind::TooLarge,
+        End::Aborted => HelperErrorKind::Aborted,
+        End::Closed => HelperErrorKind::Exit("closed its stdout before answering".to_string()),
+        End::Io(source) => HelperErrorKind::Io(source),
     }
 }
 
@@ -692,411 +616,9 @@ fn describe_status(status: ExitStatus) -> String {
     }
 }
 
-/// SIGKILL to the helper's process group, then reap the helper. The group id is the helper's
-/// pid, which Linux does not hand out again while the helper is unreaped or any member of its
-/// group lives, so this reaches only what the helper started.
-fn kill_group(child: &mut Child) {
-    if let Ok(pid) = i32::try_from(child.id()) {
-        // SAFETY: kill(2) with a negative pid signals that process group; no memory involved.
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-        }
-    }
-    let _ = child.kill();
-    // Bounded: the process was sent SIGKILL.
-    let _ = child.wait();
-}
-
-/// Why the poll loop stopped early.
-enum RunEnd {
-    Timeout,
-    TooLarge,
-    /// The [`HelperAbort`] fired.
-    Aborted,
-    Io(std::io::Error),
-}
-
-struct Run<'a> {
-    helper: &'a str,
-    identity: &'a str,
-    deadline: Instant,
-    abort: Option<&'a HelperAbort>,
-}
-
-fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
-    // SAFETY: fcntl on a descriptor we own (a pipe end of our child); no memory involved.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-/// A descriptor that becomes readable when the process exits (`pidfd_open(2)`, Linux 5.3),
-/// so the exit wakes the poll at once instead of being polled for. `None` where the kernel
-/// lacks it (EL7's and EL8's): the exit is then polled for, every 1 to 20 ms.
-struct ExitWatch(std::os::fd::OwnedFd);
-
-impl ExitWatch {
-    fn open(pid: u32) -> Option<ExitWatch> {
-        use std::os::fd::FromRawFd;
-        #[cfg(test)]
-        if tests_without_exit_watch::ON.get() {
-            return None;
-        }
-        let pid = libc::pid_t::try_from(pid).ok()?;
-        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        let fd = RawFd::try_from(fd).ok().filter(|fd| *fd >= 0)?;
-        // SAFETY: the descriptor was just returned to us and nothing else owns it.
-        Some(ExitWatch(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
-    }
-
-    fn fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
-/// Lets a test take the path of a kernel without `pidfd_open`, on its own thread.
-#[cfg(test)]
-pub(crate) mod tests_without_exit_watch {
-    thread_local! {
-        pub(crate) static ON: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-}
-
-impl Run<'_> {
-    /// Feeds stdin, drains stdout and stderr, and waits for the exit, all until the deadline.
-    /// Success needs the helper to have exited and its pipes to be closed, or still held
-    /// [`PIPES_AFTER_EXIT`] after its exit (by something it started).
-    /// Fills `output` with stdout and `kept` with the first [`MAX_STDERR_KEPT`] bytes of stderr.
-    fn drive(
-        &self,
-        child: &mut Child,
-        input: &[u8],
-        output: &mut Vec<u8>,
-        kept: &mut Vec<u8>,
-    ) -> Result<ExitStatus, RunEnd> {
-        let mut stdin = child.stdin.take();
-        let mut stdout = child.stdout.take();
-        let mut stderr = child.stderr.take();
-        for fd in [
-            stdin.as_ref().map(|s| s.as_raw_fd()),
-            stdout.as_ref().map(|s| s.as_raw_fd()),
-            stderr.as_ref().map(|s| s.as_raw_fd()),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            set_nonblocking(fd).map_err(RunEnd::Io)?;
-        }
-        let mut written = 0usize;
-        if input.is_empty() {
-            stdin = None;
-        }
-        let mut stderr_lines = StderrLines::new(self.helper, self.identity);
-        let mut status: Option<ExitStatus> = None;
-        let exit_watch = ExitWatch::open(child.id());
-        // Until the helper exits we also poll its status; start fast, back off to 20 ms.
-        let mut exit_poll = Duration::from_millis(1);
-        // On the stack: one heap buffer per exchange was a 64 KiB allocation per node.
-        let mut chunk = [0u8; 16 * 1024];
-        // Set when the helper is seen to have exited with a pipe still open.
-        let mut pipes_deadline: Option<Instant> = None;
-
-        loop {
-            if status.is_none() {
-                status = child.try_wait().map_err(RunEnd::Io)?;
-            }
-            if status.is_some() && stdout.is_none() && stderr.is_none() {
-                break;
-            }
-            let now = Instant::now();
-            if let Some(exited) = status {
-                let until = *pipes_deadline
-                    .get_or_insert_with(|| (now + PIPES_AFTER_EXIT).min(self.deadline.max(now)));
-                if now >= until {
-                    // What the helper wrote before it exited is in the pipes: take it all.
-                    self.drain(&mut stdout, &mut chunk, |bytes| {
-                        if output.len() + bytes.len() > MAX_OUTPUT {
-                            return Err(RunEnd::TooLarge);
-                        }
-                        output.extend_from_slice(bytes);
-                        Ok(())
-                    })?;
-                    self.drain(&mut stderr, &mut chunk, |bytes| {
-                        let room = MAX_STDERR_KEPT.saturating_sub(kept.len());
-                        kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
-                        stderr_lines.feed(bytes);
-                        Ok(())
-                    })?;
-                    self.warn_pipes_held(exited, stdout.is_some(), stderr.is_some());
-                    break;
-                }
-            }
-            if now >= self.deadline {
-                return Err(RunEnd::Timeout);
-            }
-            let remaining = match pipes_deadline {
-                Some(until) => until.saturating_duration_since(now),
-                None => self.deadline - now,
-            };
-            let wait = if status.is_none() && exit_watch.is_none() {
-                if stdout.is_none() && stderr.is_none() {
-                    // Its pipes closed: it is exiting, and no pipe event will wake us. A
-                    // grown poll period here cost up to 20 ms per node (benches/limit
-                    // latency: the helper step's p50 was 17 ms for a trivial sh helper).
-                    exit_poll = Duration::from_millis(1);
-                }
-                let wait = exit_poll.min(remaining);
-                exit_poll = (exit_poll * 2).min(Duration::from_millis(20));
-                wait
-            } else {
-                remaining.min(Duration::from_millis(100))
-            };
-
-            let mut fds: Vec<libc::pollfd> = Vec::with_capacity(4);
-            // First, so an abort wins over whatever the pipes have to say.
-            if let Some(abort) = self.abort {
-                fds.push(pollfd(abort.fd(), libc::POLLIN));
-            }
-            if let Some(s) = &stdin {
-                fds.push(pollfd(s.as_raw_fd(), libc::POLLOUT));
-            }
-            if let Some(s) = &stdout {
-                fds.push(pollfd(s.as_raw_fd(), libc::POLLIN));
-            }
-            if let Some(s) = &stderr {
-                fds.push(pollfd(s.as_raw_fd(), libc::POLLIN));
-            }
-            // Last, and only looked at through `try_wait` at the top of the loop.
-            if let (None, Some(watch)) = (status, &exit_watch) {
-                fds.push(pollfd(watch.fd(), libc::POLLIN));
-            }
-            let millis = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
-            // SAFETY: `fds` is a live, correctly sized array of pollfd for the call.
-            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
-            if ready < 0 {
-                let err = std::io::Error::last_os_error();
-                // Signals (SIGCHLD as helpers exit) interrupt poll: just go round again.
-                if err.kind() == ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(RunEnd::Io(err));
-            }
-            if ready == 0 {
-                continue;
-            }
-            let mut index = 0;
-            if self.abort.is_some() {
-                if fds[index].revents != 0 {
-                    return Err(RunEnd::Aborted);
-                }
-                index += 1;
-            }
-            if let Some(pipe) = stdin.as_mut() {
-                let revents = fds[index].revents;
-                index += 1;
-                if revents != 0 {
-                    match pipe.write(&input[written..]) {
-                        Ok(n) => {
-                            written += n;
-                            if written >= input.len() {
-                                stdin = None; // closes it: the helper sees EOF
-                            }
-                        }
-                        Err(err) if err.kind() == ErrorKind::WouldBlock => {}
-                        Err(err) if err.kind() == ErrorKind::Interrupted => {}
-                        // EPIPE: the helper does not read stdin. Fine, as in Go, which
-                        // ignores errors writing stdin (host/helper.go, runHelper).
-                        Err(_) => stdin = None,
-                    }
-                }
-            }
-            if let Some(pipe) = stdout.as_mut() {
-                let revents = fds[index].revents;
-                index += 1;
-                if revents != 0 {
-                    match read_some(pipe, &mut chunk) {
-                        ReadResult::Data(n) => {
-                            if output.len() + n > MAX_OUTPUT {
-                                return Err(RunEnd::TooLarge);
-                            }
-                            output.extend_from_slice(&chunk[..n]);
-                        }
-                        ReadResult::Again => {}
-                        ReadResult::Closed => stdout = None,
-                        ReadResult::Failed(err) => return Err(RunEnd::Io(err)),
-                    }
-                }
-            }
-            if let Some(pipe) = stderr.as_mut() {
-                let revents = fds[index].revents;
-                if revents != 0 {
-                    match read_some(pipe, &mut chunk) {
-                        ReadResult::Data(n) => {
-                            let room = MAX_STDERR_KEPT.saturating_sub(kept.len());
-                            kept.extend_from_slice(&chunk[..n.min(room)]);
-                            stderr_lines.feed(&chunk[..n]);
-                        }
-                        ReadResult::Again => {}
-                        ReadResult::Closed => {
-                            stderr_lines.finish();
-                            stderr = None
-                        }
-                        ReadResult::Failed(_) => {
-                            stderr_lines.finish();
-                            stderr = None
-                        }
-                    }
-                }
-            }
-        }
-        stderr_lines.finish();
-        status.ok_or(RunEnd::Timeout)
-    }
-}
-
-impl Run<'_> {
-    /// Reads what `pipe` holds now, until it would block or closes (then it is dropped), and
-    /// at most [`MAX_OUTPUT`] bytes: more than a pipe holds, and a bound on a holder that
-    /// keeps writing.
-    fn drain<P: Read>(
-        &self,
-        pipe: &mut Option<P>,
-        chunk: &mut [u8],
-        mut take: impl FnMut(&[u8]) -> Result<(), RunEnd>,
-    ) -> Result<(), RunEnd> {
-        let mut read = 0;
-        while let Some(open) = pipe.as_mut().filter(|_| read < MAX_OUTPUT) {
-            match read_some(open, chunk) {
-                ReadResult::Data(n) => {
-                    read += n;
-                    take(&chunk[..n])?
-                }
-                ReadResult::Closed | ReadResult::Failed(_) => *pipe = None,
-                ReadResult::Again => break,
-            }
-        }
-        Ok(())
-    }
-
-    /// The helper exited, and something it started holds its pipes: its answer is used.
-    fn warn_pipes_held(&self, status: ExitStatus, stdout: bool, stderr: bool) {
-        let held = match (stdout, stderr) {
-            (true, true) => "stdout and stderr",
-            (true, false) => "stdout",
-            _ => "stderr",
-        };
-        if choria_broker::log_limit::global().allow(PIPES_HELD, self.identity) {
-            log::warn!(
-                target: "choria_provisioner::helper",
-                "{}: helper {} {}, but something it started still holds its {held} open (a \
-                 background job?): its answer is used without waiting for it, and what holds \
-                 them is left running",
-                self.identity,
-                self.helper,
-                describe_status(status)
-            );
-        }
-    }
-}
-
-fn pollfd(fd: RawFd, events: libc::c_short) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    }
-}
-
-enum ReadResult {
-    Data(usize),
-    Again,
-    Closed,
-    Failed(std::io::Error),
-}
-
-fn read_some(pipe: &mut impl Read, buf: &mut [u8]) -> ReadResult {
-    match pipe.read(buf) {
-        Ok(0) => ReadResult::Closed,
-        Ok(n) => ReadResult::Data(n),
-        Err(err) if err.kind() == ErrorKind::WouldBlock || err.kind() == ErrorKind::Interrupted => {
-            ReadResult::Again
-        }
-        Err(err) => ReadResult::Failed(err),
-    }
-}
-
-/// Splits the helper's stderr into lines and logs each, tagged with the helper and the node.
-struct StderrLines<'a> {
-    helper: &'a str,
-    identity: &'a str,
-    line: Vec<u8>,
-    /// The current line grew past the cap: drop bytes until its newline.
-    overflowing: bool,
-    logged: usize,
-}
-
-impl<'a> StderrLines<'a> {
-    fn new(helper: &'a str, identity: &'a str) -> StderrLines<'a> {
-        StderrLines {
-            helper,
-            identity,
-            line: Vec::new(),
-            overflowing: false,
-            logged: 0,
-        }
-    }
-
-    fn feed(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            if byte == b'\n' {
-                self.emit();
-                self.overflowing = false;
-            } else if self.line.len() < MAX_STDERR_LINE {
-                self.line.push(byte);
-            } else if !self.overflowing {
-                self.overflowing = true;
-                self.emit();
-            }
-        }
-    }
-
-    fn finish(&mut self) {
-        if !self.line.is_empty() {
-            self.emit();
-        }
-    }
-
-    fn emit(&mut self) {
-        let text = String::from_utf8_lossy(&self.line);
-        // The helper may echo what a node sent: no control character reaches the log.
-        let text = choria_wire::text::one_line(text.trim_end_matches('\r')).into_owned();
-        if self.logged < MAX_STDERR_LINES {
-            log::info!(
-                target: "choria_provisioner::helper",
-                "{}: helper {}: {}",
-                self.identity,
-                self.helper,
-                text
-            );
-        } else if self.logged == MAX_STDERR_LINES {
-            log::warn!(
-                target: "choria_provisioner::helper",
-                "{}: helper {}: more than {MAX_STDERR_LINES} lines on stderr, not logging the rest",
-                self.identity,
-                self.helper
-            );
-        }
-        self.logged += 1;
-        self.line.clear();
-    }
-}
-
+mod io;
 mod pool;
+pub use io::{HelperAbort, MAX_OUTPUT};
 pub use pool::HelperPool;
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! `helper_mode: persistent` against real helper processes: small `sh` scripts speaking the
 //! line protocol, each showing one behaviour: many nodes from one process, every way a helper
 //! falls out of step (each killed with its group, restarted after a backoff, only that node
-//! failing), stderr tagged with the node, and shutdown.
+//! failing), stderr tagged with the node, and shutdown. Each runs twice (`both_exit_watches`):
+//! the exit seen through a pidfd, and polled for as on kernels without `pidfd_open`.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::io::both_exit_watches;
 use super::pool::FIRST_BACKOFF;
 use super::process_tests::{ends, script};
 use super::{Exchange, Helper, HelperAbort, HelperErrorKind, HelperInput};
@@ -31,7 +33,23 @@ fn ask(helper: &Helper, identity: &str) -> Exchange {
 /// The framing in POSIX sh: the id is the first field, so it is cut out without a JSON parser.
 const ID: &str = "id=${line#\\{\\\"id\\\":\\\"}; id=${id%%\\\"*}";
 
-#[test]
+/// A helper whose first process misbehaves as `bad` says (after starting a grandchild in its
+/// group) and whose later processes answer properly.
+fn first_one_bad(dir: &Path, name: &str, bad: &str) -> PathBuf {
+    let flag = dir.join(format!("{name}.started"));
+    let pids = dir.join(format!("{name}.pids"));
+    script(
+        dir,
+        name,
+        &format!(
+            "#!/bin/sh\nif [ ! -e {flag} ]; then\n  touch {flag}\n  sleep 300 &\n  echo $$ $! > {pids}\n  IFS= read -r line\n  {ID}\n  {bad}\nfi\nwhile IFS= read -r line; do\n  {ID}\n  printf '{{\"id\":\"%s\",\"msg\":\"fine\"}}\\n' \"$id\"\ndone\n",
+            flag = flag.display(),
+            pids = pids.display()
+        ),
+    )
+}
+
+both_exit_watches! {
 fn one_process_answers_node_after_node_with_the_id_echoed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let seen = dir.path().join("seen");
@@ -83,23 +101,6 @@ fn one_process_answers_node_after_node_with_the_id_echoed() {
     assert!(ends(pids[0] as i32), "closed stdin ends the helper");
 }
 
-/// A helper whose first process misbehaves as `bad` says (after starting a grandchild in its
-/// group) and whose later processes answer properly.
-fn first_one_bad(dir: &Path, name: &str, bad: &str) -> PathBuf {
-    let flag = dir.join(format!("{name}.started"));
-    let pids = dir.join(format!("{name}.pids"));
-    script(
-        dir,
-        name,
-        &format!(
-            "#!/bin/sh\nif [ ! -e {flag} ]; then\n  touch {flag}\n  sleep 300 &\n  echo $$ $! > {pids}\n  IFS= read -r line\n  {ID}\n  {bad}\nfi\nwhile IFS= read -r line; do\n  {ID}\n  printf '{{\"id\":\"%s\",\"msg\":\"fine\"}}\\n' \"$id\"\ndone\n",
-            flag = flag.display(),
-            pids = pids.display()
-        ),
-    )
-}
-
-#[test]
 fn each_failure_kills_the_group_fails_that_node_and_restarts_after_a_backoff() {
     let dir = tempfile::tempdir().expect("tempdir");
     // (name, what the first process does with its first request, expected error)
@@ -177,7 +178,6 @@ fn each_failure_kills_the_group_fails_that_node_and_restarts_after_a_backoff() {
     }
 }
 
-#[test]
 fn a_helper_dying_at_once_backs_off_instead_of_spinning() {
     let dir = tempfile::tempdir().expect("tempdir");
     let starts = dir.path().join("starts");
@@ -211,7 +211,6 @@ fn a_helper_dying_at_once_backs_off_instead_of_spinning() {
     );
 }
 
-#[test]
 fn a_missing_program_fails_each_node_as_a_start_error() {
     let helper = pool(Path::new("/nonexistent/helper"), Duration::from_secs(1));
     for n in 0..2 {
@@ -223,7 +222,6 @@ fn a_missing_program_fails_each_node_as_a_start_error() {
     }
 }
 
-#[test]
 fn stderr_is_logged_tagged_with_the_node_being_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = script(
@@ -248,7 +246,6 @@ fn stderr_is_logged_tagged_with_the_node_being_served() {
     }
 }
 
-#[test]
 fn shutdown_closes_stdin_and_kills_a_helper_still_running_at_the_end_of_the_grace() {
     let dir = tempfile::tempdir().expect("tempdir");
     let closed = dir.path().join("closed");
@@ -301,7 +298,6 @@ fn shutdown_closes_stdin_and_kills_a_helper_still_running_at_the_end_of_the_grac
     assert!(ends(grandchild), "its group too");
 }
 
-#[test]
 fn an_abort_ends_an_exchange_and_kills_the_helper() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = script(dir.path(), "slow", "#!/bin/sh\nread -r line\nsleep 300\n");
@@ -326,7 +322,6 @@ fn an_abort_ends_an_exchange_and_kills_the_helper() {
     assert!(ends(exchange.served_by.expect("served") as i32));
 }
 
-#[test]
 fn a_helper_that_ended_between_nodes_is_replaced_without_failing_the_next() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Answers one node, then exits (as a helper recycling itself would).
@@ -348,7 +343,6 @@ fn a_helper_that_ended_between_nodes_is_replaced_without_failing_the_next() {
 }
 
 /// The README's framing examples, run as written: each answers node after node.
-#[test]
 fn the_readme_examples_speak_the_protocol() {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
         .expect("README");
@@ -381,4 +375,5 @@ fn the_readme_examples_speak_the_protocol() {
             assert_eq!(exchange.restarts, 0, "{command}");
         }
     }
+}
 }

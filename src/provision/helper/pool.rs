@@ -9,25 +9,21 @@
 //! next node after a backoff (100 ms doubling to 5 s, reset by an answer), so a helper that
 //! dies at once does not spin. Processes start lazily, at a slot's first node.
 //!
-//! The exchange is the per-node mode's poll loop reshaped: one `poll(2)` over the abort pipe
-//! and the helper's three pipes until the answer's newline or the deadline; stderr is logged
-//! tagged with the node being served (what a helper writes between nodes is logged with the
-//! next one).
+//! The exchange runs on the helper I/O engine the per-node mode runs on (`super::io`),
+//! reading until the answer's newline or the deadline; stderr is logged tagged with the node
+//! being served (what a helper writes between nodes is logged with the next one).
 
-use std::io::{ErrorKind, Write};
-use std::os::unix::io::AsRawFd;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 use serde_json::Value;
 
+use super::io::{wait_unless_aborted, Ask, End, Process};
 use super::{
-    describe_status, kill_group, pollfd, read_some, set_nonblocking, Exchange, HelperAbort,
-    HelperError, HelperErrorKind, HelperInput, HelperOutput, ReadResult, StderrLines, MAX_OUTPUT,
-    MAX_STDERR_KEPT,
+    describe_status, error_kind, Exchange, HelperAbort, HelperError, HelperErrorKind, HelperInput,
+    HelperOutput,
 };
 use crate::config::HelperCommand;
 
@@ -60,67 +56,12 @@ pub struct HelperPool {
 }
 
 struct Slot {
-    process: Option<Running>,
+    process: Option<Process>,
     /// Failures in a row; the next start waits [`backoff`] of it after `failed_at`.
     failures: u32,
     failed_at: Option<Instant>,
     /// A process ran here before: the next start is a restart.
     started_before: bool,
-}
-
-/// A running helper and its pipes (non-blocking).
-struct Running {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: ChildStdout,
-    stderr: ChildStderr,
-    reaped: bool,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if !self.reaped {
-            // Never left behind: a pool dropped without `close` (helper-test, tests).
-            kill_group(&mut self.child);
-        }
-    }
-}
-
-impl Running {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Kills the helper with its process group and reaps it; its status if it had already
-    /// ended by itself.
-    fn kill(mut self) -> Option<ExitStatus> {
-        let ended = self.has_exited();
-        // kill_group reaps it: its own status if it had ended by itself.
-        kill_group(&mut self.child);
-        self.reaped = true;
-        if !ended {
-            return None;
-        }
-        self.child.try_wait().ok().flatten()
-    }
-
-    /// Whether the helper has exited, without reaping it: unreaped, its pid (its group's id)
-    /// cannot be handed out again, so the group kill that follows reaches only its group.
-    fn has_exited(&self) -> bool {
-        let pid: libc::id_t = self.child.id();
-        // SAFETY: waitid on our own child with a zeroed siginfo_t it fills; WNOWAIT leaves
-        // it unreaped.
-        unsafe {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            let done = libc::waitid(
-                libc::P_PID,
-                pid,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-            );
-            done == 0 && info.si_pid() != 0
-        }
-    }
 }
 
 /// A slot a worker holds for one node. It goes back to the pool when dropped, also when a
@@ -161,16 +102,6 @@ impl Slot {
             started_before: false,
         }
     }
-}
-
-/// Why an exchange with a persistent helper ended without an answer line.
-enum LineEnd {
-    Timeout,
-    TooLarge,
-    Aborted,
-    /// stdout closed: the helper ended (or closed it) before answering.
-    Closed,
-    Io(std::io::Error),
 }
 
 impl std::fmt::Debug for HelperPool {
@@ -261,69 +192,25 @@ impl HelperPool {
     ) -> Exchange {
         let helper = self.command.program().to_string();
         let fail = |kind| HelperError::new(&helper, identity, kind);
-        let mut restarts = 0u32;
-        // One that ended between nodes (its own choice, or a crash after its last answer)
-        // is replaced before this node's request is written to nobody.
-        if slot.process.as_ref().is_some_and(Running::has_exited) {
-            if let Some(ended) = slot.process.take().and_then(Running::kill) {
-                log::info!(
-                    "persistent helper {helper} ended between nodes ({}); starting another",
-                    describe_status(ended)
-                );
-            }
-        }
-        if slot.process.is_none() {
-            // The backoff after failures in a row; an abort ends it at once.
-            if let Some(failed_at) = slot.failed_at {
-                let until = failed_at + backoff(slot.failures);
-                if wait_until(until, abort) {
-                    return Exchange::failed(line, started, fail(HelperErrorKind::Aborted));
-                }
-            }
-            match self.spawn() {
-                Ok(running) => {
-                    if slot.started_before {
-                        restarts = 1;
-                        log::info!(
-                            "{identity}: restarted persistent helper {helper} (pid {}) after {} failure(s) in a row",
-                            running.pid(),
-                            slot.failures
-                        );
-                    }
-                    slot.started_before = true;
-                    slot.process = Some(running);
-                }
-                Err(err) => {
-                    slot.failures = slot.failures.saturating_add(1);
-                    slot.failed_at = Some(Instant::now());
-                    let mut exchange =
-                        Exchange::failed(line, started, fail(HelperErrorKind::Start(err)));
-                    exchange.restarts = restarts;
-                    return exchange;
-                }
-            }
-        }
-        let Some(running) = slot.process.as_mut() else {
+        let restarts = match self.start_if_needed(slot, identity, abort) {
+            Ok(restarts) => restarts,
+            Err(kind) => return Exchange::failed(line, started, fail(kind)),
+        };
+        let Some(process) = slot.process.as_mut() else {
             return Exchange::failed(line, started, fail(HelperErrorKind::NoOutput));
         };
-        let pid = running.pid();
-        let deadline = Instant::now() + self.timeout;
-        let mut stdout = Vec::new();
-        let mut stderr = Vec::new();
-        let ended = read_answer(
-            running,
-            line.as_bytes(),
-            &helper,
-            identity,
-            deadline,
+        let pid = process.pid();
+        let outcome = process.read_line(Ask {
+            request: line.as_bytes(),
+            deadline: Instant::now() + self.timeout,
             abort,
-            &mut stdout,
-            &mut stderr,
-        );
+            helper: &helper,
+            identity,
+        });
         let mut exit = None;
-        let answer = match ended {
+        let answer = match outcome.ended {
             Ok(rest) => {
-                let judged = judge(&stdout, id);
+                let judged = judge(&outcome.stdout, id);
                 // A JSON object with our id whose fields Go's decoder refuses is a wrong
                 // answer from a helper still in step; anything else is out of step.
                 let in_step = !matches!(judged, Err(HelperErrorKind::Protocol(_)));
@@ -342,26 +229,22 @@ impl HelperPool {
             }
             Err(end) => {
                 let status = self.retire(slot);
-                let kind = match end {
-                    LineEnd::Timeout => HelperErrorKind::Timeout(self.timeout),
-                    LineEnd::TooLarge => HelperErrorKind::TooLarge,
-                    LineEnd::Aborted => HelperErrorKind::Aborted,
-                    LineEnd::Io(err) => HelperErrorKind::Io(err),
-                    LineEnd::Closed => {
-                        exit = status;
-                        HelperErrorKind::Exit(match status {
-                            Some(status) => format!("{} before answering", describe_status(status)),
-                            None => "closed its stdout before answering".to_string(),
-                        })
+                Err(fail(match (end, status) {
+                    (End::Closed, Some(status)) => {
+                        exit = Some(status);
+                        HelperErrorKind::Exit(format!(
+                            "{} before answering",
+                            describe_status(status)
+                        ))
                     }
-                };
-                Err(fail(kind))
+                    (end, _) => error_kind(end, self.timeout),
+                }))
             }
         };
         Exchange {
             stdin: line,
-            stdout,
-            stderr,
+            stdout: outcome.stdout,
+            stderr: outcome.stderr,
             exit,
             duration: started.elapsed(),
             answer,
@@ -370,45 +253,59 @@ impl HelperPool {
         }
     }
 
+    /// Makes sure the slot has a running helper: one that ended between nodes (its own
+    /// choice, or a crash after its last answer) is replaced before this node's request is
+    /// written to nobody, and a start waits out the backoff after failures in a row (an abort
+    /// ends it at once). Ok: the restarts that took (0 or 1).
+    fn start_if_needed(
+        &self,
+        slot: &mut Slot,
+        identity: &str,
+        abort: Option<&HelperAbort>,
+    ) -> Result<u32, HelperErrorKind> {
+        let helper = self.command.program();
+        if slot.process.as_ref().is_some_and(Process::has_exited) {
+            if let Some(ended) = slot.process.take().and_then(|mut process| process.kill()) {
+                log::info!(
+                    "persistent helper {helper} ended between nodes ({}); starting another",
+                    describe_status(ended)
+                );
+            }
+        }
+        if slot.process.is_some() {
+            return Ok(0);
+        }
+        if let Some(failed_at) = slot.failed_at {
+            if wait_unless_aborted(failed_at + backoff(slot.failures), abort) {
+                return Err(HelperErrorKind::Aborted);
+            }
+        }
+        let running = Process::spawn(&self.command).map_err(|err| {
+            slot.failures = slot.failures.saturating_add(1);
+            slot.failed_at = Some(Instant::now());
+            HelperErrorKind::Start(err)
+        })?;
+        let restarts = u32::from(slot.started_before);
+        if slot.started_before {
+            log::info!(
+                "{identity}: restarted persistent helper {helper} (pid {}) after {} failure(s) in a row",
+                running.pid(),
+                slot.failures
+            );
+        }
+        slot.started_before = true;
+        slot.process = Some(running);
+        Ok(restarts)
+    }
+
     /// Kills the slot's helper with its process group (its status if it had ended itself) and
     /// starts the backoff.
     fn retire(&self, slot: &mut Slot) -> Option<ExitStatus> {
-        let status = slot.process.take().and_then(|running| running.kill());
+        let status = slot.process.take().and_then(|mut process| process.kill());
         // From when it is gone: a slow kill does not eat the backoff.
         slot.failures = slot.failures.saturating_add(1);
         slot.failed_at = Some(Instant::now());
         status
-    }
-
-    fn spawn(&self) -> std::io::Result<Running> {
-        let mut child = crate::notify::scrub(&mut Command::new(self.command.program()))
-            .args(self.command.args())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // As per node: its own group, so a kill reaches what it started too.
-            .process_group(0)
-            .spawn()?;
-        let (Some(stdin), Some(stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            kill_group(&mut child);
-            return Err(std::io::Error::other("the helper's pipes were not set up"));
-        };
-        let running = Running {
-            child,
-            stdin: Some(stdin),
-            stdout,
-            stderr,
-            reaped: false,
-        };
-        for fd in [running.stdout.as_raw_fd(), running.stderr.as_raw_fd()] {
-            set_nonblocking(fd)?;
-        }
-        if let Some(stdin) = &running.stdin {
-            set_nonblocking(stdin.as_raw_fd())?;
-        }
-        Ok(running)
     }
 
     /// Shutdown: no node is asked for any more; every idle helper's stdin is closed (its
@@ -419,19 +316,13 @@ impl HelperPool {
         let mut running = Vec::new();
         while let Ok(mut slot) = self.take.try_recv() {
             if let Some(mut process) = slot.process.take() {
-                process.stdin = None;
+                process.close_stdin();
                 running.push(process);
             }
         }
         let mut poll = Duration::from_millis(1);
         while !running.is_empty() {
-            running.retain_mut(|process| match process.child.try_wait() {
-                Ok(Some(_)) | Err(_) => {
-                    process.reaped = true;
-                    false
-                }
-                Ok(None) => true,
-            });
+            running.retain_mut(|process| !process.try_reap());
             let now = Instant::now();
             if running.is_empty() || now >= deadline {
                 break;
@@ -447,28 +338,6 @@ impl HelperPool {
             );
             // Dropping an unreaped process kills its group.
             drop(process);
-        }
-    }
-}
-
-/// Waits until `until` unless `abort` fires first (true then).
-fn wait_until(until: Instant, abort: Option<&HelperAbort>) -> bool {
-    loop {
-        if abort.is_some_and(HelperAbort::is_fired) {
-            return true;
-        }
-        let now = Instant::now();
-        if now >= until {
-            return false;
-        }
-        let millis = (until - now).as_millis().clamp(1, i32::MAX as u128) as i32;
-        match abort {
-            Some(abort) => {
-                let mut fds = [pollfd(abort.fd(), libc::POLLIN)];
-                // SAFETY: `fds` is a live array of one pollfd for the call.
-                unsafe { libc::poll(fds.as_mut_ptr(), 1, millis) };
-            }
-            None => std::thread::sleep(until - now),
         }
     }
 }
@@ -518,154 +387,6 @@ fn judge(line: &[u8], id: &str) -> Result<HelperOutput, HelperErrorKind> {
     HelperOutput::from_json(line).map_err(HelperErrorKind::Decode)
 }
 
-/// Cuts `output` at its first newline at or after `start` (bytes before it were searched);
-/// how many bytes followed it.
-fn cut_line(output: &mut Vec<u8>, start: usize) -> Option<usize> {
-    let at = output[start..].iter().position(|&b| b == b'\n')?;
-    let end = start + at;
-    let rest = output.len() - end - 1;
-    output.truncate(end);
-    Some(rest)
-}
-
-/// Writes the request line and reads stdout up to the first newline (left out of `output`),
-/// logging stderr as it comes. Ok: how many bytes followed the newline (a helper in step
-/// writes none).
-#[allow(clippy::too_many_arguments)]
-fn read_answer(
-    running: &mut Running,
-    request: &[u8],
-    helper: &str,
-    identity: &str,
-    deadline: Instant,
-    abort: Option<&HelperAbort>,
-    output: &mut Vec<u8>,
-    kept: &mut Vec<u8>,
-) -> Result<usize, LineEnd> {
-    let mut written = 0usize;
-    let mut writing = running.stdin.is_some();
-    let mut stderr_open = true;
-    let mut stderr_lines = StderrLines::new(helper, identity);
-    // On the stack: one heap buffer per exchange was a 64 KiB allocation per node.
-    let mut chunk = [0u8; 16 * 1024];
-    // A helper that exits while something it started holds its stdout gives no EOF: its exit
-    // is watched too, every 50 ms at most (an answer wakes the poll at once).
-    let mut exited = false;
-    let result = loop {
-        let now = Instant::now();
-        if now >= deadline {
-            break Err(LineEnd::Timeout);
-        }
-        if exited {
-            // What it wrote before it exited is still in the pipe.
-            let mut answered = None;
-            while let ReadResult::Data(n) = read_some(&mut running.stdout, &mut chunk) {
-                let start = output.len();
-                output.extend_from_slice(&chunk[..n]);
-                answered = cut_line(output, start);
-                if answered.is_some() || output.len() > MAX_OUTPUT {
-                    break;
-                }
-            }
-            break answered.ok_or(LineEnd::Closed);
-        }
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(4);
-        if let Some(abort) = abort {
-            fds.push(pollfd(abort.fd(), libc::POLLIN));
-        }
-        let stdin_at = fds.len();
-        if writing {
-            if let Some(stdin) = &running.stdin {
-                fds.push(pollfd(stdin.as_raw_fd(), libc::POLLOUT));
-            }
-        }
-        let stdout_at = fds.len();
-        fds.push(pollfd(running.stdout.as_raw_fd(), libc::POLLIN));
-        let stderr_at = fds.len();
-        if stderr_open {
-            fds.push(pollfd(running.stderr.as_raw_fd(), libc::POLLIN));
-        }
-        let wait = (deadline - now).min(Duration::from_millis(50));
-        let millis = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
-        // SAFETY: `fds` is a live, correctly sized array of pollfd for the call.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, millis) };
-        if ready < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == ErrorKind::Interrupted {
-                continue;
-            }
-            break Err(LineEnd::Io(err));
-        }
-        if ready == 0 {
-            // Read what it wrote before it exited on the next round, then stop.
-            exited = running.has_exited();
-            continue;
-        }
-        if abort.is_some() && fds[0].revents != 0 {
-            break Err(LineEnd::Aborted);
-        }
-        if writing && stdin_at < stdout_at && fds[stdin_at].revents != 0 {
-            if let Some(stdin) = running.stdin.as_mut() {
-                match stdin.write(&request[written..]) {
-                    Ok(n) => {
-                        written += n;
-                        writing = written < request.len();
-                    }
-                    Err(err)
-                        if err.kind() == ErrorKind::WouldBlock
-                            || err.kind() == ErrorKind::Interrupted => {}
-                    // EPIPE: it stopped reading; its stdout says the rest.
-                    Err(_) => {
-                        writing = false;
-                        running.stdin = None;
-                    }
-                }
-            }
-        }
-        if stderr_open && fds[stderr_at].revents != 0 {
-            match read_some(&mut running.stderr, &mut chunk) {
-                ReadResult::Data(n) => {
-                    let room = MAX_STDERR_KEPT.saturating_sub(kept.len());
-                    kept.extend_from_slice(&chunk[..n.min(room)]);
-                    stderr_lines.feed(&chunk[..n]);
-                }
-                ReadResult::Again => {}
-                ReadResult::Closed | ReadResult::Failed(_) => stderr_open = false,
-            }
-        }
-        if fds[stdout_at].revents != 0 {
-            match read_some(&mut running.stdout, &mut chunk) {
-                ReadResult::Data(n) => {
-                    let start = output.len();
-                    output.extend_from_slice(&chunk[..n]);
-                    if let Some(rest) = cut_line(output, start) {
-                        break Ok(rest);
-                    }
-                    if output.len() > MAX_OUTPUT {
-                        break Err(LineEnd::TooLarge);
-                    }
-                }
-                ReadResult::Again => {}
-                ReadResult::Closed => break Err(LineEnd::Closed),
-                ReadResult::Failed(err) => break Err(LineEnd::Io(err)),
-            }
-        }
-    };
-    // What it wrote on stderr with the answer is this node's too.
-    while stderr_open {
-        match read_some(&mut running.stderr, &mut chunk) {
-            ReadResult::Data(n) => {
-                let room = MAX_STDERR_KEPT.saturating_sub(kept.len());
-                kept.extend_from_slice(&chunk[..n.min(room)]);
-                stderr_lines.feed(&chunk[..n]);
-            }
-            _ => stderr_open = false,
-        }
-    }
-    stderr_lines.finish();
-    result
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -680,12 +401,12 @@ mod tests {
         assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
     }
 
+    super::super::io::both_exit_watches! {
     /// A worker survives its node's panic (`crate::panics::contain`), so a panic while it
     /// holds a slot must neither keep the slot nor leave its helper running.
-    #[test]
     fn a_panic_while_a_slot_is_held_gives_it_back_with_its_helper_killed() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = super::super::process_tests::script(
+        let path = crate::provision::helper::process_tests::script(
             dir.path(),
             "serve",
             "#!/bin/sh\nwhile IFS= read -r line; do\n  id=${line#\\{\\\"id\\\":\\\"}; id=${id%%\\\"*}\n  printf '{\"id\":\"%s\",\"defer\":true}\\n' \"$id\"\ndone\n",
@@ -706,14 +427,14 @@ mod tests {
         });
         assert!(caught.is_err());
         assert_eq!(pool.take.len(), 1, "the slot is back");
-        // SAFETY: kill(2) with signal 0 only checks that the pid exists; no memory involved.
-        let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
-        assert!(!alive, "helper {pid} still runs");
+        let running = crate::provision::helper::process_tests::running(pid as i32);
+        assert!(!running, "helper {pid} still runs");
 
         let next = pool.ask(&input, "n1.example.net", None);
         assert!(next.answer.is_ok(), "{:?}", next.answer);
         assert_ne!(next.served_by, Some(pid), "a fresh helper");
         pool.close(Instant::now() + Duration::from_secs(2));
+    }
     }
 
     /// Whatever the node sent, the request is one line for every line reader (U+0085 went

@@ -1,20 +1,36 @@
 //! `provision::helper::run_helper` against real helper processes: small scripts written to a
 //! temp dir, each showing one behaviour of the helper contract (provisioner host/helper.go).
+//! Each runs twice (`both_exit_watches`): the exit seen through a pidfd, and polled for as on
+//! kernels without `pidfd_open`.
 
-use std::os::unix::fs::PermissionsExt;
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{run_helper, CsrReply, HelperError, HelperErrorKind, HelperInput, MAX_OUTPUT};
+use super::io::{both_exit_watches, exit_seen};
+use super::{
+    run_helper, run_helper_exchange, CsrReply, HelperAbort, HelperError, HelperErrorKind,
+    HelperInput, MAX_OUTPUT,
+};
 use crate::config::HelperCommand;
 
-/// Writes an executable script (shared with `persistent_tests`).
+/// Writes an executable script (shared with `persistent_tests`). A child `sh` writes it, not
+/// this process: a descriptor of ours open for writing it, inherited by a helper that another
+/// test's thread forks at that moment, would fail the script's exec with ETXTBSY ("Text file
+/// busy"), as it did one run in twenty once every case ran twice.
 pub(super) fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     let path = dir.join(name);
-    std::fs::write(&path, body).expect("write script");
-    let mut perms = std::fs::metadata(&path).expect("stat").permissions();
-    perms.set_mode(0o755);
-    std::fs::set_permissions(&path, perms).expect("chmod");
+    let mut writer = Command::new("sh")
+        .args(["-c", "cat > \"$0\" && chmod 755 \"$0\""])
+        .arg(&path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("sh starts");
+    let mut stdin = writer.stdin.take().expect("sh's stdin");
+    stdin.write_all(body.as_bytes()).expect("write script");
+    drop(stdin);
+    assert!(writer.wait().expect("sh ends").success(), "writing {name}");
     path
 }
 
@@ -65,7 +81,25 @@ fn kind(result: &Result<super::HelperOutput, HelperError>) -> Want {
     }
 }
 
-#[test]
+/// Whether `pid` still runs: gone, or a zombie waiting for its (re)parent, is not running.
+pub(super) fn running(pid: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    !status.is_empty() && !status.contains(") Z ")
+}
+
+/// Waits (bounded) for `pid` to stop running; whether it did.
+pub(super) fn ends(pid: i32) -> bool {
+    // SIGKILL is sent; the kernel may take a moment to reap it via init.
+    for _ in 0..250 {
+        if !running(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+both_exit_watches! {
 fn each_failure_mode_is_an_error_naming_the_helper_and_the_node() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
@@ -127,7 +161,6 @@ fn each_failure_mode_is_an_error_naming_the_helper_and_the_node() {
     assert_eq!(kind(&missing), Want::Start, "{missing:?}");
 }
 
-#[test]
 fn errors_name_the_program_but_never_its_arguments() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = script(dir.path(), "fails", "#!/bin/sh\ncat >/dev/null\nexit 3\n");
@@ -140,7 +173,6 @@ fn errors_name_the_program_but_never_its_arguments() {
     // way: config::tests::a_helper_command_that_does_not_split_is_named_by_its_program_only.
 }
 
-#[test]
 fn a_good_helper_reads_the_node_and_answers() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Echoes parts of its input back, so the test sees what the helper received.
@@ -183,7 +215,6 @@ json.dump({
     assert!(!out.defer && !out.shutdown);
 }
 
-#[test]
 fn arguments_with_quotes_reach_the_helper_intact() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = script(
@@ -213,7 +244,6 @@ json.dump({"configuration": {str(i): a for i, a in enumerate(sys.argv[1:])}}, sy
     );
 }
 
-#[test]
 fn a_slow_helper_and_what_it_started_are_killed_at_the_timeout() {
     let dir = tempfile::tempdir().expect("tempdir");
     let marker = dir.path().join("child.pid");
@@ -259,25 +289,7 @@ fn a_slow_helper_and_what_it_started_are_killed_at_the_timeout() {
     );
 }
 
-/// Whether `pid` still runs: gone, or a zombie waiting for its (re)parent, is not running.
-pub(super) fn running(pid: i32) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    !status.is_empty() && !status.contains(") Z ")
-}
 
-/// Waits (bounded) for `pid` to stop running; whether it did.
-pub(super) fn ends(pid: i32) -> bool {
-    // SIGKILL is sent; the kernel may take a moment to reap it via init.
-    for _ in 0..250 {
-        if !running(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
-#[test]
 fn an_abort_kills_a_running_helper_and_what_it_started_and_no_helper_starts_after_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let marker = dir.path().join("pids");
@@ -291,7 +303,7 @@ fn an_abort_kills_a_running_helper_and_what_it_started_and_no_helper_starts_afte
         ),
     );
     let command = HelperCommand::parse(&path.display().to_string()).expect("split");
-    let abort = std::sync::Arc::new(super::HelperAbort::new().expect("pipe"));
+    let abort = std::sync::Arc::new(HelperAbort::new().expect("pipe"));
     let firing = {
         let (abort, marker) = (abort.clone(), marker.clone());
         std::thread::Builder::new()
@@ -308,7 +320,7 @@ fn an_abort_kills_a_running_helper_and_what_it_started_and_no_helper_starts_afte
             })
             .expect("thread")
     };
-    let exchange = super::run_helper_exchange(
+    let exchange = run_helper_exchange(
         &command,
         &input(),
         Duration::from_secs(600),
@@ -343,7 +355,7 @@ fn an_abort_kills_a_running_helper_and_what_it_started_and_no_helper_starts_afte
         &format!("#!/bin/sh\ntouch {}\necho '{{}}'\n", started.display()),
     );
     let command = HelperCommand::parse(&path.display().to_string()).expect("split");
-    let exchange = super::run_helper_exchange(
+    let exchange = run_helper_exchange(
         &command,
         &input(),
         Duration::from_secs(30),
@@ -363,7 +375,6 @@ fn an_abort_kills_a_running_helper_and_what_it_started_and_no_helper_starts_afte
     assert!(!started.exists(), "a helper started after the abort");
 }
 
-#[test]
 fn stderr_chatter_does_not_disturb_the_answer() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Plenty of stderr, a very long line and no trailing newline, interleaved with stdout.
@@ -376,7 +387,6 @@ fn stderr_chatter_does_not_disturb_the_answer() {
     assert_eq!(out.msg, "done");
 }
 
-#[test]
 fn large_input_to_a_helper_that_never_reads_it_is_fine() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = script(dir.path(), "deaf", "#!/bin/sh\necho '{\"msg\":\"deaf\"}'\n");
@@ -392,7 +402,6 @@ fn large_input_to_a_helper_that_never_reads_it_is_fine() {
     assert_eq!(out.msg, "deaf");
 }
 
-#[test]
 fn output_just_under_the_cap_is_accepted() {
     let dir = tempfile::tempdir().expect("tempdir");
     // {"msg":"xxx…"} totalling exactly MAX_OUTPUT bytes.
@@ -406,10 +415,8 @@ fn output_just_under_the_cap_is_accepted() {
     assert_eq!(out.msg.len(), filler);
 }
 
-/// The exit is awaited, not just the pipes' end, with the exit watched through a pidfd and,
-/// as on kernels without `pidfd_open` (EL7, EL8), polled for.
-#[test]
-fn the_exit_is_awaited_after_the_pipes_close_with_and_without_an_exit_watch() {
+/// The exit is awaited, not just the pipes' end.
+fn the_exit_is_awaited_after_the_pipes_close() {
     let dir = tempfile::tempdir().expect("tempdir");
     let answer = r#"{"defer":false,"msg":"ok","configuration":{"a":"b"}}"#;
     let late_exit = script(
@@ -437,30 +444,17 @@ exit 3
 "
         ),
     );
-    for without_watch in [false, true] {
-        super::tests_without_exit_watch::ON.set(without_watch);
-        let started = Instant::now();
-        let out = run(&late_exit.display().to_string(), Duration::from_secs(30));
-        assert_eq!(
-            kind(&out),
-            Want::Ok,
-            "without watch {without_watch}: {out:?}"
-        );
-        assert!(
-            started.elapsed() >= Duration::from_millis(300),
-            "returned before the exit (without watch {without_watch})"
-        );
-        let out = run(&late_failure.display().to_string(), Duration::from_secs(30));
-        assert_eq!(
-            kind(&out),
-            Want::Exit,
-            "without watch {without_watch}: {out:?}"
-        );
-    }
-    super::tests_without_exit_watch::ON.set(false);
+    let started = Instant::now();
+    let out = run(&late_exit.display().to_string(), Duration::from_secs(30));
+    assert_eq!(kind(&out), Want::Ok, "{out:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "returned before the exit"
+    );
+    let out = run(&late_failure.display().to_string(), Duration::from_secs(30));
+    assert_eq!(kind(&out), Want::Exit, "{out:?}");
 }
 
-#[test]
 fn an_answer_is_used_once_the_helper_exits_though_a_child_it_left_holds_the_pipes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let answer = r#"{"defer":false,"msg":"ok","configuration":{"a":"b"}}"#;
@@ -478,51 +472,48 @@ fn an_answer_is_used_once_the_helper_exits_though_a_child_it_left_holds_the_pipe
                 marker.display()
             ),
         );
-        for without_watch in [false, true] {
-            super::tests_without_exit_watch::ON.set(without_watch);
-            let identity = format!("n{index}-{without_watch}.example.net");
-            let command = HelperCommand::parse(&path.display().to_string()).expect("split");
-            // Today's code waits for the pipes until the timeout and fails the node.
-            let (out, lines) = crate::test_log::capture(|| {
-                run_helper(&command, &input(), Duration::from_secs(20), &identity)
-            });
-            let what = format!("{case}, without watch {without_watch}");
-            assert_eq!(kind(&out), Want::Ok, "{what}: {out:?}");
-            assert_eq!(
-                out.expect("an answer")
-                    .configuration
-                    .get("a")
-                    .map(String::as_str),
-                Some("b")
-            );
-            let warned: Vec<_> = lines
-                .iter()
-                .filter(|l| l.level == log::Level::Warn)
-                .map(|l| l.text.as_str())
-                .collect();
-            assert_eq!(warned.len(), 1, "{what}: {warned:?}");
-            assert!(
-                warned[0].contains(&identity)
-                    && warned[0].contains("exited with code 0")
-                    && warned[0].contains("still holds its stdout and stderr open"),
-                "{what}: {}",
-                warned[0]
-            );
-            // Its stderr before the exit was read and logged, as always.
-            assert!(
-                lines.iter().any(|l| l.text.ends_with("started a job")),
-                "{what}: {lines:?}"
-            );
-            let child: i32 = std::fs::read_to_string(&marker)
-                .expect("the job's pid")
-                .trim()
-                .parse()
-                .expect("a pid");
-            assert!(running(child), "{what}: the job is left running");
-            children.push(child);
-        }
+        // One warning per identity is let through every 10 s: each run names its own.
+        let identity = format!("n{index}-{:?}.example.net", exit_seen()).to_lowercase();
+        let command = HelperCommand::parse(&path.display().to_string()).expect("split");
+        // Waiting for the pipes' end would fail the node at the timeout.
+        let (out, lines) = crate::test_log::capture(|| {
+            run_helper(&command, &input(), Duration::from_secs(20), &identity)
+        });
+        let what = format!("{case}, exit {:?}", exit_seen());
+        assert_eq!(kind(&out), Want::Ok, "{what}: {out:?}");
+        assert_eq!(
+            out.expect("an answer")
+                .configuration
+                .get("a")
+                .map(String::as_str),
+            Some("b")
+        );
+        let warned: Vec<_> = lines
+            .iter()
+            .filter(|l| l.level == log::Level::Warn)
+            .map(|l| l.text.as_str())
+            .collect();
+        assert_eq!(warned.len(), 1, "{what}: {warned:?}");
+        assert!(
+            warned[0].contains(&identity)
+                && warned[0].contains("exited with code 0")
+                && warned[0].contains("still holds its stdout and stderr open"),
+            "{what}: {}",
+            warned[0]
+        );
+        // Its stderr before the exit was read and logged, as always.
+        assert!(
+            lines.iter().any(|l| l.text.ends_with("started a job")),
+            "{what}: {lines:?}"
+        );
+        let child: i32 = std::fs::read_to_string(&marker)
+            .expect("the job's pid")
+            .trim()
+            .parse()
+            .expect("a pid");
+        assert!(running(child), "{what}: the job is left running");
+        children.push(child);
     }
-    super::tests_without_exit_watch::ON.set(false);
     for child in children {
         // SAFETY: kill(2) of a process this test started; no memory involved.
         unsafe {
@@ -530,4 +521,5 @@ fn an_answer_is_used_once_the_helper_exits_though_a_child_it_left_holds_the_pipe
         }
         assert!(ends(child), "job {child} did not end");
     }
+}
 }
