@@ -40,6 +40,11 @@ pub const MAX_REASON_BYTES: usize = 4 * 1024;
 /// The most any other text field takes.
 const MAX_FIELD_BYTES: usize = 256;
 
+/// The reason of a cycle a `provisioned` event stopped: an event is only a hint (anyone may
+/// publish one), so the node is delayed and verified again, not taken as provisioned.
+const HINTED_ELSEWHERE: &str = "a provisioned event named the node (a hint): stopped before \
+     the next call, verified again after the delay (its provisioned event)";
+
 /// `text` as a line shows it: escaped as the log escapes it, then cut to `max` bytes.
 fn shown(text: &str, max: usize) -> String {
     choria_wire::text::cut(&choria_wire::text::one_line(text), max).into_owned()
@@ -193,10 +198,7 @@ impl AuditLine {
             ),
             (ProvisionOutcome::ProvisionedElsewhere, _) => (
                 "owned_elsewhere",
-                Some(
-                    "another provisioner provisioned the node meanwhile (its provisioned event)"
-                        .to_string(),
-                ),
+                Some(HINTED_ELSEWHERE.to_string()),
             ),
             (ProvisionOutcome::Halted, _) => (
                 "halted",
@@ -433,7 +435,7 @@ mod tests {
                 ProvisionOutcome::ProvisionedElsewhere,
                 Decided::Nothing,
                 "owned_elsewhere",
-                Some("another provisioner provisioned the node meanwhile (its provisioned event)"),
+                Some(HINTED_ELSEWHERE),
             ),
             (
                 ProvisionOutcome::Halted,

@@ -343,7 +343,7 @@ impl SenderScreen {
         }
         if senders.len() >= MAX_SENDERS || *bytes + identity.len() > MAX_SENDER_BYTES {
             self.observer.dropped(DROPPED_DISCOVERY_REPLY, 1);
-            if crate::log_limit::global().allow(DROPPED_DISCOVERY_REPLY, "") {
+            if crate::log_limit::global().allow(DROPPED_DISCOVERY_REPLY, identity.as_str()) {
                 log::warn!(
                     "discovery: dropping {identity}: this round already holds {} senders ({} bytes)",
                     senders.len(),
@@ -359,7 +359,9 @@ impl SenderScreen {
 
     fn malformed(&self, kind: &'static str, reason: &str) {
         self.observer.malformed(kind);
-        if crate::log_limit::global().allow(kind, "") {
+        // Keyed by what was wrong (the reason names the sender), so each refused name is
+        // logged once a window, within the kind's budget.
+        if crate::log_limit::global().allow(kind, reason) {
             log::warn!("ignoring a discovery reply: {reason}");
         }
     }

@@ -9,7 +9,7 @@
 //! so a leader that stops writing loses it to the next candidate. Like Go we act as leader
 //! ([`ElectionEvent::Won`]) only after the first successful keep-alive following the win.
 //!
-//! Two things differ from Go on purpose (see ARCHITECTURE.md, deliberate differences):
+//! Two things differ from Go on purpose (see docs/go-compat.md):
 //! - cadence: a standby campaigns about once a second instead of backing off to 10–30 s
 //!   (Go's TwentySec policy), which makes a takeover within TTL + 2 s possible;
 //! - every write is a hand-rolled request on our own reply subscription with an explicit bound:

@@ -12,7 +12,7 @@
 //!
 //! The Go provisioner passes the certificate on unread (provisioner host/host.go, Provision);
 //! these checks are ours, so a helper bug cannot install one node's certificate, or a denied
-//! name, on another node (ARCHITECTURE.md, deliberate differences).
+//! name, on another node (docs/go-compat.md).
 
 use std::fmt;
 
