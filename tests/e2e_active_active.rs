@@ -31,10 +31,30 @@ const LOCK_REFUSAL: &str = "Could not obtain provisioning lock";
 const FLEET_DEADLINE: &str = "420s";
 const FLEET_WAIT: Duration = Duration::from_secs(480);
 
+/// The file `instances` creates once every instance listens (see [`HELPER`]).
+const ALL_LISTENING: &str = "all-instances-listening";
+
 /// Configures the node out of provisioning mode and nothing else: the cycle, not the helper, is
-/// under test.
-const HELPER: &str =
-    "#!/bin/sh\ncat >/dev/null\necho '{\"configuration\":{\"plugin.choria.server.provision\":\"false\"}}'\n";
+/// under test. First it waits for `@GATE@` (the path of [`ALL_LISTENING`]), up to 25 s (within
+/// `helper_timeout`), so that no node is configured, and publishes its `provisioned` event,
+/// before the last instance has subscribed to those events. An instance hears only events
+/// published after it subscribed: one started after another configured a node may find that
+/// node by discovery in the two seconds before its restart, never hear it was configured, and
+/// call it in service, a dead node (an error, as Go would count). The instances start one
+/// after another, so without the gate the first work while the last is still starting.
+const HELPER: &str = r#"#!/bin/sh
+cat >/dev/null
+tenths=0
+until [ -e '@GATE@' ]; do
+  tenths=$((tenths + 1))
+  if [ "$tenths" -gt 250 ]; then
+    echo 'the instances did not all start within 25 s' >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+echo '{"configuration":{"plugin.choria.server.provision":"false"}}'
+"#;
 
 struct Instance {
     provisioner: Provisioner,
@@ -42,10 +62,14 @@ struct Instance {
 }
 
 /// `count` instances, `provisioner<i>.example.net`, each with its own audit file; `extra_yaml`
-/// is added to every configuration.
+/// is added to every configuration. Their helpers wait until all of them listen.
 fn instances(world: &World, count: usize, extra_yaml: &str) -> Vec<Instance> {
-    let helper = world.write_executable("helper.sh", HELPER);
-    (1..=count)
+    let gate = world.path(ALL_LISTENING);
+    let helper = world.write_executable(
+        "helper.sh",
+        &HELPER.replace("@GATE@", &gate.display().to_string()),
+    );
+    let instances: Vec<Instance> = (1..=count)
         .map(|i| {
             let audit = world.path(&format!("audit-{i}.jsonl"));
             let provisioner = Provisioner::start(
@@ -63,7 +87,10 @@ fn instances(world: &World, count: usize, extra_yaml: &str) -> Vec<Instance> {
             );
             Instance { provisioner, audit }
         })
-        .collect()
+        .collect();
+    // Each start returned once its lifecycle listener's subscriptions were confirmed.
+    world.write(ALL_LISTENING, "");
+    instances
 }
 
 fn run_fleet(world: &World, instances: &[Instance], nodes: usize) -> Report {

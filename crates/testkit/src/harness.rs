@@ -31,6 +31,10 @@ use crate::{free_port, vector_path, NatsServer};
 /// How long any one condition may take before the test fails. Generous: the box is shared.
 pub const PATIENCE: Duration = Duration::from_secs(150);
 
+/// Starts of one provisioner [`Provisioner::start`] makes when its monitor port was taken
+/// between `free_port` and the daemon's bind.
+pub const MONITOR_PORT_TRIES: usize = 3;
+
 /// How long a process may take to exit after SIGTERM (provisioner or simulator).
 pub const EXIT_LIMIT: Duration = Duration::from_secs(60);
 
@@ -309,6 +313,7 @@ impl World {
 }
 
 /// Provisioner settings a test chooses; the harness adds broker, logging, metrics, pid.
+#[derive(Clone)]
 pub struct ProvisionerSetup {
     /// Its `identity` in choria.cfg (callers see `choria=<identity>`); its files in the
     /// world's directory are named after it, so a world can run several provisioners.
@@ -357,43 +362,96 @@ impl Provisioner {
     /// Writes its `choria.cfg` and YAML config into the world's directory, starts the daemon
     /// and waits until it is subscribed to lifecycle events and serving `/metrics`.
     pub fn start(world: &World, setup: ProvisionerSetup) -> Provisioner {
-        let mut provisioner = Provisioner::spawn(world, setup);
-        let mut child = provisioner.child.take().expect("spawned");
-        // "running with N workers" is logged once the lifecycle listener is subscribed, so a
-        // simulator started after it cannot boot a node whose startup event nobody hears.
-        wait_for(
-            "the provisioner to log that it is running",
-            PATIENCE,
-            || {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!(
-                        "the provisioner exited at start with {status}\n{}",
-                        provisioner.logs()
+        Provisioner::start_on_ports(world, setup, &mut || free_port().expect("a free port"))
+    }
+
+    /// As `start`, its `monitor_port` taken from `ports`. `free_port` only finds a port free
+    /// at that moment: any process on the box may bind it before the daemon does, and the
+    /// daemon then exits at start ("could not serve metrics on ...: Address already in use").
+    /// That start, and that one only, is tried again on the next port, up to
+    /// [`MONITOR_PORT_TRIES`] times; its log and stderr are kept beside the new ones as
+    /// `<identity>.port-taken-<try>.log` and `.stderr`. It bound nothing on the broker: the
+    /// metrics listener starts before the first connection.
+    pub fn start_on_ports(
+        world: &World,
+        setup: ProvisionerSetup,
+        ports: &mut dyn FnMut() -> u16,
+    ) -> Provisioner {
+        let mut attempt = 1;
+        loop {
+            let mut provisioner = Provisioner::spawn_on(world, setup.clone(), ports());
+            let mut child = provisioner.child.take().expect("spawned");
+            // "running with N workers" is logged once the lifecycle listener is subscribed, so
+            // a simulator started after it cannot boot a node whose startup event nobody hears.
+            let exited = wait_for(
+                "the provisioner to log that it is running",
+                PATIENCE,
+                || match child.try_wait() {
+                    Ok(Some(status)) => Some(Some(status)),
+                    _ => provisioner.log().contains(" running with ").then_some(None),
+                },
+                || provisioner.logs(),
+            );
+            match exited {
+                None => {}
+                Some(_) if attempt < MONITOR_PORT_TRIES && provisioner.lost_its_monitor_port() => {
+                    eprintln!(
+                        "{}: monitor port {} was taken before the daemon bound it: starting it again on another",
+                        provisioner.identity, provisioner.monitor_port
                     );
+                    provisioner.set_aside(world, attempt);
+                    attempt += 1;
+                    continue;
                 }
-                provisioner.log().contains(" running with ").then_some(())
-            },
-            || provisioner.logs(),
-        );
-        provisioner.child = Some(child);
-        wait_for(
-            "the provisioner's /metrics",
-            PATIENCE,
-            || provisioner.try_metrics().ok(),
-            || provisioner.logs(),
-        );
-        assert!(
-            provisioner.pid_path.is_file(),
-            "the pid file was not written"
-        );
-        provisioner
+                Some(status) => panic!(
+                    "the provisioner exited at start with {status}\n{}",
+                    provisioner.logs()
+                ),
+            }
+            provisioner.child = Some(child);
+            wait_for(
+                "the provisioner's /metrics",
+                PATIENCE,
+                || provisioner.try_metrics().ok(),
+                || provisioner.logs(),
+            );
+            assert!(
+                provisioner.pid_path.is_file(),
+                "the pid file was not written"
+            );
+            return provisioner;
+        }
+    }
+
+    /// Whether its stderr says its monitor port was in use (the daemon's exit on a port
+    /// another process bound first).
+    fn lost_its_monitor_port(&self) -> bool {
+        let taken = format!(":{}: Address already in use", self.monitor_port);
+        self.stderr()
+            .lines()
+            .any(|line| line.contains("could not serve metrics on ") && line.contains(&taken))
+    }
+
+    /// Moves its log and stderr aside for the next start of the same identity, which writes
+    /// them afresh (kept for inspection).
+    fn set_aside(&self, world: &World, attempt: usize) {
+        for (from, kind) in [(&self.log_path, "log"), (&self.stderr_path, "stderr")] {
+            let to = world.path(&format!("{}.port-taken-{attempt}.{kind}", self.identity));
+            if let Err(e) = std::fs::rename(from, &to) {
+                panic!("moving {} aside: {e}", from.display());
+            }
+        }
     }
 
     /// Writes its files and starts the daemon, without waiting for anything (for a start
     /// that is meant to fail, or to hang on a broker that refuses it).
     pub fn spawn(world: &World, setup: ProvisionerSetup) -> Provisioner {
+        Provisioner::spawn_on(world, setup, free_port().expect("a free port"))
+    }
+
+    /// As `spawn`, serving `/metrics` on `monitor_port`.
+    fn spawn_on(world: &World, setup: ProvisionerSetup, monitor_port: u16) -> Provisioner {
         let identity = setup.identity;
-        let monitor_port = free_port().expect("a free port");
         let choria_cfg = world.write(
             &format!("{identity}.cfg"),
             &format!(
