@@ -196,10 +196,9 @@ impl AuditLine {
                 "owned_elsewhere",
                 Some("another provisioner holds the node's provisioning lock".to_string()),
             ),
-            (ProvisionOutcome::ProvisionedElsewhere, _) => (
-                "owned_elsewhere",
-                Some(HINTED_ELSEWHERE.to_string()),
-            ),
+            (ProvisionOutcome::ProvisionedElsewhere, _) => {
+                ("owned_elsewhere", Some(HINTED_ELSEWHERE.to_string()))
+            }
             (ProvisionOutcome::Halted, _) => (
                 "halted",
                 Some("paused or stopping before the cycle finished".to_string()),

@@ -486,6 +486,9 @@ impl Started {
             // The listener records the `provisioned` events the cycle consults.
             cycle = cycle.with_reports(self.fleet.clone());
         }
+        // Subscribed before the first discovery goes out, so a node booting in between is
+        // heard (its startup event) rather than missed until the next interval.
+        self.start_listening(&conn, settings)?;
         let discovery = Discovery::new(conn.clone(), self.metrics.clone());
         let health = &self.health;
         let threads = FleetThreads::start_watched(
@@ -496,8 +499,17 @@ impl Started {
             &|name| health.probe(name),
         )
         .map_err(DaemonError::Threads)?;
+        // Startup events sent while the link was down never reached us: each reconnect asks
+        // for a discovery, and a follow-up (spaced, so a flapping link does not broadcast at
+        // every flap).
+        let rediscovery = Rediscovery::start(
+            conn.reconnects(),
+            threads.trigger(),
+            REDISCOVERY_GAP,
+            REDISCOVERY_FOLLOW_UP,
+        );
         self.threads = Some(threads);
-        self.start_listening(&conn, settings)?;
+        self.rediscovery = Some(rediscovery.map_err(DaemonError::Threads)?);
         self.start_election(&conn, settings);
 
         log::info!(
@@ -545,19 +557,6 @@ impl Started {
         .map_err(DaemonError::Listener)?;
         self.listener = Some(listener);
         self.health.set_subscribed(true);
-        // Startup events sent while the link was down never reached us: each reconnect asks
-        // for a discovery, and a follow-up (spaced, so a flapping link does not broadcast at
-        // every flap).
-        if let Some(trigger) = self.threads.as_ref().map(FleetThreads::trigger) {
-            let rediscovery = Rediscovery::start(
-                conn.reconnects(),
-                trigger,
-                REDISCOVERY_GAP,
-                REDISCOVERY_FOLLOW_UP,
-            )
-            .map_err(DaemonError::Threads)?;
-            self.rediscovery = Some(rediscovery);
-        }
         // Our startup event, and the watch for another process announcing our identity
         // (which would defeat the nodes' locks and the election alike).
         match TwinWatch::start(conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
@@ -771,58 +770,71 @@ mod tests {
         Identity::parse(text).expect("a valid test identity")
     }
 
-    /// An error after threads started (here the listener's subscription, refused after the
-    /// fleet's threads, the monitor and `/metrics` run) returns through `?`; dropping the owner
-    /// stops and joins every part: nothing still holds the fleet or the health, the HTTP port
-    /// is closed and so is the connection.
+    /// Whichever way `run` leaves once parts have started (an error's `?`, or the end of a
+    /// full start), dropping the owner stops and joins every part: nothing still holds the
+    /// fleet or the health, the HTTP port is closed and so is the connection. The listener's
+    /// subscription refused (it comes before the fleet's threads, so that the first discovery
+    /// never goes out unheard) leaves the monitor, `/metrics` and the connection to clean up;
+    /// a full start leaves the fleet's threads, the rediscovery and the listener too.
     #[test]
-    fn an_error_after_threads_started_leaves_nothing_running_once_the_owner_drops() {
+    fn whatever_ends_a_start_leaves_nothing_running_once_the_owner_drops() {
         let server = choria_testkit::NatsServer::start().expect("a private nats-server");
-        let port = choria_testkit::free_port().expect("a free port");
-        let yaml = format!(
-            "helper: /bin/true\nworkers: 2\nmonitor_port: {port}\nmonitor_address: 127.0.0.1\n"
-        );
-        let (mut config, _) = Config::parse(std::path::Path::new("t.yaml"), &yaml).unwrap();
-        // Refused by the connection's subject check when the listener subscribes: a way for
-        // the last step to fail that the configuration's own checks would not let through.
-        config.lifecycle_component = "bad component".into();
-        let settings =
-            ConnectSettings::insecure(&server.url(), "owner-test", Duration::from_secs(1));
-        let cycle_settings = CycleSettings::new(&config).unwrap();
-        let (_no_signal, signals) = bounded::<()>(1);
+        for refused in [true, false] {
+            let port = choria_testkit::free_port().expect("a free port");
+            let yaml = format!(
+                "helper: /bin/true\nworkers: 2\nmonitor_port: {port}\nmonitor_address: 127.0.0.1\n"
+            );
+            let (mut config, _) = Config::parse(std::path::Path::new("t.yaml"), &yaml).unwrap();
+            if refused {
+                // Refused by the connection's subject check when the listener subscribes: a
+                // way for a step to fail that the configuration's own checks would not let
+                // through.
+                config.lifecycle_component = "bad component".into();
+            }
+            let settings =
+                ConnectSettings::insecure(&server.url(), "owner-test", Duration::from_secs(1));
+            let cycle_settings = CycleSettings::new(&config).unwrap();
+            let (_no_signal, signals) = bounded::<()>(1);
 
-        let mut started = Started::new(Arc::new(config), &settings);
-        started.start_monitoring().unwrap();
-        assert!(started.connect(&settings, &signals).unwrap());
-        let fleet = Arc::downgrade(&started.fleet);
-        let health = Arc::downgrade(&started.health);
-        let conn = started.conn.clone().unwrap();
-        let addr = started.metrics_server.as_ref().unwrap().local_addr;
-        assert!(
-            std::net::TcpStream::connect(addr).is_ok(),
-            "/metrics serves"
-        );
+            let mut started = Started::new(Arc::new(config), &settings);
+            started.start_monitoring().unwrap();
+            assert!(started.connect(&settings, &signals).unwrap());
+            let fleet = Arc::downgrade(&started.fleet);
+            let health = Arc::downgrade(&started.health);
+            let conn = started.conn.clone().unwrap();
+            let addr = started.metrics_server.as_ref().unwrap().local_addr;
+            assert!(
+                std::net::TcpStream::connect(addr).is_ok(),
+                "/metrics serves"
+            );
 
-        let err = started
-            .start_work(&settings, cycle_settings, None, GraceEnd::new().unwrap())
-            .expect_err("the listener's subscription is refused");
-        assert!(matches!(err, DaemonError::Listener(_)), "{err}");
-        assert!(started.threads.is_some(), "the fleet's threads had started");
-        drop(started);
+            let work =
+                started.start_work(&settings, cycle_settings, None, GraceEnd::new().unwrap());
+            if refused {
+                let err = work.expect_err("the listener's subscription is refused");
+                assert!(matches!(err, DaemonError::Listener(_)), "{err}");
+                assert!(started.threads.is_none(), "started past the refusal");
+            } else {
+                work.expect("a full start");
+                assert!(started.threads.is_some(), "the fleet's threads run");
+                assert!(started.rediscovery.is_some() && started.listener.is_some());
+            }
+            drop(started);
 
-        assert!(fleet.upgrade().is_none(), "a thread still holds the fleet");
-        assert!(
-            health.upgrade().is_none(),
-            "a thread still holds the health"
-        );
-        assert!(
-            std::net::TcpStream::connect(addr).is_err(),
-            "/metrics still listens"
-        );
-        assert!(matches!(
-            conn.subscribe("after.close"),
-            Err(ConnectionError::Closed)
-        ));
+            assert!(fleet.upgrade().is_none(), "a thread still holds the fleet");
+            assert!(
+                health.upgrade().is_none(),
+                "a thread still holds the health"
+            );
+            assert!(
+                std::net::TcpStream::connect(addr).is_err(),
+                "/metrics still listens"
+            );
+            assert!(matches!(
+                conn.subscribe("after.close"),
+                Err(ConnectionError::Closed)
+            ));
+        }
     }
 
     #[test]
