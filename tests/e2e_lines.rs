@@ -7,13 +7,14 @@
 use choria_testkit::harness as support;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use choria_broker::connection::{Connection, Inbox};
+use choria_broker::discovery::DISCOVERY_SUBJECT;
 use choria_wire::lifecycle;
 use choria_wire::v1::server;
 use support::*;
@@ -27,9 +28,12 @@ const MAX_LINE_BYTES: usize = 8 * 1024;
 type Answer = fn(&str) -> Option<&'static str>;
 
 /// Pretend nodes: one connection answering every directed request (`provisioning.node.>`) in
-/// the name of the node it was sent to, with what `answer` says for its action.
+/// the name of the node it was sent to, with what `answer` says for its action, and every
+/// discovery for the nodes it booted, as a node in provisioning mode does (a node sighted by
+/// its startup event alone is admitted only once it answers one: issue 21).
 struct HostileFleet {
     stop: Arc<AtomicBool>,
+    booted: Arc<AtomicUsize>,
     thread: Option<std::thread::JoinHandle<()>>,
     conn: Connection,
 }
@@ -45,9 +49,13 @@ impl HostileFleet {
         inbox
             .subscribe(&conn, "provisioning.node.>", ())
             .expect("subscribes");
+        inbox
+            .subscribe(&conn, DISCOVERY_SUBJECT, ())
+            .expect("subscribes");
         conn.flush(Duration::from_secs(10)).expect("flushes");
         let stop = Arc::new(AtomicBool::new(false));
-        let (stopping, publisher) = (stop.clone(), conn.clone());
+        let booted = Arc::new(AtomicUsize::new(0));
+        let (stopping, publisher, named) = (stop.clone(), conn.clone(), booted.clone());
         let thread = std::thread::Builder::new()
             .name("hostile-fleet".into())
             .spawn(move || {
@@ -55,10 +63,23 @@ impl HostileFleet {
                     let Some(message) = inbox.next(Duration::from_millis(50)) else {
                         continue;
                     };
-                    let Some(identity) = message.subject.strip_prefix("provisioning.node.") else {
+                    let Ok(request) = server::decode_request(&message.data) else {
                         continue;
                     };
-                    let Ok(request) = server::decode_request(&message.data) else {
+                    if message.subject == DISCOVERY_SUBJECT {
+                        for identity in discovered(&request.filter, named.load(Ordering::SeqCst)) {
+                            let reply = server::encode_reply(
+                                &request.request_id,
+                                &identity,
+                                &request.agent,
+                                "pong",
+                                unix_now(),
+                            );
+                            let _ = publisher.publish(&request.reply_to, &reply);
+                        }
+                        continue;
+                    }
+                    let Some(identity) = message.subject.strip_prefix("provisioning.node.") else {
                         continue;
                     };
                     let action = serde_json::from_slice::<Value>(&request.payload)
@@ -81,6 +102,7 @@ impl HostileFleet {
             .expect("thread");
         HostileFleet {
             stop,
+            booted,
             thread: Some(thread),
             conn,
         }
@@ -98,6 +120,7 @@ impl HostileFleet {
                 unix_now(),
             );
             self.conn.publish(&subject, &event).expect("publish");
+            self.booted.fetch_max(n + 1, Ordering::SeqCst);
         }
         self.conn.flush(Duration::from_secs(30)).expect("flush");
     }
@@ -108,6 +131,17 @@ impl HostileFleet {
             thread.join().expect("the hostile fleet's thread");
         }
         self.conn.close();
+    }
+}
+
+/// The booted nodes a discovery's identity filter names (all of them with no identity filter).
+fn discovered(filter: &Value, booted: usize) -> Vec<String> {
+    let all = (0..booted).map(|n| format!("hostile-{n}.example.net"));
+    match filter["identity"].as_array() {
+        Some(names) if !names.is_empty() => all
+            .filter(|identity| names.iter().any(|name| name.as_str() == Some(identity)))
+            .collect(),
+        _ => all.collect(),
     }
 }
 
