@@ -151,6 +151,9 @@ pub struct Instance {
     pub identity: String,
     /// Whether it held the leadership when the cycle started; `None` without an election.
     pub leader: Option<bool>,
+    /// The configuration generation the cycle ran with: 1 from the start, one more for
+    /// each reload applied (SIGHUP).
+    pub config_generation: u64,
 }
 
 /// One line of the audit file.
@@ -376,6 +379,7 @@ mod tests {
             Instance {
                 identity: "prov1".into(),
                 leader: None,
+                config_generation: 1,
             },
             Source::Event,
             &ProvisionOutcome::Provisioned { hold: true },
@@ -449,6 +453,7 @@ mod tests {
             let instance = Instance {
                 identity: "p".into(),
                 leader: Some(true),
+                config_generation: 3,
             };
             let line = AuditLine::new("n1", instance, Source::Discovery, &outcome, trail);
             assert_eq!(line.outcome, name, "{outcome:?} {decided:?}");
@@ -468,6 +473,7 @@ mod tests {
         let instance = Instance {
             identity: "prov1".into(),
             leader: None,
+            config_generation: 1,
         };
         AuditLine::new("n1.example.net", instance, Source::Event, &outcome, trail)
     }
