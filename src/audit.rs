@@ -38,7 +38,7 @@ pub const MAX_LINE_BYTES: usize = 8 * 1024;
 pub const MAX_REASON_BYTES: usize = 4 * 1024;
 
 /// The most any other text field takes.
-const MAX_FIELD_BYTES: usize = 256;
+pub(crate) const MAX_FIELD_BYTES: usize = 256;
 
 /// The reason of a cycle a `provisioned` event stopped: an event is only a hint (anyone may
 /// publish one), so the node is delayed and verified again, not taken as provisioned.
@@ -46,7 +46,7 @@ const HINTED_ELSEWHERE: &str = "a provisioned event named the node (a hint): sto
      the next call, verified again after the delay (its provisioned event)";
 
 /// `text` as a line shows it: escaped as the log escapes it, then cut to `max` bytes.
-fn shown(text: &str, max: usize) -> String {
+pub(crate) fn shown(text: &str, max: usize) -> String {
     choria_wire::text::cut(&choria_wire::text::one_line(text), max).into_owned()
 }
 
@@ -85,6 +85,9 @@ pub struct ServerJwtRecord {
     pub jti: String,
     pub expires: Option<String>,
     pub expires_unix: Option<i64>,
+    /// Its `iss`: `C-<chain token id>.<signing public key>` when chain-issued, so a key
+    /// rotation shows which key signed each node's token (public, not a secret).
+    pub issuer: Option<String>,
 }
 
 /// What the node received from this cycle.

@@ -656,6 +656,11 @@ impl Cycle {
             jti: jwt.id().to_string(),
             expires: jwt.expires_unix().map(choria_wire::time::rfc3339_utc),
             expires_unix: jwt.expires_unix(),
+            issuer: jwt
+                .claims
+                .get("iss")
+                .and_then(Value::as_str)
+                .map(|iss| crate::audit::shown(iss, crate::audit::MAX_FIELD_BYTES)),
         });
         trail.issued.key_transported = plan.key_transported;
         log::info!("{identity}: configure response: {}", reply_message(&reply));
