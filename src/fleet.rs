@@ -2044,6 +2044,67 @@ mod tests {
         );
     }
 
+    /// The sweep forgets queued nodes past 2 x interval without a worker taking them, so the
+    /// gauges are true at once; each is counted, its doorbell is gone with it (no worker
+    /// wakes for nothing, admission keeps its room), and the node is admitted afresh when
+    /// next seen.
+    #[test]
+    fn the_sweep_forgets_expired_queued_nodes_and_keeps_the_gauges_true() {
+        let (fleet, clock, metrics) = fleet_with(5);
+        for name in ["old1", "old2", "old3"] {
+            fleet.admit(&id(name), Source::Discovery);
+        }
+        clock.advance(INTERVAL);
+        for name in ["new1", "new2"] {
+            fleet.admit(&id(name), Source::Discovery);
+        }
+        assert_eq!(metrics.work_queue_entries.get(), 5.0);
+        clock.advance(INTERVAL + Duration::from_secs(1));
+
+        assert_eq!(fleet.sweep_expired(1), 1, "at most the batch");
+        assert_eq!(fleet.sweep_expired(SWEEP_BATCH), 2);
+        assert_eq!(
+            fleet.sweep_expired(SWEEP_BATCH),
+            0,
+            "nothing left to expire"
+        );
+        assert_eq!(metrics.waiting_nodes.get(), 2.0);
+        assert_eq!(metrics.work_queue_entries.get(), 2.0);
+        assert_eq!(metrics.expired_waiting.get(), 3);
+        assert_eq!(metrics.provision_errors.get(), 3);
+        assert_eq!(fleet.stage_of("old1"), None);
+
+        let taken: Vec<String> = (0..2).map(|_| pop(&fleet).identity.to_string()).collect();
+        assert_eq!(taken, vec!["new1", "new2"]);
+        assert!(
+            fleet.next_ticket(Duration::from_millis(10)).is_none(),
+            "a doorbell was left for a forgotten ticket"
+        );
+        // Room for five again: no stray doorbell holds a place.
+        for name in ["old1", "old2", "old3", "a", "b"] {
+            assert!(
+                matches!(
+                    fleet.admit(&id(name), Source::Discovery),
+                    Admission::Admitted(_)
+                ),
+                "{name}"
+            );
+        }
+    }
+
+    /// A reload's shorter interval expires queued nodes by the new one.
+    #[test]
+    fn a_new_interval_applies_to_nodes_already_queued() {
+        let (fleet, clock, metrics) = fleet_with(5);
+        fleet.admit(&id("n1"), Source::Discovery);
+        clock.advance(INTERVAL);
+        assert_eq!(fleet.sweep_expired(SWEEP_BATCH), 0);
+        fleet.set_interval(INTERVAL / 4);
+        assert_eq!(fleet.interval(), INTERVAL / 4);
+        assert_eq!(fleet.sweep_expired(SWEEP_BATCH), 1);
+        assert_eq!(metrics.work_queue_entries.get(), 0.0);
+    }
+
     #[test]
     fn only_newly_added_nodes_count_as_discovered_or_event_discovered() {
         let (fleet, clock, metrics) = fleet_with(2);
@@ -3151,6 +3212,86 @@ mod tests {
         });
         assert_eq!(cycle.started.load(Ordering::SeqCst), 1, "one cycle");
         assert_eq!(cycle.most_at_once.load(Ordering::SeqCst), 1);
+        let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {});
+        assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
+    }
+
+    /// A cycle that parks the nodes named `park*` until the test lets each end, and notes
+    /// which worker ran each node and how many cycles run now.
+    struct ParkedCycle {
+        running: AtomicUsize,
+        ran_on: Mutex<HashMap<String, String>>,
+        ends: Receiver<()>,
+    }
+
+    impl ProvisionCycle for ParkedCycle {
+        fn provision(&self, identity: &Identity, _found: Source, gate: &Gate) -> ProvisionOutcome {
+            self.running.fetch_add(1, Ordering::SeqCst);
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            self.ran_on.lock().insert(identity.to_string(), name);
+            if identity.as_str().starts_with("park") {
+                let _ = self.ends.recv_timeout(Duration::from_secs(20));
+            }
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            match gate.check() {
+                Ok(()) => ProvisionOutcome::Provisioned { hold: false },
+                Err(_) => ProvisionOutcome::Halted,
+            }
+        }
+    }
+
+    /// A reload's `workers`: more start at once (named on from the last), fewer retire after
+    /// the node each holds, nothing is lost, and the shutdown joins every one.
+    #[test]
+    fn the_worker_pool_grows_and_shrinks_without_losing_a_node() {
+        let (fleet, _, _) = fleet_with(100);
+        let (end, ends) = bounded::<()>(100);
+        let cycle = Arc::new(ParkedCycle {
+            running: AtomicUsize::new(0),
+            ran_on: Mutex::new(HashMap::new()),
+            ends,
+        });
+        let discovery = Arc::new(FixedDiscovery::of(Vec::new()));
+        let mut threads = FleetThreads::start(fleet.clone(), cycle.clone(), discovery, 1).unwrap();
+        for n in 0..3 {
+            fleet.admit(&id(&format!("park{n}")), Source::Discovery);
+        }
+        for n in 0..3 {
+            fleet.admit(&id(&format!("quick{n}")), Source::Discovery);
+        }
+        wait_until("one cycle", || cycle.running.load(Ordering::SeqCst) == 1);
+
+        threads.resize(&fleet, 3).unwrap();
+        assert_eq!(threads.workers(), 3);
+        wait_until("three parked cycles", || {
+            cycle.running.load(Ordering::SeqCst) == 3
+        });
+        let mut names: Vec<String> = cycle.ran_on.lock().values().cloned().collect();
+        names.sort();
+        assert_eq!(names, ["worker-0", "worker-1", "worker-2"]);
+
+        // Down to one: the two retired finish the node they hold, then end; the quick nodes
+        // all run on the one left.
+        threads.resize(&fleet, 1).unwrap();
+        assert_eq!(threads.workers(), 1);
+        for _ in 0..3 {
+            end.send(()).unwrap();
+        }
+        wait_until("every node done", || fleet.is_empty());
+        wait_until("the retired workers to end", || {
+            threads.retired.iter().all(JoinHandle::is_finished)
+        });
+        threads.resize(&fleet, 1).unwrap();
+        assert!(threads.retired.is_empty(), "joined");
+        let ran_on = cycle.ran_on.lock().clone();
+        assert_eq!(ran_on.len(), 6, "{ran_on:?}");
+        for n in 0..3 {
+            assert_eq!(ran_on[&format!("quick{n}")], "worker-0", "{ran_on:?}");
+        }
+        // Numbering goes on from the last name; the shutdown joins them all.
+        threads.resize(&fleet, 2).unwrap();
+        fleet.admit(&id("quick9"), Source::Discovery);
+        wait_until("the last node", || fleet.is_empty());
         let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {});
         assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
     }
