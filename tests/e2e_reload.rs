@@ -195,3 +195,111 @@ fn a_reload_changes_the_helper_from_the_next_node_and_an_invalid_one_changes_not
     }
     provisioner.stop();
 }
+
+/// A persistent helper in POSIX sh (a Python start per node would dominate 2,000 nodes on two
+/// cores): the id is the request's first field; `$2` is a directory where each process notes
+/// its pid when it starts and when its stdin closes, `$3` a label it answers with.
+const SH_SERVE: &str = r#"#!/bin/sh
+brokers=$1; dir=$2; label=$3
+echo $$ >> "$dir/starts"
+while IFS= read -r line; do
+    id=${line#\{\"id\":\"}; id=${id%%\"*}
+    identity=${line#*\"identity\":\"}; identity=${identity%%\"*}
+    printf '{"id":"%s","msg":"%s","configuration":{"identity":"%s","plugin.choria.server.provision":"false","plugin.choria.middleware_hosts":"%s"}}\n' "$id" "$label" "$identity" "$brokers"
+done
+echo $$ >> "$dir/byes"
+"#;
+
+/// Ten reloads while 2,000 nodes boot and are provisioned, each replacing the persistent
+/// helpers and changing the number of workers: every node is provisioned exactly once (the
+/// simulator counts a second configure as a duplicate), none is lost, and every replaced
+/// helper process is closed through its stdin, none killed.
+#[test]
+fn ten_reloads_during_a_two_thousand_node_run_lose_and_duplicate_nothing() {
+    const NODES: usize = 2000;
+    const RELOADS: usize = 10;
+    let world = World::new();
+    let script = world.write("serve.sh", SH_SERVE);
+    let dir = world.path("helper-files");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let helper = |label: &str| {
+        yaml_helper(&format!(
+            "/bin/sh {script} {} {} {label}",
+            world.broker.url(),
+            dir.display()
+        ))
+    };
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!(
+                "{}helper_mode: persistent\ntoken: {TOKEN}\nworkers: 4\nrelease_delay: 6s\nhelper_timeout: 20s\n",
+                helper("gen1")
+            ),
+            ..Default::default()
+        },
+    );
+    let nodes = NODES.to_string();
+    let sim = Sim::start(
+        &world,
+        &[
+            "--nodes",
+            &nodes,
+            "--token",
+            TOKEN,
+            "--keygen-threads",
+            "0",
+            "--boot-spread",
+            "20s",
+            "--exit-when-done",
+            "--deadline",
+            "280s",
+        ],
+    );
+    for reload in 1..=RELOADS {
+        // Spread over the run: the next reload once the next share is provisioned.
+        let due = (NODES * reload / (RELOADS + 2)) as f64;
+        provisioner.wait_metrics(&format!("{due} provisioned"), |m| {
+            m.get("choria_provisioner_provisioned") >= due
+        });
+        let (workers_before, workers_after) = if reload % 2 == 1 { (4, 5) } else { (5, 4) };
+        rewrite(
+            &world,
+            &provisioner,
+            &helper(&format!("gen{reload}")),
+            &helper(&format!("gen{}", reload + 1)),
+        );
+        rewrite(
+            &world,
+            &provisioner,
+            &format!("workers: {workers_before}"),
+            &format!("workers: {workers_after}"),
+        );
+        let metrics = reload_and_wait(&provisioner, reload as f64, 0.0);
+        assert_eq!(
+            metrics.get("choria_provisioner_config_generation"),
+            (reload + 1) as f64
+        );
+    }
+    let report = sim.wait(&provisioner);
+    assert_eq!(report.exit_reason, "done", "{}", report.summary());
+    assert_clean(&report);
+    assert_eq!(report.totals.in_service, NODES, "{}", report.summary());
+    for node in &report.nodes {
+        assert_provisioned_once(node);
+    }
+    let metrics = provisioner.wait_idle("every node provisioned", |m| {
+        m.get("choria_provisioner_provisioned") == NODES as f64
+    });
+    assert_eq!(metrics.get("choria_provisioner_provision_errors"), 0.0);
+    assert_eq!(metrics.get("choria_provisioner_work_queue_dropped"), 0.0);
+    provisioner.stop();
+    let starts = std::fs::read_to_string(dir.join("starts")).expect("starts");
+    let byes = std::fs::read_to_string(dir.join("byes")).unwrap_or_default();
+    let (mut starts, mut byes): (Vec<&str>, Vec<&str>) =
+        (starts.lines().collect(), byes.lines().collect());
+    assert!(starts.len() > 4, "the helpers were replaced: {starts:?}");
+    starts.sort();
+    byes.sort();
+    assert_eq!(starts, byes, "every helper process closed by its stdin");
+}
