@@ -3295,4 +3295,41 @@ mod tests {
         let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {});
         assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
     }
+
+    /// The waiting count with a fleet larger than the workers can serve in 2 x interval:
+    /// one worker holds a node that does not end, nine more wait. Once they have waited 2 x
+    /// interval, the ticker's sweep forgets them while the worker is still busy, so the
+    /// gauges say what is true (Go: 9 waiting until a worker takes each, provisioner #167).
+    #[test]
+    fn the_ticker_keeps_the_waiting_count_true_while_the_one_worker_is_busy() {
+        let (fleet, clock, metrics) = fleet_with(100);
+        let (end, ends) = bounded::<()>(10);
+        let cycle = Arc::new(ParkedCycle {
+            running: AtomicUsize::new(0),
+            ran_on: Mutex::new(HashMap::new()),
+            ends,
+        });
+        let discovery = Arc::new(FixedDiscovery::of(Vec::new()));
+        let threads = FleetThreads::start(fleet.clone(), cycle.clone(), discovery, 1).unwrap();
+        for n in 0..10 {
+            fleet.admit(&id(&format!("park{n}")), Source::Discovery);
+        }
+        wait_until("the one worker busy", || {
+            cycle.running.load(Ordering::SeqCst) == 1
+        });
+        assert_eq!(metrics.work_queue_entries.get(), 9.0);
+        assert_eq!(metrics.waiting_nodes.get(), 10.0);
+
+        clock.advance(INTERVAL * 2 + Duration::from_secs(1));
+        wait_until("the sweep", || metrics.expired_waiting.get() == 9);
+        assert_eq!(metrics.work_queue_entries.get(), 0.0);
+        assert_eq!(metrics.waiting_nodes.get(), 1.0, "the one in flight");
+        assert_eq!(cycle.running.load(Ordering::SeqCst), 1, "still busy");
+
+        end.send(()).unwrap();
+        wait_until("the cycle to end", || fleet.is_empty());
+        assert_eq!(cycle.ran_on.lock().len(), 1, "no expired node was started");
+        let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {});
+        assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
+    }
 }

@@ -303,3 +303,34 @@ fn ten_reloads_during_a_two_thousand_node_run_lose_and_duplicate_nothing() {
     byes.sort();
     assert_eq!(starts, byes, "every helper process closed by its stdin");
 }
+
+/// logrotate's way (rename, then tell the daemon): after SIGHUP the daemon writes to a new
+/// file at the configured path, the renamed one keeps what came before, and SIGTERM still
+/// stops it as before.
+#[test]
+fn a_reload_reopens_the_log_file() {
+    let world = World::new();
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!("{}token: {TOKEN}\n", yaml_helper("/bin/true")),
+            ..Default::default()
+        },
+    );
+    let rotated = world.path("rotated.log");
+    std::fs::rename(&provisioner.log_path, &rotated).expect("rename the log");
+    reload_and_wait(&provisioner, 1.0, 0.0);
+    wait_for(
+        "the reload's line in the new log file",
+        std::time::Duration::from_secs(30),
+        || provisioner.log().contains("reloaded ").then_some(()),
+        || provisioner.logs(),
+    );
+    let new_log = provisioner.log();
+    assert!(new_log.contains("changed live: nothing"), "{new_log}");
+    let old = std::fs::read_to_string(&rotated).expect("the rotated log");
+    assert!(old.contains(" running with "), "{old}");
+    assert!(old.contains("SIGHUP: reloading"), "{old}");
+    assert!(!old.contains("reloaded "), "{old}");
+    provisioner.stop();
+}
