@@ -653,6 +653,10 @@ impl Started {
             match next_event(signals, &election, &probe) {
                 Event::Stop => break,
                 Event::Reload => self.reload(),
+                Event::ElectionGone => {
+                    log::error!("the leader election ended unexpectedly; staying as we are");
+                    self.election_events = never();
+                }
                 Event::Probe => probe.answer(),
                 Event::Election(event) => {
                     apply_election_event(&self.fleet, &trigger, event);
@@ -998,6 +1002,8 @@ enum Event {
     Stop,
     /// SIGHUP.
     Reload,
+    /// The election's channel closed (its thread ended before `stop`).
+    ElectionGone,
     Election(ElectionEvent),
     /// The health monitor asks whether main is alive.
     Probe,
@@ -1014,14 +1020,8 @@ fn next_event(signals: &Signals, election: &Receiver<ElectionEvent>, probe: &Pro
         recv(election) -> event => match event {
             Ok(event) => Event::Election(event),
             // The election thread is gone (it never ends before `stop`): nothing but a
-            // signal can come now.
-            Err(_) => {
-                log::error!("the leader election ended unexpectedly; staying as we are");
-                select! {
-                    recv(signals.stops()) -> _ => Event::Stop,
-                    recv(signals.reloads()) -> _ => Event::Reload,
-                }
-            }
+            // signal can come from it now.
+            Err(_) => Event::ElectionGone,
         },
     }
 }
