@@ -334,3 +334,52 @@ fn a_reload_reopens_the_log_file() {
     assert!(!old.contains("reloaded "), "{old}");
     provisioner.stop();
 }
+
+/// The daemon blocks SIGINT, SIGTERM and SIGHUP in its threads to take them on one; a helper
+/// it starts must not inherit that mask (it would ignore a SIGTERM sent to its group).
+#[test]
+fn helpers_start_with_no_signal_blocked() {
+    let world = World::new();
+    let record = world.path("sigblk");
+    let helper = world.write_executable(
+        "mask-helper.sh",
+        &format!(
+            "#!/bin/sh\ncat >/dev/null\ngrep '^SigBlk:' /proc/$$/status > {}\necho '{{\"defer\":true,\"msg\":\"mask recorded\"}}'\n",
+            record.display()
+        ),
+    );
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!("{}token: {TOKEN}\n", yaml_helper(&helper)),
+            ..Default::default()
+        },
+    );
+    let sim = Sim::start_booted(&world, 1, &["--token", TOKEN]);
+    let line = wait_for(
+        "the helper's mask",
+        std::time::Duration::from_secs(60),
+        || {
+            std::fs::read_to_string(&record)
+                .ok()
+                .filter(|l| l.ends_with('\n'))
+        },
+        || provisioner.logs(),
+    );
+    let mask = line.trim().trim_start_matches("SigBlk:").trim();
+    assert!(
+        mask.chars().all(|c| c == '0'),
+        "the helper inherited blocked signals: {line}"
+    );
+    // The daemon's own: SIGHUP (1), SIGINT (2) and SIGTERM (15) blocked.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", provisioner.pid()))
+        .expect("the daemon's status");
+    let own = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .map(|m| u64::from_str_radix(m.trim(), 16).expect("a hex mask"))
+        .expect("SigBlk");
+    assert_eq!(own & 0x4003, 0x4003, "{status}");
+    sim.stop();
+    provisioner.stop();
+}
