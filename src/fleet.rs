@@ -509,14 +509,19 @@ impl Fleet {
         let limit = self.interval() * 2;
         let mut guard = self.admissions.lock();
         let admissions = &mut *guard;
-        let expired = |ticket: &Ticket| now.saturating_duration_since(ticket.admitted) > limit;
-        let mut gone = Vec::new();
+        let expired = |admitted: Instant| now.saturating_duration_since(admitted) > limit;
+        let mut gone: Vec<(u64, Identity)> = Vec::new();
+        // Queued tickets, each with a doorbell.
+        let mut rung = 0;
         for queue in [&mut admissions.pending, &mut admissions.spare] {
             let scan = queue.len().min(batch);
             let mut kept = VecDeque::with_capacity(scan);
             for _ in 0..scan {
                 match queue.pop_front() {
-                    Some(ticket) if expired(&ticket) => gone.push(ticket),
+                    Some(ticket) if expired(ticket.admitted) => {
+                        rung += 1;
+                        gone.push((ticket.number, ticket.identity));
+                    }
                     Some(ticket) => kept.push_back(ticket),
                     None => break,
                 }
@@ -526,13 +531,33 @@ impl Fleet {
                 queue.push_front(ticket);
             }
         }
-        for ticket in &gone {
-            if matches!(admissions.entries.get(&ticket.identity), Some(e) if e.number == ticket.number)
-            {
-                admissions.entries.remove(&ticket.identity);
+        // Unverified ones waiting for a round or a spare worker: by number, so oldest first.
+        for waiting in [&mut admissions.awaiting, &mut admissions.unanswered] {
+            let old: Vec<u64> = waiting
+                .iter()
+                .take(batch)
+                .take_while(|(number, identity)| {
+                    admissions
+                        .entries
+                        .get(*identity)
+                        .is_some_and(|entry| entry.number == **number && expired(entry.admitted))
+                })
+                .map(|(number, _)| *number)
+                .collect();
+            for number in old {
+                if let Some(identity) = waiting.remove(&number) {
+                    gone.push((number, identity));
+                }
             }
-            // Each ticket had one doorbell; one left in the channel for none would take a
-            // place admission needs. A worker holding it already finds no ticket.
+        }
+        for (number, identity) in &gone {
+            if matches!(admissions.entries.get(identity), Some(e) if e.number == *number) {
+                admissions.entries.remove(identity);
+            }
+        }
+        // Each queued ticket had one doorbell; one left in the channel for none would take a
+        // place admission needs. A worker holding it already finds no ticket.
+        for _ in 0..rung {
             let _ = self.queue_rx.try_recv();
         }
         if !gone.is_empty() {
@@ -546,7 +571,7 @@ impl Fleet {
             if log_limit::global().allow("expired", "") {
                 log::error!(
                     "forgot {count} queued nodes that waited more than 2 x interval ({limit:?}) for a worker, {} first; they are provisioned when seen again",
-                    gone[0].identity
+                    gone[0].1
                 );
             }
         }
@@ -2090,6 +2115,34 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    /// Unverified sightings waiting for their round expire by the same rule.
+    #[test]
+    fn the_sweep_forgets_unverified_sightings_past_two_intervals_too() {
+        let (fleet, clock, metrics) = fleet_with(10);
+        fleet.workers_started(2);
+        for name in ["e1", "e2", "e3"] {
+            fleet.admit(&id(name), Source::Event);
+        }
+        assert!(
+            fleet.awaits_verification(),
+            "beyond the budget: awaiting a round"
+        );
+        assert_eq!(metrics.work_queue_entries.get(), 3.0);
+        clock.advance(INTERVAL * 2);
+        assert_eq!(
+            fleet.sweep_expired(SWEEP_BATCH),
+            0,
+            "exactly 2 x interval is fine"
+        );
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(fleet.sweep_expired(SWEEP_BATCH), 3);
+        assert!(!fleet.awaits_verification());
+        assert_eq!(fleet.len(), 0);
+        assert_eq!(metrics.work_queue_entries.get(), 0.0);
+        assert_eq!(metrics.waiting_nodes.get(), 0.0);
+        assert!(fleet.next_ticket(Duration::from_millis(10)).is_none());
     }
 
     /// A reload's shorter interval expires queued nodes by the new one.
