@@ -925,6 +925,7 @@ impl Started {
                     threads.workers()
                 ));
             }
+            self.health.set_workers(threads.workers());
         }
         // A setting that needs a restart stays as the start had it, so the next reload
         // names it again; live ones are as now.
