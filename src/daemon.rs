@@ -171,13 +171,6 @@ pub fn init_logging(config: &Config, debug: bool) -> Result<(), DaemonError> {
 pub fn run(args: RunArgs) -> i32 {
     // No log yet: a panic is said on stderr only.
     crate::panics::install(false);
-    // Before any thread exists, so that all inherit the mask and only the signal thread
-    // takes them (`crate::signals`).
-    if let Err(err) = crate::signals::block() {
-        let err = DaemonError::Signals(err);
-        eprintln!("choria-provisioner: error: {err}");
-        return err.exit_code();
-    }
     let config = match configure_logging(&args) {
         Ok(config) => config,
         Err(err) => {

@@ -1,14 +1,15 @@
 //! SIGINT, SIGTERM and SIGHUP, told apart: `ctrlc`'s `termination` feature handles all three
 //! alike, and SIGHUP must reload rather than stop.
 //!
-//! [`block`] masks the three in the calling thread before any other thread exists, so every
-//! thread started later inherits the mask and none of them is interrupted; one named thread
-//! (`signals`) takes them with `sigtimedwait(2)` and turns each into a message. No handler
-//! runs in signal context, so nothing here has to be async-signal-safe. Children start with
-//! an empty mask (std's `Command` clears it in the child before `exec`).
+//! A self-pipe: the handler (`sigaction`) writes the signal's number into a pipe, the only
+//! thing it does (`write(2)` is async-signal-safe), and one named thread (`signals`) reads it
+//! and turns each into a message. No signal is blocked anywhere, so the helpers the daemon
+//! starts inherit no mask (an inherited mask would make a helper ignore a SIGTERM to its
+//! group), and `exec` resets the handler to the default in them.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -21,6 +22,9 @@ const STOP_CHECK: Duration = Duration::from_millis(200);
 /// The signals this module takes.
 const TAKEN: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
+/// The pipe's write end, for the handler; -1 until [`Signals::start`].
+static PIPE: AtomicI32 = AtomicI32::new(-1);
+
 /// What a signal asks of the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {
@@ -30,29 +34,19 @@ pub enum Signal {
     Reload,
 }
 
-fn taken_set() -> libc::sigset_t {
-    // SAFETY: sigemptyset initialises the set it is given; sigaddset adds valid signal
-    // numbers to an initialised set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for signal in TAKEN {
-            libc::sigaddset(&mut set, signal);
-        }
-        set
+extern "C" fn on_signal(signal: libc::c_int) {
+    let fd = PIPE.load(Ordering::Relaxed);
+    if fd < 0 {
+        return;
     }
-}
-
-/// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (and so in every thread it
-/// starts from now on). Call it before the first thread is started.
-pub fn block() -> io::Result<()> {
-    let set = taken_set();
-    // SAFETY: the set is initialised; the old mask is not asked for.
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(rc))
+    // SAFETY: only async-signal-safe calls: errno saved and restored around write(2) of one
+    // byte from a local to a non-blocking pipe (full: the byte is dropped, and a signal of
+    // that kind is waiting anyway).
+    unsafe {
+        let errno = *libc::__errno_location();
+        let byte = signal as u8;
+        let _ = libc::write(fd, (&byte as *const u8).cast(), 1);
+        *libc::__errno_location() = errno;
     }
 }
 
@@ -65,9 +59,33 @@ pub struct Signals {
 }
 
 impl Signals {
-    /// Starts the `signals` thread. The signals must be blocked already ([`block`]), else
-    /// the default action (the process ends) wins over the wait.
+    /// Opens the pipe, installs the handler for SIGINT, SIGTERM and SIGHUP and starts the
+    /// `signals` thread. Once per process.
     pub fn start() -> io::Result<Signals> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 fills the two descriptors it is given room for.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just opened for us and owned by nothing else.
+        let read = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+        // The write end is never closed: a late signal's handler must never write to a
+        // descriptor number reused for something else.
+        PIPE.store(fds[1], Ordering::Relaxed);
+        for signal in TAKEN {
+            // SAFETY: a zeroed sigaction with our handler, an empty mask and SA_RESTART, so
+            // interrupted system calls elsewhere go on.
+            let rc = unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+                action.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(signal, &action, std::ptr::null_mut())
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
         // One of each waiting is enough: a second stop or reload while one is pending asks
         // for nothing more.
         let (stop_tx, stop) = bounded::<()>(1);
@@ -76,7 +94,7 @@ impl Signals {
         let flag = stopping.clone();
         let thread = std::thread::Builder::new()
             .name("signals".into())
-            .spawn(move || take_signals(&flag, &stop_tx, &reload_tx))?;
+            .spawn(move || take_signals(&read, &flag, &stop_tx, &reload_tx))?;
         Ok(Signals {
             stop,
             reload,
@@ -107,29 +125,40 @@ impl Drop for Signals {
     }
 }
 
-fn take_signals(stopping: &AtomicBool, stop: &Sender<()>, reload: &Sender<()>) {
-    let set = taken_set();
-    let timeout = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: STOP_CHECK.as_nanos() as libc::c_long,
-    };
+fn take_signals(read: &OwnedFd, stopping: &AtomicBool, stop: &Sender<()>, reload: &Sender<()>) {
+    let mut buf = [0u8; 64];
     while !stopping.load(Ordering::Acquire) {
-        // SAFETY: the set is initialised, no siginfo is asked for, the timeout is valid.
-        let signal = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &timeout) };
-        match classify(signal) {
-            Some(Signal::Stop) => {
-                let _ = stop.try_send(());
+        let mut poll = libc::pollfd {
+            fd: read.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, a bounded timeout.
+        let ready = unsafe { libc::poll(&mut poll, 1, STOP_CHECK.as_millis() as libc::c_int) };
+        if ready <= 0 {
+            // The timeout, or EINTR (a signal arrived): look at the flag and the pipe again.
+            continue;
+        }
+        // SAFETY: reading into a local buffer of the stated length from our own pipe.
+        let n = unsafe { libc::read(read.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            continue;
+        }
+        for &byte in &buf[..n as usize] {
+            match classify(libc::c_int::from(byte)) {
+                Some(Signal::Stop) => {
+                    let _ = stop.try_send(());
+                }
+                Some(Signal::Reload) => {
+                    let _ = reload.try_send(());
+                }
+                None => {}
             }
-            Some(Signal::Reload) => {
-                let _ = reload.try_send(());
-            }
-            // The timeout (EAGAIN) or an interruption (EINTR): look at the flag again.
-            None => {}
         }
     }
 }
 
-/// What `sigtimedwait`'s result asks for; `None` for no signal.
+/// What a signal number asks for; `None` for one not taken.
 fn classify(signal: libc::c_int) -> Option<Signal> {
     match signal {
         libc::SIGINT | libc::SIGTERM => Some(Signal::Stop),
@@ -147,6 +176,6 @@ mod tests {
         assert_eq!(classify(libc::SIGTERM), Some(Signal::Stop));
         assert_eq!(classify(libc::SIGINT), Some(Signal::Stop));
         assert_eq!(classify(libc::SIGHUP), Some(Signal::Reload));
-        assert_eq!(classify(-1), None, "the timeout");
+        assert_eq!(classify(0), None);
     }
 }
