@@ -38,7 +38,7 @@ pub const MAX_LINE_BYTES: usize = 8 * 1024;
 pub const MAX_REASON_BYTES: usize = 4 * 1024;
 
 /// The most any other text field takes.
-const MAX_FIELD_BYTES: usize = 256;
+pub(crate) const MAX_FIELD_BYTES: usize = 256;
 
 /// The reason of a cycle a `provisioned` event stopped: an event is only a hint (anyone may
 /// publish one), so the node is delayed and verified again, not taken as provisioned.
@@ -46,7 +46,7 @@ const HINTED_ELSEWHERE: &str = "a provisioned event named the node (a hint): sto
      the next call, verified again after the delay (its provisioned event)";
 
 /// `text` as a line shows it: escaped as the log escapes it, then cut to `max` bytes.
-fn shown(text: &str, max: usize) -> String {
+pub(crate) fn shown(text: &str, max: usize) -> String {
     choria_wire::text::cut(&choria_wire::text::one_line(text), max).into_owned()
 }
 
@@ -85,6 +85,9 @@ pub struct ServerJwtRecord {
     pub jti: String,
     pub expires: Option<String>,
     pub expires_unix: Option<i64>,
+    /// Its `iss`: `C-<chain token id>.<signing public key>` when chain-issued, so a key
+    /// rotation shows which key signed each node's token (public, not a secret).
+    pub issuer: Option<String>,
 }
 
 /// What the node received from this cycle.
@@ -151,6 +154,9 @@ pub struct Instance {
     pub identity: String,
     /// Whether it held the leadership when the cycle started; `None` without an election.
     pub leader: Option<bool>,
+    /// The configuration generation the cycle ran with: 1 from the start, one more for
+    /// each reload applied (SIGHUP).
+    pub config_generation: u64,
 }
 
 /// One line of the audit file.
@@ -376,6 +382,7 @@ mod tests {
             Instance {
                 identity: "prov1".into(),
                 leader: None,
+                config_generation: 1,
             },
             Source::Event,
             &ProvisionOutcome::Provisioned { hold: true },
@@ -449,6 +456,7 @@ mod tests {
             let instance = Instance {
                 identity: "p".into(),
                 leader: Some(true),
+                config_generation: 3,
             };
             let line = AuditLine::new("n1", instance, Source::Discovery, &outcome, trail);
             assert_eq!(line.outcome, name, "{outcome:?} {decided:?}");
@@ -468,6 +476,7 @@ mod tests {
         let instance = Instance {
             identity: "prov1".into(),
             leader: None,
+            config_generation: 1,
         };
         AuditLine::new("n1.example.net", instance, Source::Event, &outcome, trail)
     }

@@ -760,7 +760,7 @@ fn describe_certificate(cert: &CertificateFacts, now: i64) -> String {
 }
 
 /// Every effective setting of the YAML, in the order of the sample file.
-fn settings(config: &Config) -> Vec<Setting> {
+pub(crate) fn settings(config: &Config) -> Vec<Setting> {
     let set = |key: &str| config.set_in_file.contains(key);
     let mut out = Vec::new();
     let mut push = |key: &str, value: String| {
@@ -945,7 +945,7 @@ fn settings(config: &Config) -> Vec<Setting> {
 }
 
 /// The `choria.cfg` settings the provisioner uses.
-fn client_settings(client: &ClientConfig) -> Vec<Setting> {
+pub(crate) fn client_settings(client: &ClientConfig) -> Vec<Setting> {
     let set = |key: &str| client.key_lines.contains_key(key);
     let path = |p: &Option<PathBuf>| {
         p.as_ref()

@@ -25,8 +25,9 @@ use choria_broker::listener::{EventListener, NodeHandler};
 use choria_broker::rpc::RpcClient;
 
 use crate::audit::AuditLog;
-use crate::cli::RunArgs;
+use crate::cli::{CheckConfigArgs, Format, RunArgs};
 use crate::client_config::{self, connect_settings_in, LoadError};
+use crate::config::HelperMode;
 use crate::config::{Config, ConfigError};
 use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source, WorkOrder};
 use crate::health::{Health, Monitor, Probe, SystemdNotifier};
@@ -34,8 +35,12 @@ use crate::metrics::{Metrics, MetricsServer};
 use crate::notify;
 use crate::pidfile::{PidFile, PidFileError};
 use crate::provision::helper::Helper;
+use crate::provision::live::LiveCycle;
 use crate::provision::{Cycle, CycleError, CycleSettings, GraceEnd};
+use crate::reload::Settings;
+use crate::signals::Signals;
 use choria_broker::clock::{SystemBootClock, SystemClock};
+use choria_broker::rpc::NodeRpc;
 use choria_wire::choria_cfg::ClientConfigError;
 use choria_wire::identity::Identity;
 
@@ -62,7 +67,7 @@ pub(crate) enum DaemonError {
         addr: std::net::SocketAddr,
         source: io::Error,
     },
-    Signals(ctrlc::Error),
+    Signals(io::Error),
     Connect(ConnectionError),
     Threads(io::Error),
     Listener(ConnectionError),
@@ -86,7 +91,7 @@ impl fmt::Display for DaemonError {
             DaemonError::MetricsListener { addr, source } => {
                 write!(f, "could not serve metrics on {addr}: {source}")
             }
-            DaemonError::Signals(err) => write!(f, "could not install signal handlers: {err}"),
+            DaemonError::Signals(err) => write!(f, "could not take the signals: {err}"),
             DaemonError::Connect(err) => write!(f, "{err}"),
             DaemonError::Threads(err) => write!(f, "could not start the worker threads: {err}"),
             DaemonError::Listener(err) => write!(f, "{err}"),
@@ -161,8 +166,8 @@ pub fn init_logging(config: &Config, debug: bool) -> Result<(), DaemonError> {
     )
 }
 
-/// Runs the daemon until SIGINT or SIGTERM. Returns the exit code. A panic outside a node's
-/// cycle ends the process with exit code 70 instead (`crate::panics`).
+/// Runs the daemon until SIGINT or SIGTERM; SIGHUP reloads. Returns the exit code. A panic
+/// outside a node's cycle ends the process with exit code 70 instead (`crate::panics`).
 pub fn run(args: RunArgs) -> i32 {
     // No log yet: a panic is said on stderr only.
     crate::panics::install(false);
@@ -206,12 +211,13 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
     // Every file first: with one unusable, nothing has started or connected yet. Dropped
     // last (declared first), so the pid file stays locked until every thread is joined.
     let checked = Checked::load(&config, args)?;
-    let signals = signal_channel()?;
+    let signals = Signals::start().map_err(DaemonError::Signals)?;
     // From here on every part started lives in `started`, which stops and joins them all
     // whichever way this function is left (an error's `?` included).
     let mut started = Started::new(config, &checked.settings);
+    started.reload_from(args.clone(), checked.started_settings.clone());
     started.start_monitoring()?;
-    if !started.connect(&checked.settings, &signals)? {
+    if !started.connect(&checked.settings, signals.stops())? {
         return Ok(());
     }
     started.start_work(
@@ -238,6 +244,8 @@ struct Checked {
     /// Not a file, but a pipe that could fail to open (a descriptor limit): before anything
     /// starts too.
     grace_end: GraceEnd,
+    /// Both files' settings as `check-config` lists them: what a reload compares with.
+    started_settings: Settings,
 }
 
 impl Checked {
@@ -278,25 +286,19 @@ impl Checked {
             }
             None => None,
         };
+        let started_settings = crate::reload::settings_of(
+            &crate::check_config::settings(config),
+            &crate::check_config::client_settings(&client),
+        );
         Ok(Checked {
             _pid: pid,
             settings,
             cycle_settings,
             audit,
             grace_end: GraceEnd::new().map_err(DaemonError::Threads)?,
+            started_settings,
         })
     }
-}
-
-/// SIGINT and SIGTERM (ctrlc's `termination` feature) arrive on the channel; systemd stops
-/// with TERM. Once per process.
-fn signal_channel() -> Result<Receiver<()>, DaemonError> {
-    let (signal_tx, signal_rx) = bounded::<()>(1);
-    ctrlc::set_handler(move || {
-        let _ = signal_tx.try_send(());
-    })
-    .map_err(DaemonError::Signals)?;
-    Ok(signal_rx)
 }
 
 /// The one owner of every part of the running daemon, each `Some` once started. [`stop`]
@@ -324,7 +326,31 @@ struct Started {
     twins: Option<TwinWatch>,
     election: Option<Election>,
     election_events: Receiver<ElectionEvent>,
+    /// What a reload needs and changes (`None` until `reload_from`; tests run without).
+    reloading: Option<Reloading>,
+    /// The cycle every worker runs, which a reload replaces.
+    live: Option<Arc<LiveCycle>>,
+    /// Threads closing a reload's replaced persistent helpers once their last node is done.
+    retiring: Vec<std::thread::JoinHandle<()>>,
+    /// Dropped at shutdown: retiring helpers are closed at once then.
+    retire_stop: Option<Sender<()>>,
+    retire_stopped: Receiver<()>,
     stopped: bool,
+}
+
+/// A reload's inputs and what it compares with.
+struct Reloading {
+    args: RunArgs,
+    /// The settings the daemon started with: a difference in one that cannot change live
+    /// is named as needing a restart at each reload.
+    started: Settings,
+    /// The settings applied last, and their configuration.
+    applied: Settings,
+    applied_config: Arc<Config>,
+    /// The configuration generation serving new cycles.
+    generation: u64,
+    /// The identity requests carry (the audit's instance), and our protocol.
+    instance: String,
 }
 
 impl Started {
@@ -358,6 +384,7 @@ impl Started {
             &settings.urls,
             (stall, stall + crate::health::CONNECT_ATTEMPT_LIMIT),
         );
+        let (retire_stop, retire_stopped) = bounded::<()>(1);
         Started {
             config,
             metrics,
@@ -376,8 +403,25 @@ impl Started {
             twins: None,
             election: None,
             election_events: never(),
+            reloading: None,
+            live: None,
+            retiring: Vec::new(),
+            retire_stop: Some(retire_stop),
+            retire_stopped,
             stopped: false,
         }
+    }
+
+    /// SIGHUP reloads `args`' files from now on, compared with `started`.
+    fn reload_from(&mut self, args: RunArgs, started: Settings) {
+        self.reloading = Some(Reloading {
+            args,
+            applied: started.clone(),
+            started,
+            applied_config: self.config.clone(),
+            generation: 1,
+            instance: String::new(),
+        });
     }
 
     /// `/livez`, `/readyz`, `STATUS=` and the watchdog (the monitor runs from here to the
@@ -482,6 +526,9 @@ impl Started {
         if let Some(log) = audit {
             cycle = cycle.with_audit(Arc::new(log), &settings.identity);
         }
+        if let Some(reloading) = &mut self.reloading {
+            reloading.instance = settings.identity.clone();
+        }
         if self.config.work_order == WorkOrder::Random {
             // The listener records the `provisioned` events the cycle consults.
             cycle = cycle.with_reports(self.fleet.clone());
@@ -491,9 +538,11 @@ impl Started {
         self.start_listening(&conn, settings)?;
         let discovery = Discovery::new(conn.clone(), self.metrics.clone());
         let health = &self.health;
+        let live = Arc::new(LiveCycle::new(cycle));
+        self.live = Some(live.clone());
         let threads = FleetThreads::start_watched(
             self.fleet.clone(),
-            Arc::new(cycle),
+            live,
             Arc::new(discovery),
             self.config.workers,
             &|name| health.probe(name),
@@ -586,15 +635,21 @@ impl Started {
         log::info!("campaigning for leadership; paused until elected");
     }
 
-    /// Main's loop, until SIGINT or SIGTERM.
-    fn serve(&mut self, signals: &Receiver<()>) {
+    /// Main's loop, until SIGINT or SIGTERM; SIGHUP reloads.
+    fn serve(&mut self, signals: &Signals) {
         let Some(trigger) = self.threads.as_ref().map(FleetThreads::trigger) else {
             return;
         };
         let probe = self.health.probe("main");
         loop {
-            match next_event(signals, &self.election_events, &probe) {
+            let election = self.election_events.clone();
+            match next_event(signals, &election, &probe) {
                 Event::Stop => break,
+                Event::Reload => self.reload(),
+                Event::ElectionGone => {
+                    log::error!("the leader election ended unexpectedly; staying as we are");
+                    self.election_events = never();
+                }
                 Event::Probe => probe.answer(),
                 Event::Election(event) => {
                     apply_election_event(&self.fleet, &trigger, event);
@@ -644,6 +699,13 @@ impl Started {
             let now = std::time::Instant::now();
             helper.close((stopping + SHUTDOWN_GRACE).max(now + Duration::from_secs(1)));
         }
+        // Helpers a reload replaced: their nodes are done now; each closes at once.
+        self.retire_stop = None;
+        for retiring in self.retiring.drain(..) {
+            if retiring.join().is_err() {
+                log::error!("a thread closing replaced helpers panicked");
+            }
+        }
         if let Some(conn) = self.conn.take() {
             conn.close();
         }
@@ -676,6 +738,251 @@ impl Started {
     }
 }
 
+/// A reload's new parts, made and checked before anything changes.
+struct Renewal {
+    config: Config,
+    warnings: Vec<String>,
+    settings: Settings,
+    changes: crate::reload::Changes,
+    cycle: Cycle,
+    /// The helper changed: the new one, the old to close once its nodes are done.
+    helper_changed: bool,
+    log_file: Option<crate::logging::LogFile>,
+}
+
+impl Started {
+    /// SIGHUP: re-reads both files and every file they name, checks them as `check-config`
+    /// does, and applies what can change live; an invalid configuration changes nothing.
+    /// Logged and counted either way; `RELOADING=1` .. `READY=1` around it.
+    fn reload(&mut self) {
+        let Some(generation) = self.reloading.as_ref().map(|r| r.generation) else {
+            return;
+        };
+        notify::reloading("reloading the configuration");
+        log::info!("SIGHUP: reloading the configuration (now generation {generation})");
+        match self.renew().and_then(|renewal| self.apply(renewal)) {
+            Ok(line) => {
+                self.metrics.reloads.with_label_values(&["ok"]).inc();
+                log::info!("{line}");
+            }
+            Err(err) => {
+                self.metrics.reloads.with_label_values(&["invalid"]).inc();
+                log::error!(
+                    "reload refused, nothing changed (still configuration generation {generation}): {err}"
+                );
+            }
+        }
+        if let Some(reloading) = &self.reloading {
+            self.metrics
+                .config_generation
+                .set(reloading.generation as f64);
+        }
+        notify::ready(&self.health.status_line());
+    }
+
+    /// Reads, checks and builds everything a reload needs; changes nothing.
+    fn renew(&self) -> Result<Renewal, String> {
+        let (Some(reloading), Some(live), Some(conn)) = (&self.reloading, &self.live, &self.conn)
+        else {
+            return Err("the daemon is not running yet".into());
+        };
+        let args = &reloading.args;
+        // Exactly `check-config`'s checks (no broker): its errors name file and setting.
+        let report = crate::check_config::check(&CheckConfigArgs {
+            config: args.config.clone(),
+            choria_config: args.choria_config.clone(),
+            connect: false,
+            format: Format::Text,
+        });
+        if report.exit_code != 0 {
+            return Err(report.errors.join("; "));
+        }
+        let (config, warnings) = Config::load(&args.config).map_err(|e| e.to_string())?;
+        let client = client_config::load(&args.choria_config).map_err(|e| e.to_string())?;
+        let settings = crate::reload::settings_of(
+            &crate::check_config::settings(&config),
+            &crate::check_config::client_settings(&client),
+        );
+        let mut changes = crate::reload::diff(&reloading.started, &reloading.applied, &settings);
+        let applied = &reloading.applied_config;
+
+        // The log file: another file, or the same one reopened (logrotate); stderr, stdout
+        // and discard are chosen at start only.
+        use crate::logging::Destination;
+        let started_log = Destination::from_setting(self.config.logfile.as_deref());
+        let log_file = match (
+            &started_log,
+            Destination::from_setting(config.logfile.as_deref()),
+        ) {
+            (Destination::File(_), Destination::File(path)) => {
+                Some(crate::logging::LogFile::open(&path).map_err(|source| {
+                    format!("logfile: cannot open {}: {source}", path.display())
+                })?)
+            }
+            (started, new) => {
+                if *started != new {
+                    changes.live.retain(|key| key != "logfile");
+                    changes.restart.push("logfile (from or to a file)".into());
+                }
+                None
+            }
+        };
+
+        let mut cycle_settings = CycleSettings::new(&config).map_err(|e| e.to_string())?;
+        // The election is fixed at start; the audit says whether we led as it did.
+        cycle_settings.leader_election = self.config.leader_election;
+        let current = live.current();
+        let helper_changed = applied.helper != config.helper
+            || applied.helper_mode != config.helper_mode
+            || applied.helper_timeout != config.helper_timeout
+            || (config.helper_mode == HelperMode::Persistent && applied.workers != config.workers);
+        if !helper_changed {
+            // The same helper: persistent ones keep running.
+            cycle_settings.helper = current.settings().helper.clone();
+        } else if !changes.live.iter().any(|key| key == "helper") {
+            // Its arguments, which the settings do not show.
+            changes.live.push("helper".into());
+            changes.live.sort();
+        }
+        let rpc: Arc<dyn NodeRpc> = if applied.reply_grace == config.reply_grace
+            && applied.rpc_timeout == config.rpc_timeout
+        {
+            current.rpc()
+        } else {
+            let mut rpc = RpcClient::new(conn.clone(), self.metrics.clone())
+                .with_reply_grace(config.reply_grace);
+            if let Some(timeout) = config.rpc_timeout {
+                rpc = rpc.with_ddl_timeout(timeout);
+            }
+            Arc::new(rpc)
+        };
+        let audit = match &config.audit_file {
+            // Opened again: a rotated file is replaced, a new path taken.
+            Some(path) => Some(Arc::new(AuditLog::open(path).map_err(|source| {
+                format!("audit_file: cannot open {}: {source}", path.display())
+            })?)),
+            None => None,
+        };
+        let cycle = current.renewed(
+            cycle_settings,
+            rpc,
+            audit.map(|log| (log, reloading.instance.as_str())),
+            reloading.generation + 1,
+        );
+        Ok(Renewal {
+            config,
+            warnings,
+            settings,
+            changes,
+            cycle,
+            helper_changed,
+            log_file,
+        })
+    }
+
+    /// Puts a checked renewal in place: from the next node on, every cycle uses it.
+    fn apply(&mut self, renewal: Renewal) -> Result<String, String> {
+        let (Some(reloading), Some(live)) = (&mut self.reloading, &self.live) else {
+            return Err("the daemon is not running yet".into());
+        };
+        let Renewal {
+            config,
+            warnings,
+            mut settings,
+            changes,
+            cycle,
+            helper_changed,
+            log_file,
+        } = renewal;
+        if let Some(file) = log_file {
+            file.install();
+        }
+        for warning in warnings {
+            log::warn!("{warning}");
+        }
+        let new_helper = cycle.settings().helper.clone();
+        let replaced = live.replace(cycle);
+        reloading.generation += 1;
+        if helper_changed {
+            let old = self.helper.replace(new_helper);
+            if let Some(old @ Helper::Persistent(_)) = old {
+                self.retire_helper(old, replaced);
+            }
+        }
+        self.fleet.set_interval(config.interval);
+        let mut problems = Vec::new();
+        if let Some(threads) = &mut self.threads {
+            if let Err(err) = threads.resize(&self.fleet, config.workers) {
+                problems.push(format!(
+                    "could not start more workers ({} run): {err}",
+                    threads.workers()
+                ));
+            }
+            self.health.set_workers(threads.workers());
+        }
+        // A setting that needs a restart stays as the start had it, so the next reload
+        // names it again; live ones are as now.
+        let reloading = self
+            .reloading
+            .as_mut()
+            .ok_or("the daemon is not running yet")?;
+        for (key, value) in &reloading.started {
+            if !crate::reload::is_live(key.0, &key.1) {
+                settings.insert(key.clone(), value.clone());
+            }
+        }
+        reloading.applied = settings;
+        reloading.applied_config = Arc::new(config);
+        let mut line = format!(
+            "reloaded {} and {}: configuration generation {} serves new nodes; changed live: {}",
+            reloading.args.config.display(),
+            reloading.args.choria_config.display(),
+            reloading.generation,
+            changes.live_text()
+        );
+        if !changes.restart.is_empty() {
+            line.push_str(&format!(
+                "; needs a restart, left as it was: {}",
+                changes.restart_text()
+            ));
+        }
+        for problem in problems {
+            log::error!("reload: {problem}");
+        }
+        Ok(line)
+    }
+
+    /// Closes a replaced persistent helper once no cycle holds the cycle it served (the
+    /// nodes running on it are done), or at once at shutdown.
+    fn retire_helper(&mut self, helper: Helper, replaced: Arc<Cycle>) {
+        let stop = self.retire_stopped.clone();
+        let spawned = std::thread::Builder::new()
+            .name("helper-retire".into())
+            .spawn(move || {
+                // Each cycle is bounded (its calls, its helper's timeout): so is this wait.
+                while Arc::strong_count(&replaced) > 1 {
+                    if let Err(crossbeam_channel::RecvTimeoutError::Disconnected) =
+                        stop.recv_timeout(Duration::from_millis(100))
+                    {
+                        break;
+                    }
+                }
+                drop(replaced);
+                helper.close(std::time::Instant::now() + Duration::from_secs(2));
+                log::info!("closed the persistent helpers a reload replaced");
+            });
+        match spawned {
+            Ok(handle) => {
+                self.retiring.retain(|h| !h.is_finished());
+                self.retiring.push(handle);
+            }
+            Err(err) => log::error!(
+                "could not start the thread closing replaced helpers ({err}); they end with the daemon"
+            ),
+        }
+    }
+}
+
 impl Drop for Started {
     fn drop(&mut self) {
         self.stop();
@@ -687,6 +994,10 @@ impl Drop for Started {
 enum Event {
     /// SIGINT or SIGTERM.
     Stop,
+    /// SIGHUP.
+    Reload,
+    /// The election's channel closed (its thread ended before `stop`).
+    ElectionGone,
     Election(ElectionEvent),
     /// The health monitor asks whether main is alive.
     Probe,
@@ -695,19 +1006,16 @@ enum Event {
 /// Main's one wait: the next signal, election event or health question. No timeout: the
 /// process lives until a signal, and the channels' senders live as long as main (a signal
 /// handler, the election, the probe itself).
-fn next_event(signals: &Receiver<()>, election: &Receiver<ElectionEvent>, probe: &Probe) -> Event {
+fn next_event(signals: &Signals, election: &Receiver<ElectionEvent>, probe: &Probe) -> Event {
     select! {
-        recv(signals) -> _ => Event::Stop,
+        recv(signals.stops()) -> _ => Event::Stop,
+        recv(signals.reloads()) -> _ => Event::Reload,
         recv(probe.questions()) -> _ => Event::Probe,
         recv(election) -> event => match event {
             Ok(event) => Event::Election(event),
             // The election thread is gone (it never ends before `stop`): nothing but a
-            // signal can come now.
-            Err(_) => {
-                log::error!("the leader election ended unexpectedly; staying as we are");
-                let _ = signals.recv();
-                Event::Stop
-            }
+            // signal can come from it now.
+            Err(_) => Event::ElectionGone,
         },
     }
 }

@@ -34,11 +34,12 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, never, select, Receiver, Sender, TrySendError};
+use crossbeam_channel::{bounded, never, select, Receiver, Sender, TryRecvError, TrySendError};
 use parking_lot::Mutex;
 
 use crate::health::Probe;
@@ -456,6 +457,8 @@ pub struct Fleet {
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     settings: FleetSettings,
+    /// `interval` in nanoseconds: a reload changes it (`settings.interval` is the start's).
+    interval_nanos: AtomicU64,
 }
 
 impl Fleet {
@@ -478,15 +481,109 @@ impl Fleet {
             gate,
             metrics,
             clock,
+            interval_nanos: AtomicU64::new(nanos(settings.interval)),
             settings,
         })
+    }
+
+    /// `interval` as it is now (a reload may have changed it).
+    pub fn interval(&self) -> Duration {
+        Duration::from_nanos(self.interval_nanos.load(Ordering::Relaxed))
+    }
+
+    /// A reload's `interval`: the next discovery is due an interval after the last, and
+    /// queued nodes expire after 2 x the new one.
+    pub fn set_interval(&self, interval: Duration) {
+        self.interval_nanos
+            .store(nanos(interval), Ordering::Relaxed);
+        let _ = self.wake_tx.try_send(());
+    }
+
+    /// Forgets queued tickets that waited more than 2 x interval, as a worker taking one
+    /// would (Go's rule), so that `waiting_nodes` and `work_queue_entries` stay true while
+    /// the queue is longer than the workers can serve (provisioner #167). Looks at no more
+    /// than `batch` tickets of each queue, oldest first; returns how many it forgot, each
+    /// counted in `expired_waiting` and as a provision error.
+    pub fn sweep_expired(&self, batch: usize) -> usize {
+        let now = self.clock.now();
+        let limit = self.interval() * 2;
+        let mut guard = self.admissions.lock();
+        let admissions = &mut *guard;
+        let expired = |admitted: Instant| now.saturating_duration_since(admitted) > limit;
+        let mut gone: Vec<(u64, Identity)> = Vec::new();
+        // Queued tickets, each with a doorbell.
+        let mut rung = 0;
+        for queue in [&mut admissions.pending, &mut admissions.spare] {
+            let scan = queue.len().min(batch);
+            let mut kept = VecDeque::with_capacity(scan);
+            for _ in 0..scan {
+                match queue.pop_front() {
+                    Some(ticket) if expired(ticket.admitted) => {
+                        rung += 1;
+                        gone.push((ticket.number, ticket.identity));
+                    }
+                    Some(ticket) => kept.push_back(ticket),
+                    None => break,
+                }
+            }
+            // The kept ones go back in front, in their order.
+            while let Some(ticket) = kept.pop_back() {
+                queue.push_front(ticket);
+            }
+        }
+        // Unverified ones waiting for a round or a spare worker: by number, so oldest first.
+        for waiting in [&mut admissions.awaiting, &mut admissions.unanswered] {
+            let old: Vec<u64> = waiting
+                .iter()
+                .take(batch)
+                .take_while(|(number, identity)| {
+                    admissions
+                        .entries
+                        .get(*identity)
+                        .is_some_and(|entry| entry.number == **number && expired(entry.admitted))
+                })
+                .map(|(number, _)| *number)
+                .collect();
+            for number in old {
+                if let Some(identity) = waiting.remove(&number) {
+                    gone.push((number, identity));
+                }
+            }
+        }
+        for (number, identity) in &gone {
+            if matches!(admissions.entries.get(identity), Some(e) if e.number == *number) {
+                admissions.entries.remove(identity);
+            }
+        }
+        // Each queued ticket had one doorbell; one left in the channel for none would take a
+        // place admission needs. A worker holding it already finds no ticket.
+        for _ in 0..rung {
+            let _ = self.queue_rx.try_recv();
+        }
+        if !gone.is_empty() {
+            self.update_gauges(admissions);
+        }
+        drop(guard);
+        let count = gone.len();
+        if count > 0 {
+            self.metrics.expired_waiting.inc_by(count as u64);
+            self.metrics.provision_errors.inc_by(count as u64);
+            if log_limit::global().allow("expired", "") {
+                log::error!(
+                    "forgot {count} queued nodes that waited more than 2 x interval ({limit:?}) for a worker, {} first; they are provisioned when seen again",
+                    gone[0].1
+                );
+            }
+        }
+        count
     }
 
     pub fn gate(&self) -> &Arc<Gate> {
         &self.gate
     }
 
-    /// `workers` run from now on: sightings are weighed against them (see the module doc).
+    /// `workers` run from now on: sightings are weighed against them (see the module doc);
+    /// also after a reload changed their number.
     pub fn workers_started(&self, workers: usize) {
         self.admissions.lock().workers = workers;
     }
@@ -510,9 +607,7 @@ impl Fleet {
                 // Go compares the age of the new sighting (always ~0) and so never
                 // re-admits; we compare the age of the held admission (provisioner
                 // hosts/hosts.go, add; see ARCHITECTURE.md, deliberate differences).
-                Stage::Held
-                    if now.saturating_duration_since(entry.admitted) > self.settings.interval =>
-                {
+                Stage::Held if now.saturating_duration_since(entry.admitted) > self.interval() => {
                     readmission = true;
                 }
                 // One cycle per node at a time: a second cycle would share the node's
@@ -693,11 +788,21 @@ impl Fleet {
 
     /// Pops the next ticket, waiting until one comes or the gate stops (`None`).
     pub fn next_ticket_until_stopped(&self) -> Option<Ticket> {
+        self.next_ticket_until(&never())
+    }
+
+    /// As [`Fleet::next_ticket_until_stopped`], ending too (`None`) once `retire` has no
+    /// sender: a worker a reload retires.
+    fn next_ticket_until(&self, retire: &Receiver<()>) -> Option<Ticket> {
         let stopped = self.gate.stopped();
         loop {
+            if matches!(retire.try_recv(), Err(TryRecvError::Disconnected)) {
+                return None;
+            }
             select! {
                 recv(self.queue_rx) -> bell => bell.ok()?,
                 recv(stopped) -> _ => return None,
+                recv(retire) -> _ => return None,
             };
             if let Some(ticket) = self.take() {
                 return Some(ticket);
@@ -988,7 +1093,7 @@ impl Fleet {
         if !current {
             return Start::Stale;
         }
-        if now.saturating_duration_since(ticket.admitted) > self.settings.interval * 2 {
+        if now.saturating_duration_since(ticket.admitted) > self.interval() * 2 {
             admissions.entries.remove(&ticket.identity);
             self.update_gauges(&admissions);
             return Start::Expired;
@@ -1102,6 +1207,20 @@ impl Fleet {
     }
 }
 
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Queued tickets the sweep looks at per queue and run: a long queue costs no more than this
+/// under the fleet's lock, and the oldest are at the front.
+pub const SWEEP_BATCH: usize = 4096;
+
+/// The most workers the configuration allows (`workers`).
+const MAX_WORKERS: usize = crate::config::limits::WORKERS.1 as usize;
+
+/// How often the ticker sweeps expired tickets (or each interval, if shorter).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
 /// A fresh entry for `ticket` in `stage`.
 fn entry(ticket: &Ticket, stage: Stage, delayed: bool) -> Entry {
     Entry {
@@ -1169,7 +1288,7 @@ fn run_ticket(
                 log::error!(
                     "refusing to provision {}: it waited more than 2 x interval ({:?}) on the queue",
                     ticket.identity,
-                    fleet.settings.interval * 2
+                    fleet.interval() * 2
                 );
             }
             return;
@@ -1266,6 +1385,16 @@ fn cycle_panicked(
 /// daemon's CPU in the limit bench).
 type HeldQueue = Mutex<VecDeque<(Instant, Ticket)>>;
 
+/// What each worker thread holds.
+#[derive(Clone)]
+struct WorkerKit {
+    fleet: Arc<Fleet>,
+    cycle: Arc<dyn ProvisionCycle>,
+    done: Sender<Ticket>,
+    release: Releases,
+    exit: Sender<()>,
+}
+
 /// A worker's handle on the held queue: the queue, and its kick to the releaser.
 #[derive(Clone)]
 struct Releases {
@@ -1298,6 +1427,14 @@ pub struct FleetThreads {
     stop_ticker: Sender<()>,
     ticker: Option<JoinHandle<()>>,
     workers: Vec<JoinHandle<()>>,
+    /// One per worker in `workers`: dropping it retires that worker after its node.
+    retire: Vec<Sender<()>>,
+    /// Workers retired by a reload, finishing their node; joined once done, or at shutdown.
+    retired: Vec<JoinHandle<()>>,
+    /// What a worker started later (a reload adding some) needs; `None` once shut down.
+    kit: Option<WorkerKit>,
+    /// The number the next worker's name takes (names are never reused).
+    next_worker: usize,
     worker_exits: Receiver<()>,
     releaser: Option<JoinHandle<()>>,
     finisher: Option<JoinHandle<()>>,
@@ -1334,12 +1471,27 @@ impl FleetThreads {
         let held: Arc<HeldQueue> = Arc::default();
         let (release_kick, release_kicked) = bounded::<()>(1);
         let (stop_releaser, stop_releaser_rx) = bounded::<()>(1);
-        let (exit_tx, worker_exits) = bounded::<()>(workers);
+        // Room for every worker a reload may add: a stopped worker never waits to say so.
+        let (exit_tx, worker_exits) = bounded::<()>(MAX_WORKERS.max(workers));
+        let kit = WorkerKit {
+            fleet: fleet.clone(),
+            cycle: cycle.clone(),
+            done: done_tx.clone(),
+            release: Releases {
+                queue: held.clone(),
+                kick: release_kick.clone(),
+            },
+            exit: exit_tx,
+        };
         let mut threads = FleetThreads {
             trigger,
             stop_ticker,
             ticker: None,
             workers: Vec::with_capacity(workers),
+            retire: Vec::with_capacity(workers),
+            retired: Vec::new(),
+            kit: Some(kit),
+            next_worker: 0,
             worker_exits,
             releaser: None,
             finisher: None,
@@ -1369,25 +1521,8 @@ impl FleetThreads {
             };
             threads.releaser = Some(releaser);
 
-            for n in 0..workers {
-                let fleet = fleet.clone();
-                let cycle = cycle.clone();
-                let done = done_tx.clone();
-                let release = Releases {
-                    queue: held.clone(),
-                    kick: release_kick.clone(),
-                };
-                let exit = exit_tx.clone();
-                threads.workers.push(
-                    std::thread::Builder::new()
-                        .name(format!("worker-{n}"))
-                        .spawn(move || {
-                            while let Some(ticket) = fleet.next_ticket_until_stopped() {
-                                work_one(&fleet, cycle.as_ref(), ticket, &done, &release);
-                            }
-                            let _ = exit.send(());
-                        })?,
-                );
+            for _ in 0..workers {
+                threads.add_worker()?;
             }
             drop(done_tx);
             drop(release_kick);
@@ -1426,6 +1561,66 @@ impl FleetThreads {
         }
     }
 
+    /// Starts one more worker, `worker-N` with the next unused N.
+    fn add_worker(&mut self) -> std::io::Result<()> {
+        let Some(kit) = self.kit.clone() else {
+            return Err(std::io::Error::other("the fleet's threads are shut down"));
+        };
+        let (retire_tx, retire) = bounded::<()>(1);
+        let handle = std::thread::Builder::new()
+            .name(format!("worker-{}", self.next_worker))
+            .spawn(move || {
+                while let Some(ticket) = kit.fleet.next_ticket_until(&retire) {
+                    work_one(
+                        &kit.fleet,
+                        kit.cycle.as_ref(),
+                        ticket,
+                        &kit.done,
+                        &kit.release,
+                    );
+                }
+                // A retired worker is not waited for by the shutdown's count.
+                if !matches!(retire.try_recv(), Err(TryRecvError::Disconnected)) {
+                    let _ = kit.exit.send(());
+                }
+            })?;
+        self.next_worker += 1;
+        self.workers.push(handle);
+        self.retire.push(retire_tx);
+        Ok(())
+    }
+
+    /// How many workers run (retired ones finishing their node not counted).
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// A reload's `workers`: starts the missing ones, or retires the newest surplus ones
+    /// (each after the node it holds, if any). Retired workers that have ended are joined.
+    /// On an error, the workers started until then keep running.
+    pub fn resize(&mut self, fleet: &Fleet, workers: usize) -> std::io::Result<()> {
+        let workers = workers.clamp(1, MAX_WORKERS);
+        let result = (|| {
+            while self.workers.len() < workers {
+                self.add_worker()?;
+            }
+            Ok(())
+        })();
+        while self.workers.len() > workers {
+            if let (Some(handle), Some(retire)) = (self.workers.pop(), self.retire.pop()) {
+                drop(retire);
+                self.retired.push(handle);
+            }
+        }
+        let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retired)
+            .into_iter()
+            .partition(JoinHandle::is_finished);
+        done.into_iter().for_each(join_logged);
+        self.retired = running;
+        fleet.workers_started(self.workers.len());
+        result
+    }
+
     /// A sender that asks for a discovery now (capacity one: repeated asks coalesce).
     pub fn trigger(&self) -> Sender<()> {
         self.trigger.clone()
@@ -1460,7 +1655,9 @@ impl FleetThreads {
         }
         let all_exited = exited == self.workers.len();
         let mut stuck = Vec::new();
-        for handle in self.workers.drain(..) {
+        // Retired workers end with the stopped gate too; the grace has passed for them.
+        let retired = std::mem::take(&mut self.retired);
+        for handle in self.workers.drain(..).chain(retired) {
             // A worker that signalled its exit is returning: joining it is immediate.
             if all_exited || handle.is_finished() {
                 join_logged(handle);
@@ -1468,6 +1665,9 @@ impl FleetThreads {
                 stuck.push(handle.thread().name().unwrap_or("worker").to_string());
             }
         }
+        self.retire.clear();
+        // The kit's done sender too, so the finisher's loop can end.
+        self.kit = None;
         let _ = self.stop_releaser.try_send(());
         if let Some(t) = self.releaser.take() {
             join_logged(t);
@@ -1519,20 +1719,28 @@ fn run_ticker(
     stop: Receiver<()>,
     probe: &Probe,
 ) {
-    let mut next = Instant::now();
+    // The last timed discovery: the next is an interval later, as `interval` is now.
+    let mut last: Option<Instant> = None;
     let mut next_round = Instant::now();
+    let mut next_sweep = Instant::now();
     loop {
         let timer = match fleet.fire_timers() {
             Some(at) => fleet.clock.at(at),
             None => never(),
         };
         let now = Instant::now();
+        if now >= next_sweep {
+            fleet.sweep_expired(SWEEP_BATCH);
+            next_sweep = now + SWEEP_EVERY.min(fleet.interval());
+        }
+        let next = last.map_or(now, |at| at + fleet.interval());
         let verifying = fleet.gate.check().is_ok() && fleet.awaits_verification();
         let wake_at = if verifying {
             next.min(next_round.max(now))
         } else {
             next
-        };
+        }
+        .min(next_sweep);
         select! {
             recv(stop) -> _ => return,
             recv(probe.questions()) -> _ => {
@@ -1549,7 +1757,7 @@ fn run_ticker(
                 let now = Instant::now();
                 if now >= next {
                     run_discovery(fleet, discover);
-                    next = Instant::now() + fleet.settings.interval;
+                    last = Some(Instant::now());
                 } else if verifying && now >= next_round {
                     next_round = now + VERIFY_GAP;
                     run_verification(fleet, discover);
@@ -1859,6 +2067,95 @@ mod tests {
             Start::Provision,
             "exactly 2 x interval is fine"
         );
+    }
+
+    /// The sweep forgets queued nodes past 2 x interval without a worker taking them, so the
+    /// gauges are true at once; each is counted, its doorbell is gone with it (no worker
+    /// wakes for nothing, admission keeps its room), and the node is admitted afresh when
+    /// next seen.
+    #[test]
+    fn the_sweep_forgets_expired_queued_nodes_and_keeps_the_gauges_true() {
+        let (fleet, clock, metrics) = fleet_with(5);
+        for name in ["old1", "old2", "old3"] {
+            fleet.admit(&id(name), Source::Discovery);
+        }
+        clock.advance(INTERVAL);
+        for name in ["new1", "new2"] {
+            fleet.admit(&id(name), Source::Discovery);
+        }
+        assert_eq!(metrics.work_queue_entries.get(), 5.0);
+        clock.advance(INTERVAL + Duration::from_secs(1));
+
+        assert_eq!(fleet.sweep_expired(1), 1, "at most the batch");
+        assert_eq!(fleet.sweep_expired(SWEEP_BATCH), 2);
+        assert_eq!(
+            fleet.sweep_expired(SWEEP_BATCH),
+            0,
+            "nothing left to expire"
+        );
+        assert_eq!(metrics.waiting_nodes.get(), 2.0);
+        assert_eq!(metrics.work_queue_entries.get(), 2.0);
+        assert_eq!(metrics.expired_waiting.get(), 3);
+        assert_eq!(metrics.provision_errors.get(), 3);
+        assert_eq!(fleet.stage_of("old1"), None);
+
+        let taken: Vec<String> = (0..2).map(|_| pop(&fleet).identity.to_string()).collect();
+        assert_eq!(taken, vec!["new1", "new2"]);
+        assert!(
+            fleet.next_ticket(Duration::from_millis(10)).is_none(),
+            "a doorbell was left for a forgotten ticket"
+        );
+        // Room for five again: no stray doorbell holds a place.
+        for name in ["old1", "old2", "old3", "a", "b"] {
+            assert!(
+                matches!(
+                    fleet.admit(&id(name), Source::Discovery),
+                    Admission::Admitted(_)
+                ),
+                "{name}"
+            );
+        }
+    }
+
+    /// Unverified sightings waiting for their round expire by the same rule.
+    #[test]
+    fn the_sweep_forgets_unverified_sightings_past_two_intervals_too() {
+        let (fleet, clock, metrics) = fleet_with(10);
+        fleet.workers_started(2);
+        for name in ["e1", "e2", "e3"] {
+            fleet.admit(&id(name), Source::Event);
+        }
+        assert!(
+            fleet.awaits_verification(),
+            "beyond the budget: awaiting a round"
+        );
+        assert_eq!(metrics.work_queue_entries.get(), 3.0);
+        clock.advance(INTERVAL * 2);
+        assert_eq!(
+            fleet.sweep_expired(SWEEP_BATCH),
+            0,
+            "exactly 2 x interval is fine"
+        );
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(fleet.sweep_expired(SWEEP_BATCH), 3);
+        assert!(!fleet.awaits_verification());
+        assert_eq!(fleet.len(), 0);
+        assert_eq!(metrics.work_queue_entries.get(), 0.0);
+        assert_eq!(metrics.waiting_nodes.get(), 0.0);
+        assert!(fleet.next_ticket(Duration::from_millis(10)).is_none());
+    }
+
+    /// A reload's shorter interval expires queued nodes by the new one.
+    #[test]
+    fn a_new_interval_applies_to_nodes_already_queued() {
+        let (fleet, clock, metrics) = fleet_with(5);
+        fleet.admit(&id("n1"), Source::Discovery);
+        clock.advance(INTERVAL);
+        assert_eq!(fleet.sweep_expired(SWEEP_BATCH), 0);
+        fleet.set_interval(INTERVAL / 4);
+        assert_eq!(fleet.interval(), INTERVAL / 4);
+        assert_eq!(fleet.sweep_expired(SWEEP_BATCH), 1);
+        assert_eq!(metrics.work_queue_entries.get(), 0.0);
     }
 
     #[test]
@@ -2968,6 +3265,123 @@ mod tests {
         });
         assert_eq!(cycle.started.load(Ordering::SeqCst), 1, "one cycle");
         assert_eq!(cycle.most_at_once.load(Ordering::SeqCst), 1);
+        let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {});
+        assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
+    }
+
+    /// A cycle that parks the nodes named `park*` until the test lets each end, and notes
+    /// which worker ran each node and how many cycles run now.
+    struct ParkedCycle {
+        running: AtomicUsize,
+        ran_on: Mutex<HashMap<String, String>>,
+        ends: Receiver<()>,
+    }
+
+    impl ProvisionCycle for ParkedCycle {
+        fn provision(&self, identity: &Identity, _found: Source, gate: &Gate) -> ProvisionOutcome {
+            self.running.fetch_add(1, Ordering::SeqCst);
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            self.ran_on.lock().insert(identity.to_string(), name);
+            if identity.as_str().starts_with("park") {
+                let _ = self.ends.recv_timeout(Duration::from_secs(20));
+            }
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            match gate.check() {
+                Ok(()) => ProvisionOutcome::Provisioned { hold: false },
+                Err(_) => ProvisionOutcome::Halted,
+            }
+        }
+    }
+
+    /// A reload's `workers`: more start at once (named on from the last), fewer retire after
+    /// the node each holds, nothing is lost, and the shutdown joins every one.
+    #[test]
+    fn the_worker_pool_grows_and_shrinks_without_losing_a_node() {
+        let (fleet, _, _) = fleet_with(100);
+        let (end, ends) = bounded::<()>(100);
+        let cycle = Arc::new(ParkedCycle {
+            running: AtomicUsize::new(0),
+            ran_on: Mutex::new(HashMap::new()),
+            ends,
+        });
+        let discovery = Arc::new(FixedDiscovery::of(Vec::new()));
+        let mut threads = FleetThreads::start(fleet.clone(), cycle.clone(), discovery, 1).unwrap();
+        for n in 0..3 {
+            fleet.admit(&id(&format!("park{n}")), Source::Discovery);
+        }
+        for n in 0..3 {
+            fleet.admit(&id(&format!("quick{n}")), Source::Discovery);
+        }
+        wait_until("one cycle", || cycle.running.load(Ordering::SeqCst) == 1);
+
+        threads.resize(&fleet, 3).unwrap();
+        assert_eq!(threads.workers(), 3);
+        wait_until("three parked cycles", || {
+            cycle.running.load(Ordering::SeqCst) == 3
+        });
+        let mut names: Vec<String> = cycle.ran_on.lock().values().cloned().collect();
+        names.sort();
+        assert_eq!(names, ["worker-0", "worker-1", "worker-2"]);
+
+        // Down to one: the two retired finish the node they hold, then end; the quick nodes
+        // all run on the one left.
+        threads.resize(&fleet, 1).unwrap();
+        assert_eq!(threads.workers(), 1);
+        for _ in 0..3 {
+            end.send(()).unwrap();
+        }
+        wait_until("every node done", || fleet.is_empty());
+        wait_until("the retired workers to end", || {
+            threads.retired.iter().all(JoinHandle::is_finished)
+        });
+        threads.resize(&fleet, 1).unwrap();
+        assert!(threads.retired.is_empty(), "joined");
+        let ran_on = cycle.ran_on.lock().clone();
+        assert_eq!(ran_on.len(), 6, "{ran_on:?}");
+        for n in 0..3 {
+            assert_eq!(ran_on[&format!("quick{n}")], "worker-0", "{ran_on:?}");
+        }
+        // Numbering goes on from the last name; the shutdown joins them all.
+        threads.resize(&fleet, 2).unwrap();
+        fleet.admit(&id("quick9"), Source::Discovery);
+        wait_until("the last node", || fleet.is_empty());
+        let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {});
+        assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
+    }
+
+    /// The waiting count with a fleet larger than the workers can serve in 2 x interval:
+    /// one worker holds a node that does not end, nine more wait. Once they have waited 2 x
+    /// interval, the ticker's sweep forgets them while the worker is still busy, so the
+    /// gauges say what is true (Go: 9 waiting until a worker takes each, provisioner #167).
+    #[test]
+    fn the_ticker_keeps_the_waiting_count_true_while_the_one_worker_is_busy() {
+        let (fleet, clock, metrics) = fleet_with(100);
+        let (end, ends) = bounded::<()>(10);
+        let cycle = Arc::new(ParkedCycle {
+            running: AtomicUsize::new(0),
+            ran_on: Mutex::new(HashMap::new()),
+            ends,
+        });
+        let discovery = Arc::new(FixedDiscovery::of(Vec::new()));
+        let threads = FleetThreads::start(fleet.clone(), cycle.clone(), discovery, 1).unwrap();
+        for n in 0..10 {
+            fleet.admit(&id(&format!("park{n}")), Source::Discovery);
+        }
+        wait_until("the one worker busy", || {
+            cycle.running.load(Ordering::SeqCst) == 1
+        });
+        assert_eq!(metrics.work_queue_entries.get(), 9.0);
+        assert_eq!(metrics.waiting_nodes.get(), 10.0);
+
+        clock.advance(INTERVAL * 2 + Duration::from_secs(1));
+        wait_until("the sweep", || metrics.expired_waiting.get() == 9);
+        assert_eq!(metrics.work_queue_entries.get(), 0.0);
+        assert_eq!(metrics.waiting_nodes.get(), 1.0, "the one in flight");
+        assert_eq!(cycle.running.load(Ordering::SeqCst), 1, "still busy");
+
+        end.send(()).unwrap();
+        wait_until("the cycle to end", || fleet.is_empty());
+        assert_eq!(cycle.ran_on.lock().len(), 1, "no expired node was started");
         let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {});
         assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
     }

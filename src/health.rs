@@ -64,7 +64,8 @@ pub struct Health {
     started: Instant,
     metrics: Arc<Metrics>,
     fleet: Arc<Fleet>,
-    workers: usize,
+    /// The workers running (a reload may change them).
+    workers: std::sync::atomic::AtomicUsize,
     election: bool,
     brokers: String,
     phase: Mutex<Phase>,
@@ -210,7 +211,7 @@ impl Health {
             started: Instant::now(),
             metrics,
             fleet,
-            workers,
+            workers: std::sync::atomic::AtomicUsize::new(workers),
             election,
             brokers: brokers.join(","),
             phase: Mutex::new(Phase::Connecting {
@@ -229,6 +230,12 @@ impl Health {
                 stuck: Vec::new(),
             }),
         })
+    }
+
+    /// A reload changed the number of workers (`/readyz`, `STATUS=`).
+    pub fn set_workers(&self, workers: usize) {
+        self.workers
+            .store(workers, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn now_ms(&self) -> u64 {
@@ -309,7 +316,7 @@ impl Health {
             stopping,
             queue: self.fleet.queue_len(),
             busy_workers: self.metrics.busy_workers.get().max(0.0) as u64,
-            workers: self.workers,
+            workers: self.workers.load(std::sync::atomic::Ordering::Relaxed),
             provisioned: self.metrics.provisioned.get(),
         }
     }

@@ -28,8 +28,10 @@ mod notify;
 mod panics;
 mod pidfile;
 mod provision;
+mod reload;
 #[cfg(test)]
 mod secrets_tests;
+mod signals;
 mod srv;
 #[cfg(test)]
 mod test_log;

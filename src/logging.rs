@@ -273,6 +273,49 @@ fn open_log_file(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
+/// The log file in use, shared with the logger, so that a reload can put another in its
+/// place (logrotate, or a new `logfile`); set once `init` opened one.
+static LOG_FILE: std::sync::OnceLock<Arc<parking_lot::Mutex<std::fs::File>>> =
+    std::sync::OnceLock::new();
+
+/// The logger's end of [`LOG_FILE`].
+struct SharedFile(Arc<parking_lot::Mutex<std::fs::File>>);
+
+impl Write for SharedFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().write(buf)
+    }
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        // One record, one file: a reopen waits for the record's end.
+        self.0.lock().write_all(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.lock().flush()
+    }
+}
+
+/// A reload's log file, opened (created 0640) but not yet in use: [`LogFile::install`]
+/// puts it in place. Opening first lets a reload fail before it has changed anything.
+pub struct LogFile(std::fs::File);
+
+impl LogFile {
+    pub fn open(path: &Path) -> std::io::Result<LogFile> {
+        open_log_file(path).map(LogFile)
+    }
+
+    /// Lines go to this file from now on; `false` (and nothing changes) when the log is not
+    /// a file (it went to stderr, stdout or nowhere at start).
+    pub fn install(self) -> bool {
+        match LOG_FILE.get() {
+            Some(shared) => {
+                *shared.lock() = self.0;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// Sets up `log` for the configured destination and level.
 pub fn init(logfile: Option<&Path>, level: LevelFilter, debug: bool) -> Result<(), InitError> {
     let level = level_filter(level, debug);
@@ -289,7 +332,9 @@ pub fn init(logfile: Option<&Path>, level: LevelFilter, debug: bool) -> Result<(
                 path: path.clone(),
                 source,
             })?;
-            builder.target(env_logger::Target::Pipe(Box::new(file)));
+            let shared = Arc::new(parking_lot::Mutex::new(file));
+            let _ = LOG_FILE.set(shared.clone());
+            builder.target(env_logger::Target::Pipe(Box::new(SharedFile(shared))));
             builder.format(|buf, record| {
                 let node = NODE.with(|node| node.borrow().clone());
                 let line = json_line(

@@ -3,6 +3,8 @@
 //! (providers/election/streams/stats.go), `choria_provisioner_work_queue_dropped`,
 //! `choria_provisioner_helper_restarts`, `choria_provisioner_audit_errors`,
 //! `choria_provisioner_cycle_panics`, `choria_provisioner_unverified_sightings`,
+//! `choria_provisioner_reloads`, `choria_provisioner_config_generation`,
+//! `choria_provisioner_expired_waiting`,
 //! `choria_provisioner_verification_rounds` and
 //! `choria_provisioner_provisioned_events_overruled` (ours), the `process_*` metrics Go's
 //! default registry
@@ -144,6 +146,15 @@ pub struct Metrics {
     pub audit_errors: IntCounter,
     /// Node cycles ended by a panic, which the worker contained (ours; not in Go).
     pub cycle_panics: IntCounter,
+    /// SIGHUP reloads by `result`: `ok` (applied) or `invalid` (nothing changed) (ours; not
+    /// in Go).
+    pub reloads: IntCounterVec,
+    /// The configuration generation serving new cycles: 1 at start, one more per applied
+    /// reload (ours; not in Go).
+    pub config_generation: Gauge,
+    /// Queued nodes forgotten by the sweep after waiting more than 2 x interval (ours; not
+    /// in Go, which only finds them when a worker takes one).
+    pub expired_waiting: IntCounter,
     /// Replies and events we refused as malformed, by `kind` (ours; not in Go).
     pub malformed_messages: IntCounterVec,
     /// Messages dropped because a bound was reached, by `kind` (ours; not in Go).
@@ -388,6 +399,19 @@ impl Metrics {
                 "choria_provisioner_cycle_panics",
                 "Node provisioning cycles ended by a panic (a bug); each is also a provision error",
             ),
+            reloads: counter_vec(
+                "choria_provisioner_reloads",
+                "Configuration reloads (SIGHUP) by result: ok (applied) or invalid (refused, nothing changed)",
+                &["result"],
+            ),
+            config_generation: gauge(
+                "choria_provisioner_config_generation",
+                "The configuration generation new cycles use: 1 at start, one more per applied reload",
+            ),
+            expired_waiting: counter(
+                "choria_provisioner_expired_waiting",
+                "Queued nodes forgotten after waiting more than 2 x interval for a worker",
+            ),
             malformed_messages: counter_vec(
                 "choria_provisioner_malformed_messages",
                 "Replies and events refused as malformed",
@@ -439,6 +463,10 @@ impl Metrics {
         for kind in ["named", "everyone"] {
             metrics.verification_rounds.with_label_values(&[kind]);
         }
+        for result in ["ok", "invalid"] {
+            metrics.reloads.with_label_values(&[result]);
+        }
+        metrics.config_generation.set(1.0);
         metrics
     }
 
@@ -532,6 +560,10 @@ mod tests {
             "choria_provisioner_audit_errors{site=\"testsite\"} 0",
             "choria_provisioner_helper_restarts{site=\"testsite\"} 0",
             "choria_provisioner_cycle_panics{site=\"testsite\"} 0",
+            "choria_provisioner_reloads{result=\"invalid\",site=\"testsite\"} 0",
+            "choria_provisioner_reloads{result=\"ok\",site=\"testsite\"} 0",
+            "choria_provisioner_config_generation{site=\"testsite\"} 1",
+            "choria_provisioner_expired_waiting{site=\"testsite\"} 0",
             "choria_provisioner_provisioned_events_overruled{site=\"testsite\"} 0",
             "choria_provisioner_unverified_sightings{result=\"forgotten\",site=\"testsite\"} 0",
             "choria_provisioner_verification_rounds{kind=\"named\",site=\"testsite\"} 0",

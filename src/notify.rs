@@ -1,5 +1,6 @@
 //! systemd's notify protocol (`sd_notify(3)`), for the unit's `Type=notify` and `WatchdogSec=`:
-//! `READY=1`, `STATUS=…`, `STOPPING=1` and `WATCHDOG=1`, through the `sd-notify` crate.
+//! `READY=1`, `RELOADING=1`, `STATUS=…`, `STOPPING=1` and `WATCHDOG=1`, through the
+//! `sd-notify` crate.
 //!
 //! Outside systemd (`NOTIFY_SOCKET` unset) every call does nothing, so the same code runs from
 //! a shell, in tests and under the unit. The environment is never changed: removing
@@ -60,6 +61,16 @@ pub fn ready(status: &str) {
 /// One line for `systemctl status`.
 pub fn status(status: &str) {
     send(&[NotifyState::Status(&clean(status))]);
+}
+
+/// A reload (SIGHUP) has begun: `RELOADING=1` with the monotonic time systemd 253's
+/// `Type=notify-reload` asks for (older versions ignore the field); [`ready`] ends it.
+pub fn reloading(status: &str) {
+    let status = clean(status);
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => send(&[NotifyState::Reloading, now, NotifyState::Status(&status)]),
+        Err(_) => send(&[NotifyState::Reloading, NotifyState::Status(&status)]),
+    }
 }
 
 /// Shutdown has begun.

@@ -323,3 +323,56 @@ fn a_configuration_error_exits_78_and_says_so_in_status() {
     });
     assert_eq!(socket.count("READY=1"), 0);
 }
+
+/// SIGHUP under the notify socket: `RELOADING=1` with `MONOTONIC_USEC=` (systemd 253's
+/// `Type=notify-reload` wants it; 252 ignores it), then `READY=1` again once applied, from
+/// the daemon's own pid; the daemon goes on, and SIGTERM still stops it cleanly. A refused
+/// reload is framed the same way, so systemd never waits in `reloading`.
+#[test]
+fn a_reload_is_framed_by_reloading_and_ready_under_the_notify_socket() {
+    let world = World::new();
+    let socket_path = world.path("notify");
+    let mut socket = NotifySocket::bind(&socket_path);
+    let (mut child, port) = start(
+        &world,
+        &world.broker.url(),
+        &yaml_helper("/bin/true"),
+        &socket_path,
+    );
+    let pid = child.id() as i32;
+    socket.until("READY=1", |lines| lines.iter().any(|(_, l)| l == "READY=1"));
+    wait_http(port, "/readyz", 200);
+
+    for reload in 1..=2 {
+        if reload == 2 {
+            let config = world.path("p.yaml");
+            let text = std::fs::read_to_string(&config).unwrap();
+            std::fs::write(&config, format!("{text}workers: lots\n")).unwrap();
+        }
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+        socket.until("RELOADING=1, then READY=1", |lines| {
+            let from = lines.iter().filter(|(_, l)| l == "RELOADING=1").count();
+            let ready_after = lines
+                .iter()
+                .rposition(|(_, l)| l == "READY=1")
+                .zip(lines.iter().rposition(|(_, l)| l == "RELOADING=1"))
+                .is_some_and(|(ready, reloading)| ready > reloading);
+            from == reload && ready_after
+        });
+    }
+    assert!(
+        socket
+            .lines
+            .iter()
+            .any(|(_, l)| l.starts_with("MONOTONIC_USEC=")),
+        "{:?}",
+        socket.lines
+    );
+    assert_eq!(socket.count("READY=1"), 3, "the start and each reload");
+    assert_eq!(terminate(&mut child), 0, "SIGTERM is a clean stop");
+    let strangers: Vec<_> = socket.lines.iter().filter(|(p, _)| *p != pid).collect();
+    assert!(strangers.is_empty(), "{strangers:?}");
+    let log = std::fs::read_to_string(world.path("p.log")).unwrap();
+    assert!(log.contains("reload refused, nothing changed"), "{log}");
+}

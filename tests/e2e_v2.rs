@@ -570,3 +570,126 @@ fn a_standby_takes_over_a_v2_fleet_after_the_leader_is_killed() {
     let survivor = members.remove(second);
     survivor.stop();
 }
+
+/// The 32 bytes of a hex seed file the world holds.
+fn seed_bytes(path: &str) -> [u8; 32] {
+    let text = std::fs::read_to_string(path).expect("the seed file reads");
+    hex::decode(text.trim())
+        .expect("hex")
+        .try_into()
+        .expect("32 bytes")
+}
+
+/// A reload naming another signing key and its token (from the same Org Issuer) signs the
+/// next nodes' server JWTs with that key, with no restart; the nodes provisioned before kept
+/// tokens from the first key. Each node verifies its token against the issuer, and the audit
+/// line's `issuer` (the chain's `iss`, ending in the signing key) says which key signed it.
+#[test]
+fn a_reload_rotates_the_server_jwt_signing_key_from_the_next_node_on() {
+    let (world, org) = org_world("");
+    let audit = world.path("audit.jsonl");
+    let provisioner = Provisioner::start(
+        &world,
+        org.setup(
+            &world,
+            PROVISIONER_IDENTITY,
+            &format!(
+                "workers: 2\nrelease_delay: 1s\naudit_file: {}\n",
+                audit.display()
+            ),
+        ),
+    );
+    let run = |name: &str, prefix: &str| {
+        let sim = Sim::start_booted_as(
+            &world,
+            name,
+            prefix,
+            2,
+            &org.sim_args(&["--exit-when-done", "--deadline", "120s"]),
+        );
+        let report = sim.wait(&provisioner);
+        assert_eq!(report.exit_reason, "done", "{}", report.summary());
+        assert_clean(&report);
+        for node in &report.nodes {
+            assert_provisioned_once(node);
+            assert!(
+                node.record.server_jwt_checks.iter().all(|c| c.ok)
+                    && node.record.server_jwt_checks.len() == 1,
+                "{}: {:?}",
+                node.identity,
+                node.record.server_jwt_checks
+            );
+        }
+    };
+    run("first", "early");
+    provisioner.wait_idle("2 provisioned", |m| {
+        m.get("choria_provisioner_provisioned") == 2.0
+    });
+
+    let issuer = seed_bytes(&org.issuer_seed);
+    let rotated = new_seed();
+    let rotated_seed = seed_file(&world, "provisioner-rotated.seed", &rotated);
+    let rotated_jwt = world.write(
+        "provisioner-rotated.jwt",
+        &client_jwt(&issuer, &rotated, &["provisioner", "fleet_management"]),
+    );
+    let config = world.path(&format!("{PROVISIONER_IDENTITY}.yaml"));
+    let text = std::fs::read_to_string(&config).expect("the config reads");
+    let text = text
+        .replace(
+            &format!("jwt_signing_key: {}", org.provisioner_seed),
+            &format!("jwt_signing_key: {rotated_seed}"),
+        )
+        .replace(
+            &format!("jwt_signing_token: {}", org.provisioner_jwt),
+            &format!("jwt_signing_token: {rotated_jwt}"),
+        );
+    assert!(text.contains(&rotated_seed) && text.contains(&rotated_jwt));
+    std::fs::write(&config, text).expect("the config writes");
+    // SAFETY: kill(2) with the pid of our own child, which is running.
+    assert_eq!(
+        unsafe { libc::kill(provisioner.pid() as libc::pid_t, libc::SIGHUP) },
+        0
+    );
+    provisioner.wait_metrics("the reload", |m| {
+        m.get("choria_provisioner_reloads{result=\"ok\"}") == 1.0
+            && m.get("choria_provisioner_config_generation") == 2.0
+    });
+    let log = provisioner.log();
+    assert!(
+        log.contains("changed live: jwt_signing_key, jwt_signing_token"),
+        "{log}"
+    );
+    run("second", "later");
+    provisioner.wait_idle("4 provisioned", |m| {
+        m.get("choria_provisioner_provisioned") == 4.0
+    });
+
+    let first_key = public_key_hex_from_seed(&seed_bytes(&org.provisioner_seed));
+    let rotated_key = public_key_hex_from_seed(&rotated);
+    let text = std::fs::read_to_string(&audit).expect("the audit file reads");
+    let mut seen = 0;
+    for line in text.lines() {
+        let line: serde_json::Value = serde_json::from_str(line).expect("JSON");
+        let identity = line["identity"].as_str().expect("identity");
+        let iss = line["issued"]["server_jwt"]["issuer"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no issuer in {line}"));
+        let (key, generation) = if identity.starts_with("early") {
+            (&first_key, 1)
+        } else {
+            (&rotated_key, 2)
+        };
+        assert!(
+            iss.starts_with("C-") && iss.ends_with(key.as_str()),
+            "{identity}: {iss}"
+        );
+        assert_eq!(
+            line["instance"]["config_generation"], generation,
+            "{identity}"
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 4, "{text}");
+    provisioner.stop();
+}

@@ -1706,3 +1706,54 @@ fn a_node_reported_provisioned_elsewhere_stops_the_cycle_before_its_next_step_bu
         }
     }
 }
+
+/// A reload swaps the live cycle: a node whose cycle started before it finishes on the cycle
+/// it took (its settings and generation), and the next node gets the replacement.
+#[test]
+fn a_reload_serves_the_next_node_while_a_running_cycle_keeps_what_it_started_with() {
+    use super::live::LiveCycle;
+    let h = harness(Mode::Plain, "", &configuration_answer(), &[]);
+    let path = h._dir.path().join("audit.jsonl");
+    let log = Arc::new(crate::audit::AuditLog::open(&path).expect("audit file"));
+    let live = LiveCycle::new(h.cycle.with_audit(log.clone(), "prov1.example.net"));
+    // A cycle that started before the reload holds this snapshot.
+    let running = live.current();
+    let renewed = running.renewed(
+        running.settings().clone(),
+        running.rpc(),
+        Some((log, "prov1.example.net")),
+        2,
+    );
+    let replaced = live.replace(renewed);
+    assert!(
+        Arc::ptr_eq(&replaced, &running),
+        "the old cycle is handed back"
+    );
+    assert_eq!(
+        Arc::strong_count(&running),
+        2,
+        "the running cycle still holds it"
+    );
+    drop(replaced);
+
+    let gate = Gate::new(false);
+    let first = running.provision(&node_identity(), Source::Event, &gate);
+    let next = live.provision(&node_identity(), Source::Event, &gate);
+    for outcome in [&first, &next] {
+        assert!(
+            matches!(outcome, ProvisionOutcome::Provisioned { hold: true }),
+            "{outcome:?}"
+        );
+    }
+    let text = std::fs::read_to_string(&path).expect("audit file");
+    let generations: Vec<u64> = text
+        .lines()
+        .map(|l| {
+            let line: Value = serde_json::from_str(l).expect("JSON");
+            line["instance"]["config_generation"]
+                .as_u64()
+                .expect("a generation")
+        })
+        .collect();
+    assert_eq!(generations, vec![1, 2], "{text}");
+}

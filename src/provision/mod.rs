@@ -30,6 +30,7 @@
 pub mod decision;
 pub mod error;
 pub mod helper;
+pub mod live;
 pub mod version;
 
 use std::collections::BTreeMap;
@@ -164,13 +165,15 @@ impl CycleSettings {
 
 /// The provisioning cycle, shared by every worker.
 pub struct Cycle {
-    settings: CycleSettings,
+    settings: Arc<CycleSettings>,
+    /// The configuration generation `settings` came from (1 at start; see `LiveCycle`).
+    generation: u64,
     rpc: Arc<dyn NodeRpc>,
     metrics: Arc<Metrics>,
     /// The protocol our requests are in (`"v1"`, `"v2"`), for the silent-node hint.
     protocol: &'static str,
     /// Nodes already given the silent-node hint (bounded: see [`SILENT_HINTS_KEPT`]).
-    silent_hinted: parking_lot::Mutex<std::collections::HashSet<String>>,
+    silent_hinted: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
     audit: Option<CycleAudit>,
     /// What the end of the shutdown grace ends; `None`: nothing (tests, benches).
     grace: Option<Arc<GraceEnd>>,
@@ -242,6 +245,7 @@ pub fn silent_node_hint(protocol: &str, identity: &str, action: &str, tries: u32
 }
 
 /// Where the cycle writes its audit lines, and the instance it names in them.
+#[derive(Clone)]
 struct CycleAudit {
     log: Arc<AuditLog>,
     instance: String,
@@ -359,15 +363,52 @@ fn step_of(action: &'static Action, outcome: RpcOutcome) -> StepResult<Value> {
 impl Cycle {
     pub fn new(settings: CycleSettings, rpc: Arc<dyn NodeRpc>, metrics: Arc<Metrics>) -> Cycle {
         Cycle {
-            settings,
+            settings: Arc::new(settings),
+            generation: 1,
             rpc,
             metrics,
             protocol: "v1",
-            silent_hinted: parking_lot::Mutex::new(std::collections::HashSet::new()),
+            silent_hinted: Arc::default(),
             audit: None,
             grace: None,
             reports: None,
         }
+    }
+
+    /// This cycle with a reload's settings, RPC client (its timeouts) and audit file, as
+    /// configuration `generation`; the rest (metrics, protocol, the grace, the reports, the
+    /// nodes already hinted about) carries over. Cycles running on `self` keep `self`.
+    pub fn renewed(
+        &self,
+        settings: CycleSettings,
+        rpc: Arc<dyn NodeRpc>,
+        audit: Option<(Arc<AuditLog>, &str)>,
+        generation: u64,
+    ) -> Cycle {
+        Cycle {
+            settings: Arc::new(settings),
+            generation,
+            rpc,
+            metrics: self.metrics.clone(),
+            protocol: self.protocol,
+            silent_hinted: self.silent_hinted.clone(),
+            audit: audit.map(|(log, instance)| CycleAudit {
+                log,
+                instance: instance.to_string(),
+            }),
+            grace: self.grace.clone(),
+            reports: self.reports.clone(),
+        }
+    }
+
+    /// The settings new cycles on this value use.
+    pub fn settings(&self) -> &CycleSettings {
+        &self.settings
+    }
+
+    /// The RPC client cycles on this value call nodes with.
+    pub fn rpc(&self) -> Arc<dyn NodeRpc> {
+        self.rpc.clone()
     }
 
     /// Helpers and `restart`s still running when `grace` fires end then.
@@ -615,6 +656,11 @@ impl Cycle {
             jti: jwt.id().to_string(),
             expires: jwt.expires_unix().map(choria_wire::time::rfc3339_utc),
             expires_unix: jwt.expires_unix(),
+            issuer: jwt
+                .claims
+                .get("iss")
+                .and_then(Value::as_str)
+                .map(|iss| crate::audit::shown(iss, crate::audit::MAX_FIELD_BYTES)),
         });
         trail.issued.key_transported = plan.key_transported;
         log::info!("{identity}: configure response: {}", reply_message(&reply));
@@ -983,6 +1029,7 @@ impl ProvisionCycle for Cycle {
             let instance = Instance {
                 identity: audit.instance.clone(),
                 leader,
+                config_generation: self.generation,
             };
             let line = AuditLine::new(identity.as_str(), instance, found, &outcome, trail);
             if let Err(err) = audit.log.append(&line) {
