@@ -21,8 +21,8 @@
 //! after [`CONNECT_LIMIT`]. [`Connection::reconnects`] tells the daemon when the link is back.
 //!
 //! Besides routed replies the connection offers plain subscriptions, a multi-subscription
-//! [`Inbox`] (the simulator's many per-node subjects), and [`Connection::request`]: a request
-//! with headers whose answer comes back on a lazily made `_INBOX.<random>.*` subscription,
+//! `Inbox` (in `testing`: the simulator's many per-node subjects), and
+//! [`Connection::request`]: a request with headers whose answer comes back on a lazily made `_INBOX.<random>.*` subscription,
 //! routed by id the same way (the election's JetStream writes use it).
 //!
 //! Every subscription is bounded in bytes, not only in messages: the vendored crate's patch
