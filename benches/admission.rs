@@ -17,8 +17,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use choria_broker::connection::{Connection, Inbox};
+use choria_broker::connection::Connection;
 use choria_broker::discovery::DISCOVERY_SUBJECT;
+use choria_broker::testing::Inbox;
 use choria_testkit::harness::{
     insecure_settings, unix_now, yaml_helper, Provisioner, ProvisionerSetup, Sim, World,
 };

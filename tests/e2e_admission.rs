@@ -14,8 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use choria_broker::connection::{Connection, Inbox};
+use choria_broker::connection::Connection;
 use choria_broker::discovery::DISCOVERY_SUBJECT;
+use choria_broker::testing::Inbox;
 use choria_wire::lifecycle;
 use support::*;
 

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use choria_broker::connection::{Connection, Inbox};
+use choria_broker::connection::Connection;
 use choria_broker::discovery::DISCOVERY_SUBJECT;
+use choria_broker::testing::Inbox;
 use choria_wire::lifecycle;
 use choria_wire::v1::server;
 use support::*;

@@ -86,7 +86,7 @@ impl Wiretap {
             "wiretap",
         )
         .expect("wiretap connects");
-        let mut inbox = choria_broker::connection::Inbox::default();
+        let mut inbox = choria_broker::testing::Inbox::default();
         inbox.subscribe(&conn, ">", ()).expect("subscribe to >");
         conn.flush(Duration::from_secs(10)).expect("flush");
         let subjects = Arc::new(Mutex::new(Vec::new()));

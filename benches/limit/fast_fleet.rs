@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use choria_broker::clock::unix_now;
-use choria_broker::connection::{self, ConnectOptions, Connection};
+use choria_broker::connection::{ConnectOptions, Connection};
 use choria_broker::discovery::DISCOVERY_SUBJECT;
 use choria_fleet_sim::check::LOADED_AGENTS;
 use choria_testkit::harness::{insecure_settings, kill_and_reap, wait_exit, World};
@@ -127,7 +127,7 @@ impl FastFleet {
             },
         )
         .expect("the fast fleet connects");
-        let mut inbox = connection::Inbox::default();
+        let mut inbox = choria_broker::testing::Inbox::default();
         inbox
             .subscribe(&conn, DISCOVERY_SUBJECT, Kind::Discovery)
             .expect("subscribe to discovery");
@@ -174,7 +174,11 @@ impl FastFleet {
     }
 }
 
-fn answer(conn: &Connection, identities: &[String], message: connection::Inbound<Kind>) {
+fn answer(
+    conn: &Connection,
+    identities: &[String],
+    message: choria_broker::testing::Inbound<Kind>,
+) {
     let Ok(request) = server::decode_request(&message.data) else {
         return;
     };

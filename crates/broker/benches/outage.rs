@@ -18,10 +18,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver};
 use serde_json::json;
 
-use choria_broker::connection::{ConnectOptions, ConnectSettings, Connection, Inbox};
+use choria_broker::connection::{ConnectOptions, ConnectSettings, Connection};
 use choria_broker::gate::Gate;
 use choria_broker::observe::Counts;
 use choria_broker::rpc::{Action, NodeRpc, RpcClient, RpcOutcome};
+use choria_broker::testing::Inbox;
 use choria_testkit::NatsServer;
 use choria_wire::identity::Identity;
 use choria_wire::v1::server;

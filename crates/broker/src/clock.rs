@@ -147,6 +147,7 @@ pub trait BootClock: Send + Sync + std::fmt::Debug {
 pub struct SystemBootClock;
 
 impl BootClock for SystemBootClock {
+    #[allow(unsafe_code)] // the one libc call of the crate, explained below
     fn now(&self) -> BootInstant {
         let mut now = libc::timespec {
             tv_sec: 0,

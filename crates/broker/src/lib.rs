@@ -27,3 +27,5 @@ pub mod listener;
 pub mod log_limit;
 pub mod observe;
 pub mod rpc;
+#[cfg(feature = "testing")]
+pub mod testing;

@@ -370,6 +370,7 @@ fn relay(
                 l_linger: 0,
             };
             // SAFETY: setsockopt on a socket we own, with a correctly sized linger struct.
+            #[allow(unsafe_code)] // the crate denies it; this test needs an RST on close
             let rc = unsafe {
                 libc::setsockopt(
                     client.as_raw_fd(),

@@ -9,7 +9,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use choria_broker::connection::{self, ConnectOptions, ConnectSettings, Connection};
+use choria_broker::connection::{ConnectOptions, ConnectSettings, Connection};
+use choria_broker::testing;
 
 /// Credentials a provisioning-mode server presents: `chusr`/`chpwd` if the JWT has them,
 /// else the raw provisioning JWT as the auth token (go-choria
@@ -64,7 +65,7 @@ pub struct Link {
 
 /// The receiving half of one connection.
 pub struct Inbox {
-    subs: connection::Inbox<Route>,
+    subs: testing::Inbox<Route>,
 }
 
 /// One message received.
@@ -102,7 +103,7 @@ pub fn connect(urls: &[String], name: &str, auth: &Auth) -> Result<(Link, Inbox)
     Ok((
         Link { conn },
         Inbox {
-            subs: connection::Inbox::default(),
+            subs: testing::Inbox::default(),
         },
     ))
 }

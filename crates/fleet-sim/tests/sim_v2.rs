@@ -18,6 +18,7 @@ use choria_testkit::NatsServer;
 use choria_wire::signing::{ChoriaSigner, Protocol, Signer};
 use choria_wire::v1::client::{parse_rpc_reply, rpc_request_body};
 use choria_wire::v1::Filter;
+use choria_wire::v2;
 
 const ISSUER_SEED: [u8; 32] = [21; 32];
 const CLIENT_SEED: [u8; 32] = [22; 32];
@@ -172,9 +173,9 @@ fn a_v2_node_answers_the_right_caller_and_records_everyone_else() {
     let sim = Sim::start(&broker);
     assert!(boots.next_timeout(WAIT).is_some(), "the node booted");
 
-    // The right caller: a v2 reply, the hash checked by our decoder.
+    // The right caller: a v2 reply, the hash checked by the v2 decoder the provisioner uses.
     let raw = call(&good, "rpcutil", "inventory", json!({}), WAIT).expect("an inventory reply");
-    let reply = good.decode_reply(&raw).expect("a valid v2 reply");
+    let reply = v2::client::decode_reply(&raw).expect("a valid v2 reply");
     assert_eq!(reply.sender, NODE);
     assert_eq!(parse_rpc_reply(&reply.message).unwrap().statuscode, 0);
 
@@ -187,7 +188,7 @@ fn a_v2_node_answers_the_right_caller_and_records_everyone_else() {
         WAIT,
     )
     .expect("jwt");
-    let rpc = parse_rpc_reply(&good.decode_reply(&raw).unwrap().message).unwrap();
+    let rpc = parse_rpc_reply(&v2::client::decode_reply(&raw).unwrap().message).unwrap();
     let issuer = VerifyKey::ed25519_from_hex(&public_key_hex_from_seed(&ISSUER_SEED)).unwrap();
     let claims = verify_provisioning_jwt(
         rpc.data["jwt"].as_str().unwrap(),
