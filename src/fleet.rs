@@ -1189,7 +1189,7 @@ fn run_ticket(
     };
     let held = match &outcome {
         ProvisionOutcome::Provisioned { hold } => {
-            log::info!("provisioned {}", ticket.identity);
+            log::info!("{}", crate::go_log::provisioned(&ticket.identity));
             *hold
         }
         ProvisionOutcome::OwnedElsewhere => {
@@ -1214,7 +1214,10 @@ fn run_ticket(
         }
         ProvisionOutcome::Failed(err) => {
             fleet.metrics.provision_errors.inc();
-            log::error!("provisioning failed: {err}");
+            log::error!(
+                "{}",
+                crate::go_log::could_not_provision(&ticket.identity, &err)
+            );
             false
         }
         ProvisionOutcome::Halted => {

@@ -19,6 +19,7 @@ pub mod fleet;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod go_log;
 mod health;
 mod helper_test;
 mod http;
