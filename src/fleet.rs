@@ -1568,7 +1568,7 @@ fn run_ticker(
 /// One discovery round: skipped while paused, each identity admitted.
 pub fn run_discovery(fleet: &Fleet, discover: &dyn Discover) {
     if let Err(halt) = fleet.gate.check() {
-        log::debug!("skipping discovery: {halt}");
+        log::debug!("{}", crate::go_log::skipping_discovery(&halt));
         return;
     }
     match discover.discover(&fleet.gate) {

@@ -8,6 +8,7 @@
 const GO_TEXTS: &[(&str, &str)] = &[
     ("provisioned", "Provisioned %s"),
     ("provision failed", "Could not provision %s: %s"),
+    ("discovery skipped", "Skipping discovery while paused"),
 ];
 
 /// A node was provisioned (Go: info).
@@ -18,6 +19,12 @@ pub fn provisioned(identity: &str) -> String {
 /// A node's cycle failed (Go: error).
 pub fn could_not_provision(identity: &str, err: &dyn std::fmt::Display) -> String {
     format!("Could not provision {identity}: {err}")
+}
+
+/// A discovery round not run because this instance is paused or not the leader (Go: warn,
+/// every interval; ours at debug, so a standby's log is not a warning a minute).
+pub fn skipping_discovery(why: &dyn std::fmt::Display) -> String {
+    format!("Skipping discovery while paused ({why})")
 }
 
 #[cfg(test)]
@@ -46,6 +53,11 @@ mod tests {
                 "provision failed",
                 &["n1.example.net", "helper exited 1"],
                 could_not_provision("n1.example.net", &"helper exited 1"),
+            ),
+            (
+                "discovery skipped",
+                &[],
+                skipping_discovery(&"paused").replace(" (paused)", ""),
             ),
         ];
         assert_eq!(ours.len(), GO_TEXTS.len(), "an event without a check");
