@@ -1,6 +1,7 @@
 //! The command line, compatible with the Go daemon:
 //! `choria-provisioner [--debug] run --config FILE [--choria-config FILE] [--pid FILE]`,
-//! `run` being the default command, plus `--version`, `--help` and kingpin's `help [COMMAND]`. Flags take `--flag VALUE`
+//! `run` being the default command, plus `--version`, `--help` and kingpin's `help [COMMAND]`,
+//! and fisk's `--no-debug`, `--help-long`, `--help-man` and completion flags. Flags take `--flag VALUE`
 //! or `--flag=VALUE`, as Go's kingpin does. Ours alone: `helper-test`, which rehearses the
 //! helper for one node, and `check-config`, which checks the configuration the way `run`
 //! would load it (their flags follow the command word, as kingpin's command flags do).
@@ -16,6 +17,20 @@ pub enum Command {
     CheckConfig(CheckConfigArgs),
     Version,
     Help,
+    /// fisk's hidden `--help-man`: the help as a man page.
+    ManPage,
+    /// fisk's hidden `--completion-script-bash` / `--completion-script-zsh`.
+    CompletionScript(Shell),
+    /// fisk's hidden `--completion-bash WORDS...`, which the completion scripts call: the
+    /// words that may follow `WORDS`, one a line.
+    Completions(Vec<String>),
+}
+
+/// A shell fisk writes a completion script for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shell {
+    Bash,
+    Zsh,
 }
 
 /// `check-config`: what to check, and how to print it. The files need not exist: a missing
@@ -137,6 +152,10 @@ Flags:
   --help, help          Show this help
   --version             Show the version
   --debug               Log at debug level whatever the configuration says
+  --no-debug            Undo an earlier --debug
+  --help-man            Print this help as a man page
+  --completion-script-bash, --completion-script-zsh
+                        Print a shell completion script
 
 Commands:
   run (default)         Run the provisioner
@@ -230,6 +249,22 @@ pub fn parse(
     home: Option<&Path>,
     exists: &dyn Fn(&Path) -> bool,
 ) -> Result<Command, CliError> {
+    // fisk's hidden flags act wherever they stand and whatever else the line holds: a
+    // completion's words are a line still being typed.
+    if let Some(at) = args.iter().position(|a| a == "--completion-bash") {
+        let words = args.iter().enumerate().filter(|(i, _)| *i != at);
+        return Ok(Command::Completions(
+            words.map(|(_, w)| w.clone()).collect(),
+        ));
+    }
+    for arg in args {
+        match arg.as_str() {
+            "--help-man" => return Ok(Command::ManPage),
+            "--completion-script-bash" => return Ok(Command::CompletionScript(Shell::Bash)),
+            "--completion-script-zsh" => return Ok(Command::CompletionScript(Shell::Zsh)),
+            _ => {}
+        }
+    }
     let mut config = None;
     let mut choria_config = None;
     let mut pid = None;
@@ -239,9 +274,12 @@ pub fn parse(
     while let Some((flag, inline)) = flags.next_flag() {
         let mut value = |name: &str| flags.value(&inline, name);
         match flag {
-            "--help" | "-h" => return Ok(Command::Help),
+            // fisk's `--help-long` prints every command's flags, which our help always does.
+            "--help" | "-h" | "--help-long" => return Ok(Command::Help),
             "--version" => return Ok(Command::Version),
             "--debug" => debug = true,
+            // fisk gives every boolean flag its negation; the last one given wins.
+            "--no-debug" => debug = false,
             "--config" => config = Some(PathBuf::from(value("--config")?)),
             "--choria-config" => choria_config = Some(PathBuf::from(value("--choria-config")?)),
             "--pid" => pid = Some(PathBuf::from(value("--pid")?)),
@@ -307,10 +345,11 @@ fn parse_check_config(
     while let Some((flag, inline)) = flags.next_flag() {
         let mut value = |name: &str| flags.value(&inline, name);
         match flag {
-            "--help" | "-h" => return Ok(Command::Help),
+            "--help" | "-h" | "--help-long" => return Ok(Command::Help),
             "--config" => config = Some(PathBuf::from(value("--config")?)),
             "--choria-config" => choria_config = Some(PathBuf::from(value("--choria-config")?)),
             "--connect" if inline.is_none() => connect = true,
+            "--no-connect" if inline.is_none() => connect = false,
             "--format" => format = parse_format(&value("--format")?)?,
             other if other.starts_with('-') => {
                 return Err(CliError::UnknownFlag(other.to_string()))
@@ -358,7 +397,7 @@ fn parse_helper_test(
     while let Some((flag, inline)) = flags.next_flag() {
         let mut value = |name: &str| flags.value(&inline, name);
         match flag {
-            "--help" | "-h" => return Ok(Command::Help),
+            "--help" | "-h" | "--help-long" => return Ok(Command::Help),
             "--config" => config = Some(PathBuf::from(value("--config")?)),
             "--choria-config" => choria_config = Some(PathBuf::from(value("--choria-config")?)),
             "--identity" => identity = Some(value("--identity")?),
@@ -420,6 +459,96 @@ fn parse_helper_test(
     }))
 }
 
+const COMMANDS: &[&str] = &["run", "check-config", "helper-test", "help"];
+const GLOBAL_FLAGS: &[&str] = &["--help", "--version", "--debug", "--no-debug"];
+const RUN_FLAGS: &[&str] = &["--config", "--choria-config", "--pid"];
+const CHECK_CONFIG_FLAGS: &[&str] = &[
+    "--config",
+    "--choria-config",
+    "--connect",
+    "--no-connect",
+    "--format",
+];
+const HELPER_TEST_FLAGS: &[&str] = &[
+    "--config",
+    "--choria-config",
+    "--identity",
+    "--inventory",
+    "--csr",
+    "--ed25519-pubkey",
+    "--jwt",
+    "--format",
+];
+
+/// What may follow `words` (the line typed so far, the last word perhaps half typed), as
+/// fisk's completion answers: flags when the last word starts with `-`, the commands while
+/// none is given, else the command's flags.
+pub fn completions(words: &[String]) -> Vec<&'static str> {
+    let command = words
+        .iter()
+        .find(|w| COMMANDS.contains(&w.as_str()))
+        .map(String::as_str);
+    let flags: Vec<&'static str> = match command {
+        Some("check-config") => CHECK_CONFIG_FLAGS.to_vec(),
+        Some("helper-test") => HELPER_TEST_FLAGS.to_vec(),
+        Some("help") => Vec::new(),
+        _ => GLOBAL_FLAGS.iter().chain(RUN_FLAGS).copied().collect(),
+    };
+    let last_is_flag = words.last().is_some_and(|w| w.starts_with('-'));
+    match command {
+        None if !last_is_flag => COMMANDS.to_vec(),
+        Some("help") => COMMANDS.iter().copied().filter(|c| *c != "help").collect(),
+        _ => flags,
+    }
+}
+
+/// `--completion-script-bash`: asks the binary for the words (`--completion-bash`), as
+/// fisk's script does, so that it stays true of whatever version is installed.
+pub const BASH_COMPLETION: &str = r#"_choria_provisioner_complete() {
+    local cur="${COMP_WORDS[COMP_CWORD]}"
+    local words
+    words=$("${COMP_WORDS[0]}" --completion-bash "${COMP_WORDS[@]:1:$COMP_CWORD}")
+    COMPREPLY=( $(compgen -W "${words}" -- "${cur}") )
+    return 0
+}
+complete -F _choria_provisioner_complete -o default choria-provisioner
+"#;
+
+/// `--completion-script-zsh`: the same question from zsh.
+pub const ZSH_COMPLETION: &str = r#"#compdef choria-provisioner
+
+_choria_provisioner() {
+    local -a words_typed completions
+    words_typed=("${(@)words[2,$CURRENT]}")
+    completions=("${(@f)$("${words[1]}" --completion-bash "${(@)words_typed}")}")
+    compadd -- "${(@)completions}"
+}
+
+if [[ "$(basename -- ${(%):-%x})" != "_choria-provisioner" ]]; then
+    compdef _choria_provisioner choria-provisioner
+fi
+"#;
+
+/// `--help-man`: the help as a man(7) page.
+pub fn man_page(version: &str) -> String {
+    let mut page = format!(
+        ".TH choria-provisioner 1 \"\" \"choria-provisioner {version}\" \"User Commands\"\n\
+         .SH NAME\nchoria-provisioner \\- Choria Server provisioner\n\
+         .SH SYNOPSIS\n.nf\n"
+    );
+    for line in USAGE.lines() {
+        // A roff line starting with `.` or `'` is a request; `\` starts an escape.
+        let line = line.replace('\\', "\\e");
+        if line.starts_with('.') || line.starts_with('\'') {
+            page.push_str("\\&");
+        }
+        page.push_str(&line);
+        page.push('\n');
+    }
+    page.push_str(".fi\n");
+    page
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,6 +569,49 @@ mod tests {
             pid: pid.map(PathBuf::from),
             debug,
         }))
+    }
+
+    #[test]
+    fn completes_commands_then_the_commands_flags() {
+        let cases: &[(&str, &[&str], &[&str])] = &[
+            ("", &["run", "check-config", "helper-test"], &["--pid"]),
+            ("--de", &["--debug", "--no-debug", "--config"], &["run"]),
+            ("run", &["--config", "--pid", "--debug"], &["run", "--jwt"]),
+            (
+                "check-config --config p.yaml",
+                &["--connect", "--no-connect", "--format"],
+                &["--pid", "--identity", "run"],
+            ),
+            ("helper-test", &["--identity", "--jwt"], &["--pid"]),
+            ("help", &["run", "check-config"], &["help", "--config"]),
+        ];
+        for (line, has, lacks) in cases {
+            let got = completions(&args(line));
+            for word in *has {
+                assert!(got.contains(word), "{line:?}: {word} not in {got:?}");
+            }
+            for word in *lacks {
+                assert!(!got.contains(word), "{line:?}: {word} in {got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_man_page_escapes_roff() {
+        let page = man_page("9.9.9");
+        assert!(page.starts_with(".TH choria-provisioner 1 "), "{page}");
+        assert!(page.contains("choria-provisioner 9.9.9"), "{page}");
+        assert!(page.contains("--choria-config FILE"), "{page}");
+        // Between .nf and .fi, no line of the help may read as a roff request.
+        let requests = page
+            .lines()
+            .skip_while(|l| *l != ".nf")
+            .skip(1)
+            .take_while(|l| *l != ".fi")
+            .filter(|l| l.starts_with('.') || l.starts_with('\''))
+            .count();
+        assert_eq!(requests, 0, "{page}");
+        assert!(page.ends_with(".fi\n"), "{page}");
     }
 
     #[test]
@@ -468,6 +640,33 @@ mod tests {
             ("help run", Ok(Command::Help)),
             ("--debug help check-config", Ok(Command::Help)),
             ("run --help", Ok(Command::Help)),
+            // fisk's own flags, which Go's daemon accepts.
+            (
+                "--debug run --config p.yaml --no-debug",
+                run("p.yaml", "/home/u/.choriarc", None, false),
+            ),
+            (
+                "--no-debug run --config p.yaml --debug",
+                run("p.yaml", "/home/u/.choriarc", None, true),
+            ),
+            ("--help-long", Ok(Command::Help)),
+            ("run --help-long", Ok(Command::Help)),
+            ("check-config --help-long", Ok(Command::Help)),
+            ("--help-man", Ok(Command::ManPage)),
+            ("run --config --help-man", Ok(Command::ManPage)),
+            (
+                "--completion-script-bash",
+                Ok(Command::CompletionScript(Shell::Bash)),
+            ),
+            (
+                "--completion-script-zsh",
+                Ok(Command::CompletionScript(Shell::Zsh)),
+            ),
+            (
+                "check-config --completion-bash --con",
+                Ok(Command::Completions(args("check-config --con"))),
+            ),
+            ("--completion-bash", Ok(Command::Completions(Vec::new()))),
             (
                 "run --config p.yaml --frobnicate",
                 Err(CliError::UnknownFlag("--frobnicate".into())),

@@ -1308,7 +1308,7 @@ fn run_ticket(
     };
     let held = match &outcome {
         ProvisionOutcome::Provisioned { hold } => {
-            log::info!("provisioned {}", ticket.identity);
+            log::info!("{}", crate::go_log::provisioned(&ticket.identity));
             *hold
         }
         ProvisionOutcome::OwnedElsewhere => {
@@ -1333,7 +1333,10 @@ fn run_ticket(
         }
         ProvisionOutcome::Failed(err) => {
             fleet.metrics.provision_errors.inc();
-            log::error!("provisioning failed: {err}");
+            log::error!(
+                "{}",
+                crate::go_log::could_not_provision(&ticket.identity, &err)
+            );
             false
         }
         ProvisionOutcome::Halted => {
@@ -1773,7 +1776,7 @@ fn run_ticker(
 /// One discovery round: skipped while paused, each identity admitted.
 pub fn run_discovery(fleet: &Fleet, discover: &dyn Discover) {
     if let Err(halt) = fleet.gate.check() {
-        log::debug!("skipping discovery: {halt}");
+        log::debug!("{}", crate::go_log::skipping_discovery(&halt));
         return;
     }
     match discover.discover(&fleet.gate) {

@@ -19,6 +19,7 @@ pub mod fleet;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod go_log;
 mod health;
 mod helper_test;
 mod http;
@@ -38,7 +39,9 @@ mod test_log;
 
 pub use check_config::run as run_check_config;
 pub use cli::{
-    parse as parse_command_line, CheckConfigArgs, Command, HelperTestArgs, RunArgs, USAGE,
+    completions as command_line_completions, man_page, parse as parse_command_line,
+    CheckConfigArgs, Command, HelperTestArgs, RunArgs, Shell, BASH_COMPLETION, USAGE,
+    ZSH_COMPLETION,
 };
 pub use daemon::run;
 pub use helper_test::run as run_helper_test;

@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use choria_provisioner::{
-    parse_command_line, run, run_check_config, run_helper_test, Command, USAGE,
+    command_line_completions, man_page, parse_command_line, run, run_check_config, run_helper_test,
+    Command, Shell, BASH_COMPLETION, USAGE, ZSH_COMPLETION,
 };
 
 fn main() {
@@ -13,6 +14,14 @@ fn main() {
     match parse_command_line(&args, home.as_deref(), &exists) {
         Ok(Command::Help) => print!("{USAGE}"),
         Ok(Command::Version) => println!("{}", env!("CARGO_PKG_VERSION")),
+        Ok(Command::ManPage) => print!("{}", man_page(env!("CARGO_PKG_VERSION"))),
+        Ok(Command::CompletionScript(Shell::Bash)) => print!("{}", BASH_COMPLETION),
+        Ok(Command::CompletionScript(Shell::Zsh)) => print!("{}", ZSH_COMPLETION),
+        Ok(Command::Completions(words)) => {
+            for word in command_line_completions(&words) {
+                println!("{word}");
+            }
+        }
         Ok(Command::Run(args)) => {
             return_large_allocations();
             std::process::exit(run(args))

@@ -296,34 +296,34 @@ impl Metrics {
         let metrics = Metrics {
             rpc_time: summary(
                 "choria_provisioner_rpc_time",
-                "Time taken to perform RPC requests",
+                "How long it took to perform RPC requests",
                 &["rpc"],
             ),
             helper_time: summary(
                 "choria_provisioner_helper_time",
-                "Time taken to run the helper",
+                "How long it took to run the helper",
                 &[],
             ),
             discovered: counter(
                 "choria_provisioner_discovered",
-                "Number of nodes discovered",
+                "How many nodes were found through discovery",
             ),
             event_discovered: counter(
                 "choria_provisioner_event_discovered",
-                "Number of nodes discovered via lifecycle events",
+                "How many nodes were found through receiving an event about them",
             ),
             discover_cycles: counter(
                 "choria_provisioner_discover_cycles",
-                "Number of discovery cycles",
+                "How many discovery cycles were ran",
             ),
             rpc_errors: counter_vec(
                 "choria_provisioner_rpc_errors",
-                "Number of RPC errors",
+                "How many rpc related errors were encountered",
                 &["rpc"],
             ),
             helper_errors: counter(
                 "choria_provisioner_helper_errors",
-                "Number of helper errors",
+                "How many helper related errors were encountered",
             ),
             helper_restarts: counter(
                 "choria_provisioner_helper_restarts",
@@ -331,32 +331,32 @@ impl Metrics {
             ),
             discovery_errors: counter(
                 "choria_provisioner_discovery_errors",
-                "Number of discovery errors",
+                "How many discovery related errors were encountered",
             ),
             provision_errors: counter(
                 "choria_provisioner_provision_errors",
-                "Number of provisioning errors",
+                "How many provision related errors were encountered",
             ),
-            paused: gauge("choria_provisioner_paused", "1 when provisioning is paused"),
+            paused: gauge("choria_provisioner_paused", "Indicates if the provisioner is paused"),
             busy_workers: gauge(
                 "choria_provisioner_busy_workers",
-                "Number of workers provisioning a node",
+                "How many workers are busy provisioning nodes",
             ),
             provisioned: counter(
                 "choria_provisioner_provisioned",
-                "Number of nodes provisioned",
+                "How many nodes were successfully provisioned",
             ),
             work_queue_entries: gauge(
                 "choria_provisioner_work_queue_entries",
-                "Nodes on the work queue",
+                "Number of nodes on the work queue waiting to be provisioned",
             ),
             waiting_nodes: gauge(
                 "choria_provisioner_waiting_nodes",
-                "Nodes known and waiting or in progress",
+                "The number of nodes currently waiting to be provisioned",
             ),
             helper_shutdown_requests: counter(
                 "choria_provisioner_helper_shutdown_requests",
-                "Number of nodes the helper asked to shut down",
+                "Host many times the helper asked for a node to be shutdown and it succeeded",
             ),
             work_queue_dropped: counter(
                 "choria_provisioner_work_queue_dropped",
@@ -548,6 +548,80 @@ mod http_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Go's HELP for each metric Go has (`hosts/stats.go`, `host/stats.go`, `config/stats.go`),
+    /// its typo included: copied so that both daemons describe a metric alike.
+    const GO_HELP: &[(&str, &str)] = &[
+        (
+            "choria_provisioner_rpc_time",
+            "How long it took to perform RPC requests",
+        ),
+        (
+            "choria_provisioner_helper_time",
+            "How long it took to run the helper",
+        ),
+        (
+            "choria_provisioner_rpc_errors",
+            "How many rpc related errors were encountered",
+        ),
+        (
+            "choria_provisioner_helper_errors",
+            "How many helper related errors were encountered",
+        ),
+        (
+            "choria_provisioner_helper_shutdown_requests",
+            "Host many times the helper asked for a node to be shutdown and it succeeded",
+        ),
+        (
+            "choria_provisioner_discovered",
+            "How many nodes were found through discovery",
+        ),
+        (
+            "choria_provisioner_event_discovered",
+            "How many nodes were found through receiving an event about them",
+        ),
+        (
+            "choria_provisioner_discover_cycles",
+            "How many discovery cycles were ran",
+        ),
+        (
+            "choria_provisioner_discovery_errors",
+            "How many discovery related errors were encountered",
+        ),
+        (
+            "choria_provisioner_provision_errors",
+            "How many provision related errors were encountered",
+        ),
+        (
+            "choria_provisioner_busy_workers",
+            "How many workers are busy provisioning nodes",
+        ),
+        (
+            "choria_provisioner_provisioned",
+            "How many nodes were successfully provisioned",
+        ),
+        (
+            "choria_provisioner_work_queue_entries",
+            "Number of nodes on the work queue waiting to be provisioned",
+        ),
+        (
+            "choria_provisioner_waiting_nodes",
+            "The number of nodes currently waiting to be provisioned",
+        ),
+        (
+            "choria_provisioner_paused",
+            "Indicates if the provisioner is paused",
+        ),
+    ];
+
+    #[test]
+    fn every_go_metric_has_gos_help() {
+        let text = Metrics::new("testsite").render();
+        for (name, help) in GO_HELP {
+            let line = format!("# HELP {name} {help}\n");
+            assert!(text.contains(&line), "missing {line:?} in\n{text}");
+        }
+    }
 
     #[test]
     fn every_metric_exists_at_zero_before_any_node() {

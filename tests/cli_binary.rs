@@ -100,6 +100,41 @@ fn version_and_help() {
 }
 
 #[test]
+fn fisks_own_flags_work_as_in_go() {
+    for args in [&["--help-long"][..], &["run", "--help-long"]] {
+        let (code, stdout, stderr) = provisioner(args);
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        assert!(stdout.contains("helper-test"), "{args:?}: {stdout}");
+    }
+    let (code, stdout, stderr) = provisioner(&["--help-man"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with(".TH choria-provisioner 1"), "{stdout}");
+
+    // The bash script asks the binary for its words with --completion-bash.
+    let (code, script, stderr) = provisioner(&["--completion-script-bash"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(script.contains("--completion-bash"), "{script}");
+    assert!(script.contains("complete -F"), "{script}");
+    let (code, script, stderr) = provisioner(&["--completion-script-zsh"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        script.starts_with("#compdef choria-provisioner"),
+        "{script}"
+    );
+    assert!(script.contains("--completion-bash"), "{script}");
+    let (code, words, stderr) = provisioner(&["--completion-bash", "check-config", "--"]);
+    assert_eq!(code, 0, "{stderr}");
+    let words: Vec<&str> = words.lines().collect();
+    assert!(words.contains(&"--connect"), "{words:?}");
+    assert!(!words.contains(&"--pid"), "{words:?}");
+
+    // --no-debug is accepted where --debug is: the run gets as far as the missing file.
+    let (code, _, stderr) = provisioner(&["--no-debug", "run", "--config", "/nonexistent/p.yaml"]);
+    assert_eq!(code, 78, "{stderr}");
+    assert!(stderr.contains("/nonexistent/p.yaml"), "{stderr}");
+}
+
+#[test]
 fn a_bad_configuration_names_file_key_and_value_and_exits_78() {
     let dir = choria_testkit::temp_dir("cli-bad").unwrap();
     let config = dir.join("p.yaml");

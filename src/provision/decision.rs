@@ -457,6 +457,12 @@ fn issue_server_jwt(
     }
     // Loaded per node, as Go does, so replaced key or token files take effect at once.
     let issuer = load_issuer(issuing, now_unix).map_err(AnswerError::ServerJwt)?;
+    let server_claims = answer.server_claims.as_ref();
+    if let Some(line) =
+        crate::go_log::short_server_validity(server_claims, now_unix, issuing.validity)
+    {
+        log::warn!("{line}");
+    }
     let request = ServerJwtRequest {
         identity: node.identity.as_str(),
         ed25519_pubkey_hex: public_key,
