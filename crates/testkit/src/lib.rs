@@ -15,6 +15,7 @@ pub mod harness;
 pub mod netns;
 pub mod pki;
 pub mod relay;
+pub mod sim_args;
 pub mod slow_clients;
 
 use std::io::Write;
