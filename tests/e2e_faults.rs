@@ -16,6 +16,7 @@ use choria_fleet_sim::faults::{assign, Fault};
 use choria_fleet_sim::node::NodeState;
 use choria_fleet_sim::options::FaultFractions;
 use choria_fleet_sim::report::{NodeReport, Report};
+use choria_testkit::sim_args::{Fault as SimFault, SimArgs};
 use support::*;
 
 const TOKEN: &str = "e2e-faults";
@@ -108,38 +109,20 @@ fn jwt_fleet_with_dead_slow_malformed_bad_hash_and_foreign_lock_nodes() {
             ..Default::default()
         },
     );
-    let nodes = NODES.to_string();
-    let seed = SEED.to_string();
     let jwt_key = vector("provisioner/host/testdata/jwt-signer.pem");
-    let sim = Sim::start(
-        &world,
-        &[
-            "--nodes",
-            &nodes,
-            "--token",
-            TOKEN,
-            "--jwt-key",
-            &jwt_key,
-            "--keygen-threads",
-            "0",
-            "--seed",
-            &seed,
-            "--dead",
-            "0.125",
-            "--slow",
-            "0.125",
-            "--slow-delay",
-            "300ms",
-            "--malformed",
-            "0.125",
-            "--bad-hash",
-            "0.125",
-            "--foreign-lock",
-            "0.125",
-            "--deadline",
-            "170s",
-        ],
-    );
+    let args = SimArgs::nodes(NODES)
+        .token(TOKEN)
+        .jwt_key(&jwt_key)
+        .keygen_threads(0)
+        .seed(SEED)
+        .fault(SimFault::Dead, 0.125)
+        .fault(SimFault::Slow, 0.125)
+        .slow_delay(Duration::from_millis(300))
+        .fault(SimFault::Malformed, 0.125)
+        .fault(SimFault::BadHash, 0.125)
+        .fault(SimFault::ForeignLock, 0.125)
+        .deadline(Duration::from_secs(170));
+    let sim = Sim::start(&world, &args.as_args());
     // 6 healthy + 2 slow provisioned; dead, malformed and bad-hash refused (2 each).
     let metrics = provisioner.wait_idle("8 provisioned and 6 refused", |m| {
         m.get("choria_provisioner_provisioned") == 8.0
@@ -298,25 +281,13 @@ fn pki_fleet_with_wrong_cn_nodes() {
             ..Default::default()
         },
     );
-    let nodes = NODES.to_string();
-    let seed = SEED.to_string();
-    let sim = Sim::start(
-        &world,
-        &[
-            "--nodes",
-            &nodes,
-            "--token",
-            TOKEN,
-            "--keygen-threads",
-            "1",
-            "--seed",
-            &seed,
-            "--wrong-cn",
-            "0.34",
-            "--deadline",
-            "170s",
-        ],
-    );
+    let args = SimArgs::nodes(NODES)
+        .token(TOKEN)
+        .keygen_threads(1)
+        .seed(SEED)
+        .fault(SimFault::WrongCn, 0.34)
+        .deadline(Duration::from_secs(170));
+    let sim = Sim::start(&world, &args.as_args());
     let metrics = provisioner.wait_idle("4 provisioned and 2 refused", |m| {
         m.get("choria_provisioner_provisioned") == 4.0
             && m.get("choria_provisioner_provision_errors") == 2.0
@@ -395,32 +366,17 @@ fn ed25519_fleet_with_bad_signature_nodes() {
             ..Default::default()
         },
     );
-    let nodes = NODES.to_string();
-    let seed = SEED.to_string();
     let jwt_key = vector("tokens/testdata/ed25519/signer.seed");
-    let sim = Sim::start(
-        &world,
-        &[
-            "--nodes",
-            &nodes,
-            "--token",
-            TOKEN,
-            "--jwt-key",
-            &jwt_key,
-            "--org-issuer",
-            ORG_ISSUER_PUBLIC,
-            "--keygen-threads",
-            "0",
-            "--seed",
-            &seed,
-            "--bad-signature",
-            "0.25",
-            "--foreign-lock",
-            "0.125",
-            "--deadline",
-            "170s",
-        ],
-    );
+    let args = SimArgs::nodes(NODES)
+        .token(TOKEN)
+        .jwt_key(&jwt_key)
+        .org_issuer(ORG_ISSUER_PUBLIC)
+        .keygen_threads(0)
+        .seed(SEED)
+        .fault(SimFault::BadSignature, 0.25)
+        .fault(SimFault::ForeignLock, 0.125)
+        .deadline(Duration::from_secs(170));
+    let sim = Sim::start(&world, &args.as_args());
     let metrics = provisioner.wait_idle("5 provisioned and 2 refused", |m| {
         m.get("choria_provisioner_provisioned") == 5.0
             && m.get("choria_provisioner_provision_errors") == 2.0
@@ -514,21 +470,12 @@ fn five_broker_kills_in_one_run_lose_nothing_and_duplicate_nothing() {
             ..Default::default()
         },
     );
-    let nodes = NODES.to_string();
-    let fleet = Sim::start(
-        &world,
-        &[
-            "--nodes",
-            &nodes,
-            "--boot-spread",
-            "40s",
-            "--exit-when-done",
-            "--deadline",
-            "180s",
-            "--keygen-threads",
-            "0",
-        ],
-    );
+    let args = SimArgs::nodes(NODES)
+        .boot_spread(Duration::from_secs(40))
+        .exit_when_done()
+        .deadline(Duration::from_secs(180))
+        .keygen_threads(0);
+    let fleet = Sim::start(&world, &args.as_args());
     // A small xorshift seeded from the clock: random points, the seed printed to replay them.
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -9,6 +9,10 @@
         Prints one line of the provisioner's counters from its /metrics endpoint at URL
         (provisioned, queued, busy workers, errors); exits 1 if it does not answer within 2 s.
 
+    demo-tools.py ready URL
+        Exits 0 if GET URL (the provisioner's /readyz) answers 200 within 2 s, else 1: ready
+        means connected and subscribed to startup events, whatever the log level.
+
     demo-tools.py check-report FILE NODES
         Reads the simulator's JSON report and exits 0 only if all NODES nodes are in service,
         the run ended because every node was done, and there were no protocol violations, no
@@ -72,6 +76,15 @@ def progress(url):
     return 0
 
 
+def ready(url):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return 0 if response.status == 200 else 1
+    except OSError:
+        # 503 (not ready yet) arrives as HTTPError, an OSError, as does a refused connection.
+        return 1
+
+
 def check_report(path, nodes):
     try:
         with open(path) as f:
@@ -106,6 +119,8 @@ def main(argv):
         return free_port()
     if len(argv) == 2 and argv[0] == "progress":
         return progress(argv[1])
+    if len(argv) == 2 and argv[0] == "ready":
+        return ready(argv[1])
     if len(argv) == 3 and argv[0] == "check-report" and argv[2].isdigit():
         return check_report(argv[1], int(argv[2]))
     print(__doc__, file=sys.stderr)

@@ -15,6 +15,7 @@ pub mod harness;
 pub mod netns;
 pub mod pki;
 pub mod relay;
+pub mod sim_args;
 pub mod slow_clients;
 
 use std::io::Write;
@@ -436,12 +437,166 @@ pub fn binary(name: &str) -> PathBuf {
          scripts/test does)",
         path.display()
     );
+    // `cargo test` alone rebuilds the libraries but not the binaries the tests start: a test
+    // would then run yesterday's code and pass or fail for the wrong reason.
+    let newer = newer_sources(&path);
+    assert!(
+        newer.is_empty(),
+        "{} is older than {} of its sources (first: {}): run cargo build --workspace --bins \
+         (scripts/test does) before these tests",
+        path.display(),
+        newer.len(),
+        newer[0].display()
+    );
     path
+}
+
+/// The sources of the binary at `binary` changed after it was linked, from the dep-info file
+/// cargo writes beside it (`<name>.d`: every file the build read, this workspace's and its
+/// dependencies'). Nothing when there is no such file. A dep-info written in another checkout
+/// (a copied `target/`) names that checkout's paths; they are read as this one's.
+pub fn newer_sources(binary: &Path) -> Vec<PathBuf> {
+    let Ok(built) = std::fs::metadata(binary).and_then(|m| m.modified()) else {
+        return Vec::new();
+    };
+    let Ok(dep_info) = std::fs::read_to_string(binary.with_extension("d")) else {
+        return Vec::new();
+    };
+    let mut paths = dep_info_paths(&dep_info);
+    if paths.is_empty() {
+        return Vec::new();
+    }
+    let listed_binary = paths.remove(0);
+    let rebase = checkout_roots(&listed_binary, binary);
+    paths
+        .into_iter()
+        .map(|source| match &rebase {
+            Some((from, to)) => match source.strip_prefix(from) {
+                Ok(rest) => to.join(rest),
+                Err(_) => source,
+            },
+            None => source,
+        })
+        // A file that is gone (another machine's registry, a module split since) says nothing
+        // about this binary: cargo rebuilds it when it matters.
+        .filter(|source| {
+            std::fs::metadata(source)
+                .and_then(|m| m.modified())
+                .is_ok_and(|changed| changed > built)
+        })
+        .collect()
+}
+
+/// The paths of a make-style dep-info line `target: dep dep ...`, the target first; `\ ` is
+/// a space within a path.
+fn dep_info_paths(dep_info: &str) -> Vec<PathBuf> {
+    let Some(line) = dep_info.lines().find(|l| !l.trim().is_empty()) else {
+        return Vec::new();
+    };
+    let mut paths = Vec::new();
+    let mut current = String::new();
+    let mut chars = line.chars().peekable();
+    let mut target_done = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&' ') => {
+                current.push(' ');
+                chars.next();
+            }
+            ':' if !target_done && matches!(chars.peek(), Some(' ') | None) => {
+                target_done = true;
+                paths.push(PathBuf::from(std::mem::take(&mut current)));
+            }
+            ' ' => {
+                if !current.is_empty() {
+                    paths.push(PathBuf::from(std::mem::take(&mut current)));
+                }
+            }
+            _ => current.push(c),
+        }
+    }
+    if !current.is_empty() {
+        paths.push(PathBuf::from(current));
+    }
+    if target_done {
+        paths
+    } else {
+        Vec::new()
+    }
+}
+
+/// When the dep-info names the binary at `listed` but it is at `actual`, the two checkouts'
+/// roots: `listed` and `actual` less the path components they end in alike.
+fn checkout_roots(listed: &Path, actual: &Path) -> Option<(PathBuf, PathBuf)> {
+    if listed == actual {
+        return None;
+    }
+    let (mut from, mut to) = (listed.to_path_buf(), actual.to_path_buf());
+    while from.file_name().is_some() && from.file_name() == to.file_name() {
+        from.pop();
+        to.pop();
+    }
+    Some((from, to))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fake checkout: `bin` built at a fixed time, its dep-info naming `src/a.rs` and
+    /// `src/b c.rs` under `listed_root` (another checkout's paths, as in a copied target/).
+    fn fake_build(dir: &Path, listed_root: &Path) -> PathBuf {
+        let at = |secs| std::time::UNIX_EPOCH + Duration::from_secs(secs);
+        std::fs::create_dir_all(dir.join("src")).unwrap();
+        std::fs::create_dir_all(dir.join("target/debug")).unwrap();
+        for (name, secs) in [("src/a.rs", 1_000), ("src/b c.rs", 1_000)] {
+            let file = std::fs::File::create(dir.join(name)).unwrap();
+            file.set_modified(at(secs)).unwrap();
+        }
+        let bin = dir.join("target/debug/bin");
+        std::fs::File::create(&bin)
+            .unwrap()
+            .set_modified(at(2_000))
+            .unwrap();
+        let root = listed_root.display().to_string().replace(' ', "\\ ");
+        std::fs::write(
+            dir.join("target/debug/bin.d"),
+            format!("{root}/target/debug/bin: {root}/src/a.rs {root}/src/b\\ c.rs /gone/x.rs\n"),
+        )
+        .unwrap();
+        bin
+    }
+
+    #[test]
+    fn a_binary_older_than_a_source_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = fake_build(dir.path(), dir.path());
+        assert_eq!(newer_sources(&bin), Vec::<PathBuf>::new(), "fresh build");
+        let later = std::time::UNIX_EPOCH + Duration::from_secs(3_000);
+        let edited = dir.path().join("src/b c.rs");
+        std::fs::File::options()
+            .write(true)
+            .open(&edited)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        assert_eq!(newer_sources(&bin), vec![edited]);
+    }
+
+    #[test]
+    fn a_copied_targets_dep_info_is_read_as_this_checkouts() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = fake_build(dir.path(), Path::new("/elsewhere/main"));
+        let later = std::time::UNIX_EPOCH + Duration::from_secs(3_000);
+        let edited = dir.path().join("src/a.rs");
+        std::fs::File::options()
+            .write(true)
+            .open(&edited)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        assert_eq!(newer_sources(&bin), vec![edited]);
+    }
 
     #[test]
     fn starts_and_stops_a_private_broker() {
