@@ -760,7 +760,15 @@ impl Started {
         };
         notify::reloading("reloading the configuration");
         log::info!("SIGHUP: reloading the configuration (now generation {generation})");
-        match self.renew().and_then(|renewal| self.apply(renewal)) {
+        let outcome = self.renew().and_then(|renewal| self.apply(renewal));
+        // The generation before the count, so a scrape that sees the reload counted sees its
+        // generation too.
+        if let Some(reloading) = &self.reloading {
+            self.metrics
+                .config_generation
+                .set(reloading.generation as f64);
+        }
+        match outcome {
             Ok(line) => {
                 self.metrics.reloads.with_label_values(&["ok"]).inc();
                 log::info!("{line}");
@@ -771,11 +779,6 @@ impl Started {
                     "reload refused, nothing changed (still configuration generation {generation}): {err}"
                 );
             }
-        }
-        if let Some(reloading) = &self.reloading {
-            self.metrics
-                .config_generation
-                .set(reloading.generation as f64);
         }
         notify::ready(&self.health.status_line());
     }
