@@ -567,19 +567,24 @@ mod tests {
         bin
     }
 
+    /// Gives `path` a modification time well after the fake build's; returns it.
+    fn touch_later(path: &Path) -> PathBuf {
+        let later = std::time::UNIX_EPOCH + Duration::from_secs(3_000);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        path.to_path_buf()
+    }
+
     #[test]
     fn a_binary_older_than_a_source_is_stale() {
         let dir = tempfile::tempdir().unwrap();
         let bin = fake_build(dir.path(), dir.path());
         assert_eq!(newer_sources(&bin), Vec::<PathBuf>::new(), "fresh build");
-        let later = std::time::UNIX_EPOCH + Duration::from_secs(3_000);
-        let edited = dir.path().join("src/b c.rs");
-        std::fs::File::options()
-            .write(true)
-            .open(&edited)
-            .unwrap()
-            .set_modified(later)
-            .unwrap();
+        let edited = touch_later(&dir.path().join("src/b c.rs"));
         assert_eq!(newer_sources(&bin), vec![edited]);
     }
 
@@ -587,14 +592,7 @@ mod tests {
     fn a_copied_targets_dep_info_is_read_as_this_checkouts() {
         let dir = tempfile::tempdir().unwrap();
         let bin = fake_build(dir.path(), Path::new("/elsewhere/main"));
-        let later = std::time::UNIX_EPOCH + Duration::from_secs(3_000);
-        let edited = dir.path().join("src/a.rs");
-        std::fs::File::options()
-            .write(true)
-            .open(&edited)
-            .unwrap()
-            .set_modified(later)
-            .unwrap();
+        let edited = touch_later(&dir.path().join("src/a.rs"));
         assert_eq!(newer_sources(&bin), vec![edited]);
     }
 
