@@ -186,10 +186,14 @@ fn every_way_the_broker_goes_is_noticed_over_tls() {
 }
 
 /// The broker frozen until a connection with a short PING interval notices (while a second
-/// one, on the daemon's 30 s, need not); messages published on the first before, during and
-/// after the freeze all reach a subscriber once the broker runs again: the ones the broker
-/// had not read yet from the old link, and the ones buffered while reconnecting.
-fn a_frozen_broker_is_noticed_and_nothing_published_is_lost(tls: bool) {
+/// one, on the daemon's 30 s, need not); messages published on the first before the freeze,
+/// while it is down and after the reconnect all reach a subscriber once the broker runs
+/// again. The ones written into the old link while the broker was frozen are at most once,
+/// as NATS publishes are: the broker usually reads them when it runs again, but once in CI
+/// under TLS it dropped the old link after the first records (9 of 20 lost), so they are
+/// counted and printed, not promised. Nothing the daemon needs rides on them: a request in
+/// flight when the link drops is sent again after the reconnect.
+fn a_frozen_broker_is_noticed_and_the_reconnect_buffer_is_kept(tls: bool) {
     let setup = Setup::new(tls);
     let broker = setup.broker();
     let fast = setup.connect(&broker.url(), "link-fast", FAST_PING);
@@ -199,13 +203,13 @@ fn a_frozen_broker_is_noticed_and_nothing_published_is_lost(tls: bool) {
     observer.flush(PATIENCE).expect("confirmed");
 
     let mut sent = 0u32;
-    let mut publish = |conn: &Connection| {
+    let publish = |conn: &Connection, sent: &mut u32| {
         conn.publish(subject, sent.to_string().as_bytes())
             .expect("publishing never fails: buffered while down");
-        sent += 1;
+        *sent += 1;
     };
     for _ in 0..5 {
-        publish(&fast);
+        publish(&fast, &mut sent);
     }
     fast.flush(PATIENCE).expect("flushed before the freeze");
     let drops = fast.link_drops();
@@ -218,14 +222,15 @@ fn a_frozen_broker_is_noticed_and_nothing_published_is_lost(tls: bool) {
             "{}: a broker frozen for {NOTICE_LIMIT:?} was not noticed with a {FAST_PING:?} PING",
             setup.name()
         );
-        publish(&fast);
+        publish(&fast, &mut sent);
         std::thread::sleep(Duration::from_millis(50));
     }
     let noticed = frozen.elapsed();
+    let written_while_frozen = 5..sent;
     assert_eq!(fast.link_drops(), drops + 1);
     // Down: these wait in the crate's reconnect buffer.
     for _ in 0..5 {
-        publish(&fast);
+        publish(&fast, &mut sent);
     }
     broker.thaw();
     let back = wait_until(
@@ -239,36 +244,55 @@ fn a_frozen_broker_is_noticed_and_nothing_published_is_lost(tls: bool) {
         setup.name()
     );
     for _ in 0..5 {
-        publish(&fast);
+        publish(&fast, &mut sent);
     }
     fast.flush(PATIENCE).expect("flushed after the reconnect");
     let mut seen = BTreeSet::new();
-    let deadline = Instant::now() + PATIENCE;
+    let all_promised = |seen: &BTreeSet<u32>| {
+        (0..sent).all(|n| written_while_frozen.contains(&n) || seen.contains(&n))
+    };
+    // Until every promised message is in, then a last second for stragglers of the old link.
+    let mut deadline = Instant::now() + PATIENCE;
+    let mut grace_started = false;
     while seen.len() < sent as usize && Instant::now() < deadline {
         if let Some(message) = sub.next_timeout(Duration::from_millis(200)) {
             let text = String::from_utf8(message).expect("text");
             seen.insert(text.parse::<u32>().expect("a number"));
         }
+        if !grace_started && all_promised(&seen) {
+            grace_started = true;
+            deadline = deadline.min(Instant::now() + Duration::from_secs(1));
+        }
     }
-    let missing: Vec<u32> = (0..sent).filter(|n| !seen.contains(n)).collect();
-    assert!(
-        missing.is_empty(),
-        "{}: {} of {sent} messages lost: {missing:?}",
+    let (at_most_once, promised): (Vec<u32>, Vec<u32>) = (0..sent)
+        .filter(|n| !seen.contains(n))
+        .partition(|n| written_while_frozen.contains(n));
+    eprintln!(
+        "{}: {} of the {} written into the frozen link were not delivered: {at_most_once:?}",
         setup.name(),
-        missing.len()
+        at_most_once.len(),
+        written_while_frozen.len()
+    );
+    assert!(
+        promised.is_empty(),
+        "{}: {} of the {} published before the freeze, while down or after the reconnect \
+         were lost: {promised:?}",
+        setup.name(),
+        promised.len(),
+        sent as usize - written_while_frozen.len()
     );
     fast.close();
     observer.close();
 }
 
 #[test]
-fn a_frozen_broker_is_noticed_and_nothing_published_is_lost_over_plain_tcp() {
-    a_frozen_broker_is_noticed_and_nothing_published_is_lost(false);
+fn a_frozen_broker_is_noticed_and_the_reconnect_buffer_is_kept_over_plain_tcp() {
+    a_frozen_broker_is_noticed_and_the_reconnect_buffer_is_kept(false);
 }
 
 #[test]
-fn a_frozen_broker_is_noticed_and_nothing_published_is_lost_over_tls() {
-    a_frozen_broker_is_noticed_and_nothing_published_is_lost(true);
+fn a_frozen_broker_is_noticed_and_the_reconnect_buffer_is_kept_over_tls() {
+    a_frozen_broker_is_noticed_and_the_reconnect_buffer_is_kept(true);
 }
 
 /// A TCP relay in front of the broker that can reset its client side: SO_LINGER 0, then the

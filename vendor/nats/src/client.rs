@@ -328,8 +328,8 @@ impl Client {
         let silent = read.last_active.elapsed() >= self.options.ping_interval;
         if read.pings_out >= MAX_PINGS_OUT && silent {
             if let Some(mut writer) = write.writer.take() {
-                // What the server has not read yet it reads when it runs again, before our
-                // FIN: publishes already buffered are not lost.
+                // What the server has not read yet it usually reads when it runs again,
+                // before our FIN; at most once, as every publish is (a server may drop it).
                 writer.flush().ok();
                 writer.get_ref().shutdown();
             }
