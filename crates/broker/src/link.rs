@@ -94,10 +94,14 @@ impl Link {
     /// The link dropped: wakes every watch of the period that ends. Repeats are no-ops.
     pub(crate) fn lost(&self) {
         let mut signals = self.signals.lock();
-        if signals.up.take().is_some() {
+        // State first, then the wake: a watcher woken by the drop must read the link as down
+        // and the drop as counted (a test once read it up, woken between the two).
+        self.up.store(false, Ordering::SeqCst);
+        let was_up = signals.up.take();
+        if was_up.is_some() {
             self.drops.fetch_add(1, Ordering::SeqCst);
         }
-        self.up.store(false, Ordering::SeqCst);
+        drop(was_up);
         if signals.down.is_none() {
             let (tx, rx) = bounded::<Never>(0);
             signals.down = Some(tx);
@@ -109,16 +113,18 @@ impl Link {
     /// are no-ops.
     pub(crate) fn back(&self) {
         let mut signals = self.signals.lock();
-        signals.down = None;
+        let coming_back = signals.up.is_none();
+        // State first, then the wakes, as in `lost`.
+        if coming_back && self.drops() > 0 {
+            *self.reconnected_at.lock() = Some(Instant::now());
+        }
         self.up.store(true, Ordering::SeqCst);
-        if signals.up.is_none() {
+        signals.down = None;
+        if coming_back {
             let (tx, rx) = bounded::<Never>(0);
             signals.up = Some(tx);
             signals.up_rx = rx;
             drop(signals);
-            if self.drops() > 0 {
-                *self.reconnected_at.lock() = Some(Instant::now());
-            }
             // A full slot already holds an untaken reconnect; a gone watcher is forgotten.
             self.reconnect_watchers.lock().retain(|watcher| {
                 !matches!(watcher.try_send(()), Err(TrySendError::Disconnected(_)))
