@@ -18,6 +18,9 @@
 //!
 //! **Readiness** is being connected to the broker with the lifecycle subscription in place; a
 //! standby (paused) instance is ready: it is doing its job, which is waiting.
+//!
+//! [`MetricsServer`] serves the monitor port: `/metrics` beside the two health routes. It is
+//! here, above both the fleet and the registry, since it answers for both.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
