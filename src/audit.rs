@@ -25,7 +25,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::fleet::{ProvisionOutcome, Source};
 use choria_wire::time::rfc3339_utc;
 
 /// The mode of an audit file the daemon creates (group-readable for shippers, never world).
@@ -42,7 +41,8 @@ pub(crate) const MAX_FIELD_BYTES: usize = 256;
 
 /// The reason of a cycle a `provisioned` event stopped: an event is only a hint (anyone may
 /// publish one), so the node is delayed and verified again, not taken as provisioned.
-const HINTED_ELSEWHERE: &str = "a provisioned event named the node (a hint): stopped before \
+pub(crate) const HINTED_ELSEWHERE: &str =
+    "a provisioned event named the node (a hint): stopped before \
      the next call, verified again after the delay (its provisioned event)";
 
 /// `text` as a line shows it: escaped as the log escapes it, then cut to `max` bytes.
@@ -112,7 +112,7 @@ pub enum Decided {
 /// One cycle's record, filled as the cycle goes.
 #[derive(Debug)]
 pub struct Trail {
-    started: Instant,
+    pub started: Instant,
     pub steps: Vec<StepRecord>,
     pub helper: Option<HelperRecord>,
     pub issued: Issued,
@@ -179,69 +179,10 @@ pub struct AuditLine {
     pub issued: Issued,
 }
 
-impl AuditLine {
-    /// The line for a finished cycle.
-    pub fn new(
-        identity: &str,
-        instance: Instance,
-        found: Source,
-        outcome: &ProvisionOutcome,
-        trail: Trail,
-    ) -> AuditLine {
-        let (outcome, reason) = match (outcome, trail.decided) {
-            (ProvisionOutcome::ShutDown, _) => ("shut_down", None),
-            (ProvisionOutcome::Provisioned { hold: false }, _) => ("upgraded", None),
-            (ProvisionOutcome::Provisioned { hold: true }, _) => ("provisioned", None),
-            (ProvisionOutcome::Failed(err), Decided::Deferred) => {
-                ("deferred", Some(shown(&err.to_string(), MAX_REASON_BYTES)))
-            }
-            (ProvisionOutcome::Failed(err), _) => {
-                ("failed", Some(shown(&err.to_string(), MAX_REASON_BYTES)))
-            }
-            (ProvisionOutcome::OwnedElsewhere, _) => (
-                "owned_elsewhere",
-                Some("another provisioner holds the node's provisioning lock".to_string()),
-            ),
-            (ProvisionOutcome::ProvisionedElsewhere, _) => {
-                ("owned_elsewhere", Some(HINTED_ELSEWHERE.to_string()))
-            }
-            (ProvisionOutcome::Halted, _) => (
-                "halted",
-                Some("paused or stopping before the cycle finished".to_string()),
-            ),
-        };
-        let mut issued = trail.issued;
-        // The helper's version, which may repeat what the node sent.
-        issued.upgrade = issued.upgrade.map(|v| shown(&v, MAX_FIELD_BYTES));
-        AuditLine {
-            time: rfc3339_millis(SystemTime::now()),
-            identity: shown(identity, MAX_FIELD_BYTES),
-            instance,
-            found: match found {
-                Source::Event => "event",
-                Source::Discovery => "discovery",
-            },
-            outcome,
-            reason,
-            duration_ms: millis(trail.started.elapsed()),
-            steps: trail
-                .steps
-                .into_iter()
-                .map(|step| StepRecord {
-                    result: shown(&step.result, MAX_FIELD_BYTES),
-                    ..step
-                })
-                .collect(),
-            helper: trail.helper.map(|helper| HelperRecord {
-                exit: shown(&helper.exit, MAX_FIELD_BYTES),
-                ..helper
-            }),
-            issued,
-        }
-    }
-}
+// `AuditLine::new`, the line for a finished cycle, is in `provision::outcome`: it reads the
+// cycle's outcome, a type of the cycle, which uses this module (so not the other way).
 
-fn millis(duration: Duration) -> u64 {
+pub(crate) fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -372,6 +313,7 @@ fn open_append(path: &Path) -> std::io::Result<Open> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provision::{ProvisionOutcome, Source};
     use std::sync::Arc;
 
     fn line(identity: &str) -> AuditLine {

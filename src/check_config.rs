@@ -29,10 +29,9 @@ use choria_crypto::jwt::{decode_unverified, numeric_date, JwtSigner, VerifyKey};
 use choria_wire::choria_cfg::ClientConfig;
 use choria_wire::time::rfc3339_utc;
 
-use crate::cli::{CheckConfigArgs, Format};
+use crate::cli::{CheckConfigArgs, Format, EXIT_CONFIG, EXIT_FAILURE};
 use crate::client_config;
 use crate::config::Config;
-use crate::daemon::{EXIT_CONFIG, EXIT_FAILURE};
 use crate::provision::CycleSettings;
 
 /// A certificate or token this close to its end is worth a warning.

@@ -125,6 +125,13 @@ impl fmt::Display for CliError {
 
 impl std::error::Error for CliError {}
 
+/// `EX_CONFIG` from sysexits.h: the configuration is wrong, so starting again will not help
+/// (the unit's `RestartPreventExitStatus=`). Go exits 1 for every failure.
+pub const EXIT_CONFIG: i32 = 78;
+
+/// Any other failure to run: systemd may restart us (`Restart=on-failure`).
+pub const EXIT_FAILURE: i32 = 1;
+
 /// A command line that cannot be used (`EX_USAGE`-like; Go's kingpin exits 1).
 pub const EXIT_USAGE: i32 = 2;
 
@@ -136,7 +143,7 @@ impl CliError {
             CliError::NoSuchFile {
                 flag: "--config" | "--choria-config",
                 ..
-            } => crate::daemon::EXIT_CONFIG,
+            } => EXIT_CONFIG,
             _ => EXIT_USAGE,
         }
     }

@@ -22,7 +22,6 @@ use serde_norway::{Mapping, Value};
 use choria_crypto::csr::{DenyList, SanKinds};
 
 use crate::duration;
-use crate::fleet::WorkOrder;
 
 mod yaml;
 
@@ -592,6 +591,18 @@ fn read_helper_mode(keys: &KeyReader) -> Result<HelperMode, ConfigError> {
         Some(mode) if mode.eq_ignore_ascii_case("persistent") => Ok(HelperMode::Persistent),
         Some(_) => Err(keys.invalid("helper_mode", "must be per_node or persistent")),
     }
+}
+
+/// The order workers take queued nodes in (`work_order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WorkOrder {
+    /// First admitted, first provisioned: Go's.
+    #[default]
+    Fifo,
+    /// Any queued node, picked at random (provisioner #167): instances sharing a fleet
+    /// without an election then work on different nodes instead of all racing for the same
+    /// one, and a node another instance reports provisioned is delayed while queued.
+    Random,
 }
 
 /// `work_order`: `fifo` (the default, Go's) or `random`, in any case.

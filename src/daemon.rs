@@ -25,18 +25,19 @@ use choria_broker::listener::{EventListener, NodeHandler};
 use choria_broker::rpc::RpcClient;
 
 use crate::audit::AuditLog;
-use crate::cli::{CheckConfigArgs, Format, RunArgs};
+use crate::cli::{CheckConfigArgs, Format, RunArgs, EXIT_CONFIG, EXIT_FAILURE};
 use crate::client_config::{self, connect_settings_in, LoadError};
 use crate::config::HelperMode;
-use crate::config::{Config, ConfigError};
-use crate::fleet::{Fleet, FleetSettings, FleetThreads, Source, WorkOrder};
-use crate::health::{Health, Monitor, Probe, SystemdNotifier};
-use crate::metrics::{Metrics, MetricsServer};
+use crate::config::{Config, ConfigError, WorkOrder};
+use crate::fleet::{Fleet, FleetSettings, FleetThreads, SHUTDOWN_GRACE};
+use crate::health::{Health, MetricsServer, Monitor, SystemdNotifier};
+use crate::metrics::Metrics;
 use crate::notify;
 use crate::pidfile::{PidFile, PidFileError};
+use crate::probe::Probe;
 use crate::provision::helper::Helper;
 use crate::provision::live::LiveCycle;
-use crate::provision::{Cycle, CycleError, CycleSettings, GraceEnd};
+use crate::provision::{Cycle, CycleError, CycleSettings, GraceEnd, Source};
 use crate::reload::Settings;
 use crate::signals::Signals;
 use choria_broker::clock::{SystemBootClock, SystemClock};
@@ -99,13 +100,6 @@ impl fmt::Display for DaemonError {
     }
 }
 
-/// `EX_CONFIG` from sysexits.h: the configuration is wrong, so starting again will not help
-/// (the unit's `RestartPreventExitStatus=`). Go exits 1 for every failure.
-pub const EXIT_CONFIG: i32 = 78;
-
-/// Any other failure to run: systemd may restart us (`Restart=on-failure`).
-pub const EXIT_FAILURE: i32 = 1;
-
 impl DaemonError {
     /// [`EXIT_CONFIG`] when a file or setting the operator wrote is wrong or unusable (fixing
     /// it is the only cure), else [`EXIT_FAILURE`] (the pid file of a running instance, a
@@ -149,9 +143,6 @@ impl std::error::Error for DaemonError {
         }
     }
 }
-
-/// How long in-flight cycles get to end after SIGINT/SIGTERM.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Sets up `log` as the configuration says (see [`crate::logging`]): Go's JSON lines in a
 /// log file, text on stdout or stderr, or nothing.

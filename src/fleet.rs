@@ -42,41 +42,15 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, never, select, Receiver, Sender, TryRecvError, TrySendError};
 use parking_lot::Mutex;
 
-use crate::health::Probe;
-use crate::metrics::Metrics;
-use crate::provision::ProvisionError;
+pub use crate::config::WorkOrder;
+use crate::metrics::{Metrics, ANSWERED, FORGOTTEN, UNANSWERED};
+use crate::probe::Probe;
+pub use crate::provision::{ProvisionCycle, ProvisionOutcome, Source};
 use choria_broker::clock::Clock;
 use choria_broker::discovery::{DiscoveryError, MAX_NAMED, MAX_NAMED_BYTES};
 use choria_broker::gate::Gate;
 use choria_broker::log_limit;
 use choria_wire::identity::Identity;
-
-/// How one provisioning cycle ended.
-#[derive(Debug)]
-pub enum ProvisionOutcome {
-    /// Provisioned. `hold`: keep the identity known for `release_delay` while the node
-    /// restarts (false after an in-place upgrade, so the next sighting provisions it again).
-    Provisioned { hold: bool },
-    /// Shut down, as the helper asked (a node refusing is logged and carried on from, as in
-    /// Go). Held like a provisioned node; Go's metrics count it as provisioned.
-    ShutDown,
-    /// The node's provisioning lock belongs to another provisioner: done, not an error; the
-    /// node is left to it for the lock window.
-    OwnedElsewhere,
-    /// A `provisioned` event named the node during the cycle, which stopped before its next
-    /// call: the node is delayed once, then verified and provisioned if it still answers.
-    ProvisionedElsewhere,
-    /// The cycle failed; the error names the node, the step and the cause.
-    Failed(ProvisionError),
-    /// The gate closed (paused or stopping) before the cycle finished.
-    Halted,
-}
-
-/// One node's provisioning cycle (the `provision` module implements it).
-pub trait ProvisionCycle: Send + Sync {
-    /// Provisions the node `found` by discovery or an event (the audit trail says which).
-    fn provision(&self, identity: &Identity, found: Source, gate: &Gate) -> ProvisionOutcome;
-}
 
 /// Broadcast discovery (`choria_broker::discovery::Discovery` implements it).
 pub trait Discover: Send + Sync {
@@ -106,13 +80,6 @@ impl Discover for choria_broker::discovery::Discovery {
     ) -> Result<Vec<Identity>, DiscoveryError> {
         choria_broker::discovery::Discovery::discover_named(self, names, gate, answered)
     }
-}
-
-/// Where a sighting came from: it picks the counter of a newly added node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    Discovery,
-    Event,
 }
 
 /// One admission of one identity.
@@ -200,14 +167,6 @@ pub const VERIFY_GAP: Duration = Duration::from_millis(250);
 /// fails and is counted, as in Go), and the waste a flood of silent names causes is bounded
 /// by this many first calls per budgeted worker.
 pub const UNANSWERED_PER_WORKER: usize = 8;
-
-/// `unverified_sightings{result}`: the node answered discovery and was queued.
-pub const ANSWERED: &str = "answered";
-/// `unverified_sightings{result}`: named in a round, did not answer; kept at low priority.
-pub const UNANSWERED: &str = "unanswered";
-/// `unverified_sightings{result}`: did not answer and was forgotten (beyond the bound, or
-/// after a `provisioned` event's delay: taken to be in service).
-pub const FORGOTTEN: &str = "forgotten";
 
 #[derive(Debug)]
 struct Admissions {
@@ -389,18 +348,6 @@ impl Admissions {
             verified: entry.verified,
         })
     }
-}
-
-/// The order workers take queued nodes in (`work_order`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WorkOrder {
-    /// First admitted, first provisioned: Go's.
-    #[default]
-    Fifo,
-    /// Any queued node, picked at random (provisioner #167): instances sharing a fleet
-    /// without an election then work on different nodes instead of all racing for the same
-    /// one, and a node another instance reports provisioned is delayed while queued.
-    Random,
 }
 
 /// What a worker may do with a popped ticket.
@@ -1215,6 +1162,9 @@ fn nanos(duration: Duration) -> u64 {
 /// under the fleet's lock, and the oldest are at the front.
 pub const SWEEP_BATCH: usize = 4096;
 
+/// How long in-flight cycles get to end after SIGINT/SIGTERM.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
 /// The most workers the configuration allows (`workers`).
 const MAX_WORKERS: usize = crate::config::limits::WORKERS.1 as usize;
 
@@ -1931,6 +1881,7 @@ fn release_until_stopped(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provision::ProvisionError;
     use choria_broker::clock::ManualClock;
     use std::collections::HashSet;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -18,18 +18,22 @@
 //!
 //! **Readiness** is being connected to the broker with the lifecycle subscription in place; a
 //! standby (paused) instance is ready: it is doing its job, which is waiting.
+//!
+//! [`MetricsServer`] serves the monitor port: `/metrics` beside the two health routes. It is
+//! here, above both the fleet and the registry, since it answers for both.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, never, select, Receiver, Sender};
+use crossbeam_channel::{bounded, select, Sender};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, SHUTDOWN_GRACE};
 use crate::metrics::Metrics;
+use crate::probe::{Beat, Probe, NONE_OPEN};
 use choria_broker::connection::Connection;
 
 /// How often the monitor looks when systemd's watchdog is off (`/livez` is as fresh as this).
@@ -79,73 +83,6 @@ pub struct Health {
     connect_limit: Duration,
     /// The last verdict of the monitor (alive until the first tick says otherwise).
     verdict: Mutex<Liveness>,
-}
-
-/// No question is open.
-const NONE_OPEN: u64 = u64::MAX;
-
-/// One loop's side of the questions: when the open question was asked, in milliseconds since
-/// `Health::started`, or [`NONE_OPEN`]. Only the monitor opens one (after the last was
-/// answered), and only the loop closes it, so the two never race.
-struct Beat {
-    name: String,
-    ask: Sender<()>,
-    open_since_ms: AtomicU64,
-    /// The loop has ended on purpose (shutdown): no longer asked.
-    retired: AtomicBool,
-    /// The loop's probe was dropped without `retire`: its thread is gone.
-    ended: AtomicBool,
-}
-
-/// The loop's end of its questions: put `probe.questions()` in the loop's `select!` and call
-/// `answer` when one arrives.
-pub struct Probe {
-    questions: Receiver<()>,
-    /// Kept so the channel never disconnects (a disconnected receiver would be ready forever
-    /// and spin the loop) whatever happens to the monitor.
-    _ask: Option<Sender<()>>,
-    beat: Option<Arc<Beat>>,
-}
-
-impl Probe {
-    /// A probe nobody asks (tests, and loops of a daemon without health reporting).
-    pub fn idle() -> Probe {
-        Probe {
-            questions: never(),
-            _ask: None,
-            beat: None,
-        }
-    }
-
-    /// The channel questions arrive on.
-    pub fn questions(&self) -> &Receiver<()> {
-        &self.questions
-    }
-
-    /// The loop is alive and listening.
-    pub fn answer(&self) {
-        if let Some(beat) = &self.beat {
-            beat.open_since_ms.store(NONE_OPEN, Ordering::SeqCst);
-        }
-    }
-
-    /// The loop ends on purpose; it is no longer asked.
-    pub fn retire(&self) {
-        if let Some(beat) = &self.beat {
-            beat.retired.store(true, Ordering::SeqCst);
-        }
-    }
-}
-
-impl Drop for Probe {
-    /// A probe goes with its loop's thread; unretired, the loop did not end on purpose.
-    fn drop(&mut self) {
-        if let Some(beat) = &self.beat {
-            if !beat.retired.load(Ordering::SeqCst) {
-                beat.ended.store(true, Ordering::SeqCst);
-            }
-        }
-    }
 }
 
 /// What `/livez` reports.
@@ -244,20 +181,9 @@ impl Health {
 
     /// A loop to watch, by its thread's name.
     pub fn probe(&self, name: &str) -> Probe {
-        let (ask, questions) = bounded::<()>(1);
-        let beat = Arc::new(Beat {
-            name: name.to_string(),
-            ask: ask.clone(),
-            open_since_ms: AtomicU64::new(NONE_OPEN),
-            retired: AtomicBool::new(false),
-            ended: AtomicBool::new(false),
-        });
-        self.beats.lock().push(beat.clone());
-        Probe {
-            questions,
-            _ask: Some(ask),
-            beat: Some(beat),
-        }
+        let (probe, beat) = Probe::watched(name);
+        self.beats.lock().push(beat);
+        probe
     }
 
     /// A connection attempt failed; the next one is coming (progress, not a hang).
@@ -340,8 +266,7 @@ impl Health {
             ),
             Phase::Stopping => format!(
                 "stopping: in-flight nodes get up to {:?}; {} busy workers",
-                crate::daemon::SHUTDOWN_GRACE,
-                r.busy_workers
+                SHUTDOWN_GRACE, r.busy_workers
             ),
             Phase::Running => {
                 let link = if r.connected {
@@ -531,6 +456,60 @@ pub fn tick_for(watchdog: Option<Duration>) -> Duration {
     match watchdog {
         Some(period) => (period / 4).clamp(Duration::from_millis(50), TICK),
         None => TICK,
+    }
+}
+
+/// Serves `GET /metrics` on the daemon's HTTP listener (`crate::http`: bounded requests, a
+/// deadline per connection, several scrapers at once, a shutdown that waits on no client).
+pub struct MetricsServer {
+    server: crate::http::HttpServer,
+    #[cfg_attr(not(test), allow(dead_code))] // read by the HTTP tests
+    pub local_addr: std::net::SocketAddr,
+}
+
+impl MetricsServer {
+    /// Binds `addr` and starts serving `/metrics` alone.
+    #[cfg_attr(not(test), allow(dead_code))] // the daemon serves its health too
+    pub fn start(
+        addr: std::net::SocketAddr,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<MetricsServer> {
+        MetricsServer::start_with_health(addr, metrics, None)
+    }
+
+    /// Binds `addr` and starts serving `/metrics`, and with `health` also `/livez` and
+    /// `/readyz`.
+    pub fn start_with_health(
+        addr: std::net::SocketAddr,
+        metrics: Arc<Metrics>,
+        health: Option<Arc<Health>>,
+    ) -> std::io::Result<MetricsServer> {
+        let routes: crate::http::Routes =
+            Arc::new(
+                move |method: &str, path: &str| match (method, path, &health) {
+                    ("GET", "/metrics", _) => crate::http::Response {
+                        status: 200,
+                        content_type: "text/plain; version=0.0.4; charset=utf-8",
+                        body: metrics.render().into_bytes(),
+                    },
+                    ("GET", "/livez", Some(health)) => health.livez(),
+                    ("GET", "/readyz", Some(health)) => health.readyz(),
+                    (_, "/metrics", _) | (_, "/livez" | "/readyz", Some(_)) => {
+                        crate::http::Response::text(405, "method not allowed\n")
+                    }
+                    _ => crate::http::Response::text(404, "404 page not found\n"),
+                },
+            );
+        // Health answers on a thread of its own, whatever the scrapers do.
+        let server =
+            crate::http::HttpServer::start(addr, "metrics-http", routes, &["/livez", "/readyz"])?;
+        let local_addr = server.local_addr;
+        Ok(MetricsServer { server, local_addr })
+    }
+
+    /// Stops at once, whatever the clients do.
+    pub fn stop(self) {
+        self.server.stop();
     }
 }
 

@@ -28,6 +28,7 @@ mod metrics;
 mod notify;
 mod panics;
 mod pidfile;
+mod probe;
 mod provision;
 mod reload;
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! `choria_provisioner_verification_rounds` and
 //! `choria_provisioner_provisioned_events_overruled` (ours), the `process_*` metrics Go's
 //! default registry
-//! carries; and the tiny HTTP listener that serves them at `/metrics`.
+//! carries. `health::MetricsServer` serves them at `/metrics`.
 //!
 //! Every metric is created at start, at zero, for our `site`, so dashboards see the full set
 //! before the first node arrives. Go's `rpc_time` and `helper_time` are summaries without
@@ -24,6 +24,14 @@ use prometheus::proto::{LabelPair, Metric, MetricFamily, MetricType, Summary};
 use prometheus::{
     Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
 };
+
+/// `unverified_sightings{result}`: the node answered discovery and was queued.
+pub const ANSWERED: &str = "answered";
+/// `unverified_sightings{result}`: named in a round, did not answer; kept at low priority.
+pub const UNANSWERED: &str = "unanswered";
+/// `unverified_sightings{result}`: did not answer and was forgotten (beyond the bound, or
+/// after a `provisioned` event's delay: taken to be in service).
+pub const FORGOTTEN: &str = "forgotten";
 
 /// Label values → (sum, count).
 type Series = BTreeMap<Vec<String>, (f64, u64)>;
@@ -453,11 +461,7 @@ impl Metrics {
             metrics.lock_refusals.with_label_values(&[action.label]);
         }
         metrics.helper_time.touch(&[]);
-        for result in [
-            crate::fleet::ANSWERED,
-            crate::fleet::UNANSWERED,
-            crate::fleet::FORGOTTEN,
-        ] {
+        for result in [ANSWERED, UNANSWERED, FORGOTTEN] {
             metrics.unverified_sightings.with_label_values(&[result]);
         }
         for kind in ["named", "everyone"] {
@@ -482,60 +486,6 @@ impl Metrics {
             log::error!("could not encode metrics: {err}");
         }
         String::from_utf8_lossy(&buf).into_owned()
-    }
-}
-
-/// Serves `GET /metrics` on the daemon's HTTP listener (`crate::http`: bounded requests, a
-/// deadline per connection, several scrapers at once, a shutdown that waits on no client).
-pub struct MetricsServer {
-    server: crate::http::HttpServer,
-    #[cfg_attr(not(test), allow(dead_code))] // read by the HTTP tests
-    pub local_addr: std::net::SocketAddr,
-}
-
-impl MetricsServer {
-    /// Binds `addr` and starts serving `/metrics` alone.
-    #[cfg_attr(not(test), allow(dead_code))] // the daemon serves its health too
-    pub fn start(
-        addr: std::net::SocketAddr,
-        metrics: Arc<Metrics>,
-    ) -> std::io::Result<MetricsServer> {
-        MetricsServer::start_with_health(addr, metrics, None)
-    }
-
-    /// Binds `addr` and starts serving `/metrics`, and with `health` also `/livez` and
-    /// `/readyz` (`crate::health`).
-    pub fn start_with_health(
-        addr: std::net::SocketAddr,
-        metrics: Arc<Metrics>,
-        health: Option<Arc<crate::health::Health>>,
-    ) -> std::io::Result<MetricsServer> {
-        let routes: crate::http::Routes =
-            Arc::new(
-                move |method: &str, path: &str| match (method, path, &health) {
-                    ("GET", "/metrics", _) => crate::http::Response {
-                        status: 200,
-                        content_type: "text/plain; version=0.0.4; charset=utf-8",
-                        body: metrics.render().into_bytes(),
-                    },
-                    ("GET", "/livez", Some(health)) => health.livez(),
-                    ("GET", "/readyz", Some(health)) => health.readyz(),
-                    (_, "/metrics", _) | (_, "/livez" | "/readyz", Some(_)) => {
-                        crate::http::Response::text(405, "method not allowed\n")
-                    }
-                    _ => crate::http::Response::text(404, "404 page not found\n"),
-                },
-            );
-        // Health answers on a thread of its own, whatever the scrapers do.
-        let server =
-            crate::http::HttpServer::start(addr, "metrics-http", routes, &["/livez", "/readyz"])?;
-        let local_addr = server.local_addr;
-        Ok(MetricsServer { server, local_addr })
-    }
-
-    /// Stops at once, whatever the clients do.
-    pub fn stop(self) {
-        self.server.stop();
     }
 }
 

@@ -1,6 +1,6 @@
 //! What a reload (SIGHUP) changes: the settings of both files as `check-config` lists them,
 //! compared with those applied and those the daemon started with. Pure: the daemon applies
-//! the result (`crate::daemon`).
+//! the result (`daemon`).
 //!
 //! Live: what a node's cycle reads at its start (the helper and its mode and timeout, the
 //! deny list, SAN kinds, features, the token, the keys and tokens, RPC timeouts, the audit

@@ -845,7 +845,7 @@ impl Drop for GroupGuard {
 /// group is killed with it, never orphaned.
 #[test]
 fn sigterm_kills_a_helper_still_running_at_the_end_of_the_grace() {
-    // The daemon's grace and the bounded wait after it (daemon::SHUTDOWN_GRACE,
+    // The daemon's grace and the bounded wait after it (fleet::SHUTDOWN_GRACE,
     // fleet::AFTER_GRACE_END), and room for a busy machine.
     const BOUND: Duration = Duration::from_secs(10 + 2 + 10);
     let world = World::new();

@@ -12,7 +12,6 @@ use choria_testkit::NatsServer;
 
 use super::*;
 use crate::fleet::FleetSettings;
-use crate::metrics::MetricsServer;
 
 /// Counts pings and keeps every status, as systemd would see them.
 #[derive(Default)]

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use choria_testkit::vector_path;
 
-use super::{Metrics, MetricsServer};
+use super::Metrics;
+use crate::health::MetricsServer;
 
 fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
     let mut stream = TcpStream::connect(addr).expect("connect to the metrics listener");

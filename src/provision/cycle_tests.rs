@@ -25,9 +25,8 @@ use choria_testkit::{certificates, vector_path};
 use choria_wire::identity::Identity;
 
 use crate::config::Config;
-use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
 use crate::metrics::Metrics;
-use crate::provision::{Cycle, CycleSettings, GraceEnd};
+use crate::provision::{Cycle, CycleSettings, GraceEnd, ProvisionCycle, ProvisionOutcome, Source};
 
 const IDENTITY: &str = "rip.mcollective";
 

@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use super::Cycle;
-use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
+use super::{Cycle, ProvisionCycle, ProvisionOutcome, Source};
 use choria_broker::gate::Gate;
 use choria_wire::identity::Identity;
 

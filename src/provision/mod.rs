@@ -31,6 +31,7 @@ pub mod decision;
 pub mod error;
 pub mod helper;
 pub mod live;
+pub mod outcome;
 pub mod version;
 
 use std::collections::BTreeMap;
@@ -45,7 +46,6 @@ use crate::audit::{
     AuditLine, AuditLog, CertificateRecord, Decided, HelperRecord, Instance, ServerJwtRecord, Trail,
 };
 use crate::config::{Config, HelperMode, JwtCheck, Secret, ServerJwtIssuing, Upgrades};
-use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
 use crate::metrics::Metrics;
 use choria_broker::gate::Gate;
 use choria_broker::rpc::{Action, Challenge, NodeRpc, ReplyWatch, RpcOutcome};
@@ -62,6 +62,7 @@ use helper::{
 };
 
 pub use error::{Failure, JwtFailure, NodeCsrError, ProvisionError, ReplyProblem, RpcFailure};
+pub use outcome::{ProvisionCycle, ProvisionOutcome, Source};
 
 /// Why a [`Cycle`] cannot be built: a file the configuration names cannot be used now. (What
 /// the file must say is `config`'s to check; whether the files it names load is checked here,
@@ -185,7 +186,7 @@ pub struct Cycle {
 /// `provisioned` lifecycle events, which say another provisioner configured a node. Anyone
 /// may publish one, so they are hints: the fleet answers `true` at most once per sighting of
 /// a node (and only within `release_delay` of an event), and the cycle then stops before its
-/// next call; the fleet delays the node and verifies it again (see `crate::fleet`).
+/// next call; the fleet delays the node and verifies it again (see `fleet`).
 pub trait ElsewhereReports: Send + Sync {
     /// Whether an event about `identity` should stop its cycle now.
     fn reported_provisioned(&self, identity: &Identity) -> bool;
