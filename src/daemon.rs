@@ -275,6 +275,9 @@ impl Checked {
         )
         .map_err(DaemonError::ConnectSettings)?;
         let cycle_settings = CycleSettings::new(config).map_err(DaemonError::Cycle)?;
+        for warning in CycleSettings::missing_key_files(config) {
+            log::warn!("{warning}");
+        }
         let audit = match &config.audit_file {
             Some(path) => {
                 let log = AuditLog::open(path).map_err(|source| DaemonError::AuditFile {
@@ -855,6 +858,8 @@ impl Started {
         };
 
         let mut cycle_settings = CycleSettings::new(&config).map_err(|e| e.to_string())?;
+        let mut warnings = warnings;
+        warnings.extend(CycleSettings::missing_key_files(&config));
         // The election is fixed at start; the audit says whether we led as it did.
         cycle_settings.leader_election = self.config.leader_election;
         let current = live.current();
