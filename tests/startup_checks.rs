@@ -162,6 +162,19 @@ fn configurations_the_go_daemon_starts_with_start_here_or_are_refused_and_check_
     // (case, YAML after the insecure base, Ok(a warning's words) or Err(the error's words))
     type Case = (&'static str, String, Result<&'static str, &'static str>);
     let cases: Vec<Case> = vec![
+        // Go's packaged sample (packager/templates/el/global/choria-provisioner.yaml), logging
+        // to stderr, where the test reads, its helper /bin/true and no monitor port (8080 may
+        // be taken); its `choria_insecure: true` is the base's: its jwt-verify.pem is not
+        // shipped, so it starts, warned.
+        (
+            "Go's packaged sample",
+            "workers: 4\ninterval: 5m\nlogfile: stderr\nloglevel: info\nhelper: /bin/true\n\
+             token: toomanysecrets\nsite: TEST\n\
+             jwt_verify_cert: /etc/choria-provisioner/jwt-verify.pem\n\
+             features:\n  pki: true\n  jwt: true\n"
+                .into(),
+            Ok("jwt_verify_cert /etc/choria-provisioner/jwt-verify.pem: no such file"),
+        ),
         (
             "no helper",
             "token: x\n".into(),
