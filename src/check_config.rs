@@ -189,8 +189,11 @@ pub fn check(args: &CheckConfigArgs) -> Report {
         }
         report.check_helper(config);
         // The same check `run` makes before it connects.
-        if let Err(err) = CycleSettings::new(config) {
-            report.errors.push(err.to_string());
+        match CycleSettings::new(config) {
+            Ok(_) => report
+                .warnings
+                .extend(CycleSettings::missing_key_files(config)),
+            Err(err) => report.errors.push(err.to_string()),
         }
         report.describe_jwt_files(config, now);
     }

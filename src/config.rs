@@ -96,7 +96,8 @@ pub mod limits {
     /// `reply_grace` (0: the first reply is believed at once, as Go; each node's cycle is
     /// longer by up to this, so a minute is more than any network needs).
     pub const REPLY_GRACE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(60));
-    /// `server_jwt_validity` (0 or unset: a year, as Go).
+    /// `server_jwt_validity` (unset or blank: a year, as Go; 0 is refused with
+    /// `features.ed25519`, whose every node Go fails with it).
     pub const SERVER_JWT_VALIDITY: (Duration, Duration) =
         (Duration::ZERO, Duration::from_secs(100 * 365 * DAY));
     /// `max_reply_size`, bytes: from the largest small reply (a CSR, about 4 KiB on the
@@ -339,6 +340,8 @@ pub enum ConfigError {
     Missing {
         path: PathBuf,
         key: String,
+        /// What the key is for and what to do.
+        hint: &'static str,
     },
     /// A key a switched-on feature needs is unset.
     NeededBy {
@@ -382,12 +385,14 @@ impl fmt::Display for ConfigError {
             } => {
                 write!(f, "{}: key {key}: value {value}: {reason}", path.display())
             }
-            ConfigError::Missing { path, key } => {
-                write!(f, "{}: key {key} is required", path.display())
+            ConfigError::Missing { path, key, hint } => {
+                write!(f, "{}: key {key} is required: {hint}", path.display())
             }
             ConfigError::NeededBy { path, key, feature } => write!(
                 f,
-                "{}: {key} must be set when {feature} is enabled",
+                "{}: {key} must be set when {feature} is enabled: without it every node \
+                 fails (the Go daemon starts, then fails each node for want of it); set \
+                 {key}, or turn {feature} off",
                 path.display()
             ),
         }
@@ -498,6 +503,22 @@ impl Config {
     }
 }
 
+/// Whether `component` can be the last token of a NATS subject: no white space or control
+/// character (the rest, `.`, `>` and `*`, the configuration refuses).
+fn component_is_subject_token(component: &str) -> bool {
+    !component
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control())
+}
+
+impl Config {
+    /// Whether the lifecycle listener can subscribe: `lifecycle_component` fits a NATS
+    /// subject. When it does not, the daemon finds nodes by discovery only, as Go ends up.
+    pub fn listens_for_events(&self) -> bool {
+        component_is_subject_token(&self.lifecycle_component)
+    }
+}
+
 /// The work section: threads, the schedule, the queue and the helper.
 struct Work {
     workers: usize,
@@ -511,13 +532,39 @@ struct Work {
 }
 
 fn read_work(keys: &KeyReader) -> Result<Work, ConfigError> {
-    let workers =
-        match keys.uint_within("workers", 0, limits::WORKERS, " (0: one per CPU)")? as usize {
-            0 => std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-            workers => workers,
-        };
+    // Go starts no worker for a negative number (its loop never runs), so such a daemon
+    // discovers nodes and provisions none. We read it as 0, one per CPU, and say so: the
+    // upgraded service then works instead of holding its nodes for ever.
+    let negative =
+        matches!(keys.get("workers"), Some(Value::Number(n)) if n.as_i64().is_some_and(|n| n < 0));
+    if negative {
+        keys.note(format!(
+            "{}: key workers: {} is read as 0, one worker per CPU (the Go daemon starts no \
+             worker with a negative number and provisions nothing); write 0 or a count",
+            keys.path.display(),
+            keys.get("workers").map(render).unwrap_or_default()
+        ));
+    }
+    let configured = if negative {
+        0
+    } else {
+        keys.uint_within("workers", 0, limits::WORKERS, " (0: one per CPU)")?
+    };
+    let workers = match configured as usize {
+        0 => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        workers => workers,
+    };
+    // Go refuses an empty interval (`choria.ParseDuration("")`); for us blank is unset, as it
+    // is for every other duration, Go's own `server_jwt_validity` included.
+    if matches!(keys.get("interval"), Some(Value::String(s)) if s.trim().is_empty()) {
+        keys.note(format!(
+            "{}: key interval: an empty value is read as the default 1m (the Go daemon refuses \
+             it); write a duration such as 5m or remove the key",
+            keys.path.display()
+        ));
+    }
     let interval = keys.duration("interval", "1m")?;
     if interval < Duration::from_secs(60) {
         return Err(keys.invalid(
@@ -546,6 +593,9 @@ fn read_work(keys: &KeyReader) -> Result<Work, ConfigError> {
             return Err(ConfigError::Missing {
                 path: keys.path.to_path_buf(),
                 key: "helper".into(),
+                hint: "it is the program that answers for each node; without it every node \
+                       fails (the Go daemon starts, then fails each node with \"cannot parse \
+                       helper command: empty\"); set helper: /path/to/helper",
             })
         }
     };
@@ -680,13 +730,25 @@ fn read_broker(keys: &KeyReader) -> Result<Broker, ConfigError> {
     let lifecycle_component = keys
         .optional_string("lifecycle_component")?
         .unwrap_or_else(|| "provision_mode_server".to_string());
-    // The component goes into a NATS subject: these would widen the subscription.
-    if lifecycle_component.contains(['.', '>', '*'])
-        || lifecycle_component.contains(char::is_whitespace)
-    {
+    // The component goes into a NATS subject: these would widen the subscription (Go
+    // refuses them too).
+    if lifecycle_component.contains(['.', '>', '*']) {
         return Err(keys.invalid(
             "lifecycle_component",
-            "must not contain '.', '>', '*' or spaces because it is part of a NATS subject",
+            "must not contain '.', '>' or '*' because it is part of a NATS subject",
+        ));
+    }
+    // Go starts with a space in it, but nats.go refuses the subscription ("invalid
+    // subject"), so it hears no startup event and finds nodes by discovery only. We start the
+    // same way, never sending such a subject, and say so.
+    if !component_is_subject_token(&lifecycle_component) {
+        keys.note(format!(
+            "{}: key lifecycle_component: {:?} holds white space or control characters, so no \
+             NATS subject can carry it: no startup event is listened for and nodes are found by \
+             discovery every interval only (the Go daemon does the same after its subscription \
+             fails); remove them to hear the nodes' startup events",
+            keys.path.display(),
+            lifecycle_component
         ));
     }
     // Accepted for compatibility: checked for type, then unused.
@@ -773,6 +835,17 @@ fn read_security(keys: &KeyReader, warnings: &mut Vec<String>) -> Result<Securit
     };
     let validity = keys.duration("server_jwt_validity", "1y")?;
     keys.within("server_jwt_validity", validity, limits::SERVER_JWT_VALIDITY)?;
+    // Go takes an explicit 0 as no validity and fails every node after its helper ran ("no
+    // default validity configured"); turning it into a year would issue credentials far
+    // longer-lived than written. Refused, then, where it would be used.
+    if validity.is_zero() && features.ed25519 {
+        return Err(keys.invalid(
+            "server_jwt_validity",
+            "with features.ed25519 every server JWT would be valid for no time, so every node \
+             would fail (the Go daemon starts, then fails each node with \"no default validity \
+             configured\"); write a duration such as 1y, or remove the key for the default 1y",
+        ));
+    }
     let validity = match validity {
         zero if zero.is_zero() => {
             duration::parse("1y").unwrap_or(Duration::from_secs(365 * 24 * 3600))
@@ -1011,6 +1084,14 @@ impl<'a> KeyReader<'a> {
 
     fn get(&self, key: &str) -> Option<&Value> {
         self.mapping.get(key).filter(|v| !v.is_null())
+    }
+
+    /// A warning made while reading, once.
+    fn note(&self, note: String) {
+        let mut notes = self.notes.borrow_mut();
+        if !notes.contains(&note) {
+            notes.push(note);
+        }
     }
 
     /// Every key set to something other than null, and `features.<name>` for each feature.
@@ -1623,7 +1704,6 @@ features:
                 "helper: h\nwork_order: lifo",
                 &["work_order", "lifo", "fifo or random"],
             ),
-            ("helper: h\nworkers: -1", &["workers", "-1"]),
             ("helper: h\nmonitor_port: 70000", &["monitor_port", "70000"]),
             (
                 "helper: h\nmonitor_address: localhost.example",
@@ -1683,6 +1763,92 @@ features:
                 );
             }
         }
+    }
+
+    /// The issue #26 cases, each as decided: where Go starts and can serve a node (or could,
+    /// once a file appears) we start, warning; where Go starts but fails every node for want
+    /// of a setting only an edit gives, we refuse naming the setting and the fix. And the two
+    /// Go refuses: a blank interval is the default here, warned; `server_jwt_validity: 0s` is
+    /// refused where it would be used.
+    #[test]
+    fn configurations_the_go_daemon_starts_with_start_or_are_refused_naming_the_fix() {
+        // (case, yaml, Ok(the warning's words) or Err(the error's words))
+        type Case = (
+            &'static str,
+            &'static str,
+            Result<&'static [&'static str], &'static [&'static str]>,
+        );
+        #[rustfmt::skip]
+        let cases: &[Case] = &[
+            ("no helper", "token: x\n",
+             Err(&["/etc/test.yaml", "key helper is required", "every node fails", "set helper: /path/to/helper"])),
+            ("blank helper", "helper: ' '\n", Err(&["key helper is required"])),
+            ("jwt without jwt_verify_cert", "helper: h\nfeatures: {jwt: true}\n",
+             Err(&["/etc/test.yaml", "jwt_verify_cert must be set when features.jwt is enabled",
+                   "every node fails", "set jwt_verify_cert, or turn features.jwt off"])),
+            ("ed25519 without jwt_signing_key", "helper: h\nfeatures: {ed25519: true}\njwt_verify_cert: v\n",
+             Err(&["jwt_signing_key must be set when features.ed25519", "every node fails"])),
+            ("negative workers", "helper: h\nworkers: -1\n",
+             Ok(&["/etc/test.yaml", "key workers: -1 is read as 0, one worker per CPU", "provisions nothing"])),
+            ("very negative workers", "helper: h\nworkers: -9223372036854775808\n",
+             Ok(&["key workers: -9223372036854775808 is read as 0"])),
+            ("lifecycle_component with a space", "helper: h\nlifecycle_component: provision mode\n",
+             Ok(&["/etc/test.yaml", "lifecycle_component", "\"provision mode\"",
+                  "nodes are found by discovery every interval only"])),
+            ("lifecycle_component with a tab", "helper: h\nlifecycle_component: \"a\\tb\"\n",
+             Ok(&["\"a\\tb\"", "no startup event is listened for"])),
+            ("blank interval", "helper: h\ninterval: ''\n",
+             Ok(&["/etc/test.yaml", "key interval: an empty value is read as the default 1m",
+                  "the Go daemon refuses it"])),
+            ("zero server_jwt_validity with ed25519",
+             "helper: h\nfeatures: {ed25519: true}\njwt_verify_cert: v\njwt_signing_key: k\nserver_jwt_validity: 0s\n",
+             Err(&["/etc/test.yaml", "server_jwt_validity", "0s", "valid for no time",
+                   "no default validity configured", "write a duration such as 1y"])),
+            ("zero server_jwt_validity unused", "helper: h\nserver_jwt_validity: 0s\n", Ok(&[])),
+        ];
+        for (case, yaml, want) in cases {
+            match (parse(yaml), want) {
+                (Ok((config, warnings)), Ok(needles)) => {
+                    let said = warnings.join("\n");
+                    assert_eq!(
+                        warnings.len(),
+                        usize::from(!needles.is_empty()),
+                        "{case}: {said}"
+                    );
+                    for needle in *needles {
+                        assert!(said.contains(needle), "{case}: {said:?} lacks {needle:?}");
+                    }
+                    assert!(config.workers >= 1, "{case}");
+                }
+                (Err(err), Err(needles)) => {
+                    let err = err.to_string();
+                    for needle in *needles {
+                        assert!(err.contains(needle), "{case}: {err:?} lacks {needle:?}");
+                    }
+                }
+                (got, want) => panic!("{case}: got {got:?}, want {want:?}"),
+            }
+        }
+        // What each start then does: workers as 0 would, the interval as unset, events off.
+        let (auto, _) = parse("helper: h\nworkers: 0\n").unwrap();
+        let (negative, _) = parse("helper: h\nworkers: -1\n").unwrap();
+        assert_eq!(negative.workers, auto.workers);
+        let (blank, _) = parse("helper: h\ninterval: ''\n").unwrap();
+        assert_eq!(blank.interval, Duration::from_secs(60));
+        let (spaced, _) = parse("helper: h\nlifecycle_component: provision mode\n").unwrap();
+        assert_eq!(spaced.lifecycle_component, "provision mode");
+        assert!(!spaced.listens_for_events());
+        let (plain, _) = parse("helper: h\n").unwrap();
+        assert!(plain.listens_for_events());
+        // Without ed25519 a zero validity is unused; a blank one is Go's default year.
+        let (blank_validity, _) = parse(
+            "helper: h\nfeatures: {ed25519: true}\njwt_verify_cert: v\njwt_signing_key: k\nserver_jwt_validity: ''\n",
+        )
+        .unwrap();
+        assert_eq!(
+            blank_validity.server_jwt.map(|s| s.validity),
+            Some(Duration::from_secs(365 * 24 * 3600))
+        );
     }
 
     /// Go takes any number; a huge one here would start a thread per unit, allocate the queue

@@ -266,6 +266,9 @@ impl Checked {
         )
         .map_err(DaemonError::ConnectSettings)?;
         let cycle_settings = CycleSettings::new(config).map_err(DaemonError::Cycle)?;
+        for warning in CycleSettings::missing_key_files(config) {
+            log::warn!("{warning}");
+        }
         let audit = match &config.audit_file {
             Some(path) => {
                 let log = AuditLog::open(path).map_err(|source| DaemonError::AuditFile {
@@ -584,6 +587,35 @@ impl Started {
                 hinted.provisioned_elsewhere(identity);
             }) as NodeHandler
         });
+        if !self.config.listens_for_events() {
+            // Discovery only, as Go ends up (the configuration's warning said why); ready all
+            // the same, since discovery serves every node.
+            log::warn!(
+                "not listening for startup events: lifecycle_component {:?} cannot be part of a \
+                 NATS subject; nodes are found by discovery every {}",
+                self.config.lifecycle_component,
+                crate::config::limits::show(self.config.interval)
+            );
+            self.health.set_subscribed(true);
+        } else {
+            self.start_listener(conn, admitting, provisioned)?;
+        }
+        // Our startup event, and the watch for another process announcing our identity
+        // (which would defeat the nodes' locks and the election alike).
+        match TwinWatch::start(conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
+            Ok(watch) => self.twins = Some(watch),
+            Err(err) => log::warn!("could not publish our startup event: {err}"),
+        }
+        Ok(())
+    }
+
+    /// The lifecycle listener on `lifecycle_component`'s subject.
+    fn start_listener(
+        &mut self,
+        conn: &Connection,
+        admitting: Arc<Fleet>,
+        provisioned: Option<NodeHandler>,
+    ) -> Result<(), DaemonError> {
         let listener = EventListener::start(
             conn,
             &self.config.lifecycle_component,
@@ -597,12 +629,6 @@ impl Started {
         .map_err(DaemonError::Listener)?;
         self.listener = Some(listener);
         self.health.set_subscribed(true);
-        // Our startup event, and the watch for another process announcing our identity
-        // (which would defeat the nodes' locks and the election alike).
-        match TwinWatch::start(conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
-            Ok(watch) => self.twins = Some(watch),
-            Err(err) => log::warn!("could not publish our startup event: {err}"),
-        }
         Ok(())
     }
 
@@ -823,6 +849,8 @@ impl Started {
         };
 
         let mut cycle_settings = CycleSettings::new(&config).map_err(|e| e.to_string())?;
+        let mut warnings = warnings;
+        warnings.extend(CycleSettings::missing_key_files(&config));
         // The election is fixed at start; the audit says whether we led as it did.
         cycle_settings.leader_election = self.config.leader_election;
         let current = live.current();
@@ -1077,21 +1105,39 @@ mod tests {
     /// fleet or the health, the HTTP port is closed and so is the connection. The listener's
     /// subscription refused (it comes before the fleet's threads, so that the first discovery
     /// never goes out unheard) leaves the monitor, `/metrics` and the connection to clean up;
-    /// a full start leaves the fleet's threads, the rediscovery and the listener too.
+    /// a full start leaves the fleet's threads, the rediscovery and the listener too. A
+    /// `lifecycle_component` no subject can carry starts as Go ends up: no listener, the
+    /// rest running and ready (discovery serves every node).
     #[test]
     fn whatever_ends_a_start_leaves_nothing_running_once_the_owner_drops() {
+        #[derive(PartialEq)]
+        enum Start {
+            Refused,
+            Full,
+            DiscoveryOnly,
+        }
         let server = choria_testkit::NatsServer::start().expect("a private nats-server");
-        for refused in [true, false] {
+        for start in [Start::Refused, Start::Full, Start::DiscoveryOnly] {
             let port = choria_testkit::free_port().expect("a free port");
+            let component = match start {
+                Start::DiscoveryOnly => "lifecycle_component: \"provision mode\"\n",
+                _ => "",
+            };
             let yaml = format!(
-                "helper: /bin/true\nworkers: 2\nmonitor_port: {port}\nmonitor_address: 127.0.0.1\n"
+                "helper: /bin/true\nworkers: 2\nmonitor_port: {port}\nmonitor_address: 127.0.0.1\n{component}"
             );
-            let (mut config, _) = Config::parse(std::path::Path::new("t.yaml"), &yaml).unwrap();
-            if refused {
-                // Refused by the connection's subject check when the listener subscribes: a
-                // way for a step to fail that the configuration's own checks would not let
-                // through.
-                config.lifecycle_component = "bad component".into();
+            let (mut config, warnings) =
+                Config::parse(std::path::Path::new("t.yaml"), &yaml).unwrap();
+            assert_eq!(
+                warnings.iter().any(|w| w.contains("lifecycle_component")),
+                start == Start::DiscoveryOnly,
+                "{warnings:?}"
+            );
+            if start == Start::Refused {
+                // Refused by the connection's subject check when the listener subscribes
+                // (an empty token): a way for a step to fail that the configuration's own
+                // checks would not let through.
+                config.lifecycle_component = "bad..component".into();
             }
             let settings =
                 ConnectSettings::insecure(&server.url(), "owner-test", Duration::from_secs(1));
@@ -1112,14 +1158,23 @@ mod tests {
 
             let work =
                 started.start_work(&settings, cycle_settings, None, GraceEnd::new().unwrap());
-            if refused {
-                let err = work.expect_err("the listener's subscription is refused");
-                assert!(matches!(err, DaemonError::Listener(_)), "{err}");
-                assert!(started.threads.is_none(), "started past the refusal");
-            } else {
-                work.expect("a full start");
-                assert!(started.threads.is_some(), "the fleet's threads run");
-                assert!(started.rediscovery.is_some() && started.listener.is_some());
+            match start {
+                Start::Refused => {
+                    let err = work.expect_err("the listener's subscription is refused");
+                    assert!(matches!(err, DaemonError::Listener(_)), "{err}");
+                    assert!(started.threads.is_none(), "started past the refusal");
+                }
+                Start::Full => {
+                    work.expect("a full start");
+                    assert!(started.threads.is_some(), "the fleet's threads run");
+                    assert!(started.rediscovery.is_some() && started.listener.is_some());
+                }
+                Start::DiscoveryOnly => {
+                    work.expect("a start without the listener");
+                    assert!(started.threads.is_some() && started.rediscovery.is_some());
+                    assert!(started.listener.is_none(), "no subject to listen on");
+                    assert!(started.health.readiness().ready, "discovery serves");
+                }
             }
             drop(started);
 

@@ -389,3 +389,61 @@ fn helpers_start_with_no_signal_blocked() {
     sim.stop();
     provisioner.stop();
 }
+
+/// A reload takes what a start takes and refuses what a start refuses (issue #26): a
+/// negative `workers` and a `jwt_verify_cert` not there yet change live with their warnings,
+/// `server_jwt_validity: 0s` with ed25519 is refused naming it and changes nothing.
+#[test]
+fn a_reload_takes_and_refuses_what_a_start_does() {
+    // Other than one per CPU, so that -1 (read as 0) changes the count.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = format!("workers: {}", cpus + 1);
+    let world = World::new();
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!("{}token: {TOKEN}\n{workers}\n", yaml_helper("/bin/true")),
+            ..Default::default()
+        },
+    );
+
+    let later = world.path("later/verify.pem").display().to_string();
+    rewrite(
+        &world,
+        &provisioner,
+        &workers,
+        &format!("workers: -1\nfeatures:\n  jwt: true\njwt_verify_cert: {later}"),
+    );
+    let metrics = reload_and_wait(&provisioner, 1.0, 0.0);
+    assert_eq!(metrics.get("choria_provisioner_config_generation"), 2.0);
+    let log = provisioner.log();
+    for needle in [
+        "key workers: -1 is read as 0, one worker per CPU",
+        &format!("jwt_verify_cert {later}: no such file"),
+        "changed live: features.jwt, jwt_verify_cert, workers",
+    ] {
+        assert!(log.contains(needle), "{needle:?} not in\n{log}");
+    }
+
+    rewrite(
+        &world,
+        &provisioner,
+        "features:\n  jwt: true",
+        &format!(
+            "server_jwt_validity: 0s\njwt_signing_key: {}\nfeatures:\n  ed25519: true",
+            world.path("later/signer.seed").display()
+        ),
+    );
+    let metrics = reload_and_wait(&provisioner, 1.0, 1.0);
+    assert_eq!(metrics.get("choria_provisioner_config_generation"), 2.0);
+    let log = provisioner.log();
+    let refused = log
+        .lines()
+        .find(|l| l.contains("reload refused, nothing changed"))
+        .unwrap_or_else(|| panic!("no refusal in\n{log}"));
+    assert!(
+        refused.contains("server_jwt_validity") && refused.contains("valid for no time"),
+        "{refused}"
+    );
+    provisioner.stop();
+}

@@ -82,3 +82,175 @@ fn with_the_broker_down_an_unusable_file_ends_the_start_at_once_naming_it() {
         assert!(!stderr.contains("panicked"), "{what}: {stderr}");
     }
 }
+
+/// How `run` ended up, against a broker that is down.
+#[derive(Debug)]
+enum Start {
+    /// Still running (retrying the broker) with `needle` in its stderr: it started.
+    Running(String),
+    /// Exited with this code and stderr.
+    Exited(i32, String),
+}
+
+/// Runs `run` in `dir` with `yaml` and the broker down, until it exits or its stderr holds
+/// `needle` while it runs; bounded by [`START_LIMIT`].
+fn start_with_broker_down(dir: &Path, yaml: &str, needle: &str) -> Option<Start> {
+    std::fs::write(dir.join("p.yaml"), yaml).unwrap();
+    std::fs::write(
+        dir.join("c.cfg"),
+        "plugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
+    )
+    .unwrap();
+    let stderr_path = dir.join("stderr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_choria-provisioner"))
+        .args(["run", "--config", "p.yaml", "--choria-config", "c.cfg"])
+        .current_dir(dir)
+        .env("HOME", dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .expect("the binary starts");
+    let deadline = std::time::Instant::now() + START_LIMIT;
+    let started = loop {
+        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        if let Some(status) = wait_exit(&mut child, Duration::from_millis(100)) {
+            let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+            break Some(Start::Exited(status.code().unwrap_or(-1), stderr));
+        }
+        if !needle.is_empty() && stderr.contains(needle) {
+            break Some(Start::Running(stderr));
+        }
+        if std::time::Instant::now() > deadline {
+            break None;
+        }
+    };
+    kill_and_reap(&mut child);
+    started
+}
+
+/// `check-config` on the same files: its exit code and its text.
+fn check_config(dir: &Path) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_choria-provisioner"))
+        .args([
+            "check-config",
+            "--config",
+            "p.yaml",
+            "--choria-config",
+            "c.cfg",
+        ])
+        .current_dir(dir)
+        .env("HOME", dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("check-config runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// The configurations of issue #26 that the Go daemon starts with (and the two it refuses),
+/// each as decided: the real binary starts with a warning naming the setting, or refuses at
+/// once (78) naming it and the fix, and `check-config` says the same (0 with the warning, or
+/// 78 with the error), so an upgrade's `try-restart` and an operator's check agree.
+#[test]
+fn configurations_the_go_daemon_starts_with_start_here_or_are_refused_and_check_config_agrees() {
+    const ORG: &str = "3899a8bb4b6e6e09c91c27f28f086f0b40f1d3091a8c83c07320bc6cfdf67730";
+    // (case, YAML after the insecure base, Ok(a warning's words) or Err(the error's words))
+    type Case = (&'static str, String, Result<&'static str, &'static str>);
+    let cases: Vec<Case> = vec![
+        // Go's packaged sample (packager/templates/el/global/choria-provisioner.yaml), logging
+        // to stderr, where the test reads, its helper /bin/true and no monitor port (8080 may
+        // be taken); its `choria_insecure: true` is the base's: its jwt-verify.pem is not
+        // shipped, so it starts, warned.
+        (
+            "Go's packaged sample",
+            "workers: 4\ninterval: 5m\nlogfile: stderr\nloglevel: info\nhelper: /bin/true\n\
+             token: toomanysecrets\nsite: TEST\n\
+             jwt_verify_cert: /etc/choria-provisioner/jwt-verify.pem\n\
+             features:\n  pki: true\n  jwt: true\n"
+                .into(),
+            Ok("jwt_verify_cert /etc/choria-provisioner/jwt-verify.pem: no such file"),
+        ),
+        (
+            "no helper",
+            "token: x\n".into(),
+            Err("key helper is required"),
+        ),
+        (
+            "jwt without jwt_verify_cert",
+            "helper: /bin/true\nfeatures:\n  jwt: true\n".into(),
+            Err("jwt_verify_cert must be set when features.jwt is enabled"),
+        ),
+        (
+            "a jwt_verify_cert not there yet",
+            "helper: /bin/true\nfeatures:\n  jwt: true\njwt_verify_cert: ./later/verify.pem\n"
+                .into(),
+            Ok("jwt_verify_cert ./later/verify.pem: no such file"),
+        ),
+        (
+            "a jwt_signing_key not there yet",
+            format!(
+                "helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG}\n\
+                 jwt_signing_key: ./later/signer.seed\n"
+            ),
+            Ok("jwt_signing_key ./later/signer.seed: no such file"),
+        ),
+        (
+            "negative workers",
+            "helper: /bin/true\nworkers: -1\n".into(),
+            Ok("key workers: -1 is read as 0, one worker per CPU"),
+        ),
+        (
+            "a lifecycle_component with a space",
+            "helper: /bin/true\nlifecycle_component: provision mode\n".into(),
+            Ok("nodes are found by discovery every interval only"),
+        ),
+        (
+            "a blank interval",
+            "helper: /bin/true\ninterval: ''\n".into(),
+            Ok("key interval: an empty value is read as the default 1m"),
+        ),
+        (
+            "server_jwt_validity 0s with ed25519",
+            format!(
+                "helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG}\n\
+                 jwt_signing_key: ./later/signer.seed\nserver_jwt_validity: 0s\n"
+            ),
+            Err("server_jwt_validity"),
+        ),
+    ];
+    for (case, extra, want) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = format!("choria_insecure: true\n{extra}");
+        // A refusal is waited for as an exit; a start, by its warning.
+        let needle: &str = want.unwrap_or_default();
+        let Some(start) = start_with_broker_down(dir.path(), &yaml, needle) else {
+            panic!("{case}: neither refused nor warned within {START_LIMIT:?}");
+        };
+        let (code, report) = check_config(dir.path());
+        match (want, start) {
+            (Ok(needle), Start::Running(stderr)) => {
+                assert!(!stderr.contains("error"), "{case}: {stderr}");
+                assert_eq!(
+                    code, 0,
+                    "{case}: check-config refuses what run starts: {report}"
+                );
+                assert!(report.contains(needle), "{case}: {report} lacks {needle:?}");
+            }
+            (Err(needle), Start::Exited(got, stderr)) => {
+                assert_eq!(got, 78, "{case}: {stderr}");
+                assert!(stderr.contains(needle), "{case}: {stderr} lacks {needle:?}");
+                assert_eq!(
+                    code, 78,
+                    "{case}: check-config passes what run refuses: {report}"
+                );
+                assert!(report.contains(needle), "{case}: {report} lacks {needle:?}");
+            }
+            (want, start) => panic!("{case}: want {want:?}, got {start:?}"),
+        }
+    }
+}

@@ -412,6 +412,8 @@ fn with(answer: Value, extra: Value) -> Value {
 /// One prepared run: a temp dir with the helper, its answer and a record of its stdin.
 struct Harness {
     _dir: tempfile::TempDir,
+    /// What `cycle` was built from, for a test to build another from.
+    config: Config,
     stdin_record: PathBuf,
     node: Arc<ScriptedNode>,
     metrics: Arc<Metrics>,
@@ -479,6 +481,7 @@ fn harness_with_helper(
     let cycle = Cycle::new(settings, node.clone(), metrics.clone());
     Harness {
         _dir: dir,
+        config,
         stdin_record,
         node,
         metrics,
@@ -1383,15 +1386,19 @@ fn an_empty_configuration_fails_configure_as_one_rpc_error_without_a_request() {
 fn settings_a_feature_needs_are_checked_when_the_cycle_is_built() {
     let expired_token = vector_file("generated/expired-chain-issuer-client.jwt");
     let seed = vector_file("tokens/testdata/ed25519/other.seed");
-    let other_public = vector_file("tokens/testdata/ed25519/other.public");
+    // There but not a signing key (one not there is a warning: see
+    // `missing_key_files_start_with_a_warning_and_fail_each_node_until_they_appear`).
+    let not_a_seed = vector_file("tokens/testdata/rsa/signer-public.pem");
     // (yaml, substring of the error). An unset key is the configuration's to refuse; a key
     // file that does not load is refused when the cycle's settings are taken.
     let cases: Vec<(String, &str)> = vec![
         ("helper: /bin/true\nfeatures:\n  jwt: true\n".into(), "jwt_verify_cert must be set"),
-        ("helper: /bin/true\nfeatures:\n  jwt: true\njwt_verify_cert: nothex\n".into(), "jwt_verify_cert"),
+        // Hex digits are the key itself, too short here; a value naming no file is a
+        // warning instead (`missing_key_files_start_with_a_warning_and_fail_each_node`).
+        ("helper: /bin/true\nfeatures:\n  jwt: true\njwt_verify_cert: abcd\n".into(), "jwt_verify_cert"),
         (format!("helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER}\n"), "jwt_signing_key must be set"),
         (format!("helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER}\njwt_signing_key: {seed}\njwt_signing_token: {expired_token}\n"), "jwt_signing_key/jwt_signing_token"),
-        (format!("helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER}\njwt_signing_key: {other_public}x\n"), "jwt_signing_key/jwt_signing_token"),
+        (format!("helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER}\njwt_signing_key: {not_a_seed}\n"), "jwt_signing_key/jwt_signing_token"),
     ];
     for (yaml, want) in cases {
         let refused = match Config::parse(Path::new("/etc/p.yaml"), &yaml) {
@@ -1403,6 +1410,89 @@ fn settings_a_feature_needs_are_checked_when_the_cycle_is_built() {
         };
         assert!(refused.contains(want), "{yaml}: {refused}");
         assert!(refused.contains("/etc/p.yaml"), "{yaml}: {refused}");
+    }
+}
+
+/// Go starts with a key file that is not there and reads it for each node: so do we, with a
+/// warning naming it at start; each node fails naming it until it appears, and the next node
+/// after that is provisioned, with no restart.
+#[test]
+fn missing_key_files_start_with_a_warning_and_fail_each_node_until_they_appear() {
+    for (mode, setting) in [
+        (Mode::Jwt, "jwt_verify_cert"),
+        (Mode::Ed25519, "jwt_signing_key"),
+        (Mode::Ed25519, "jwt_signing_token"),
+    ] {
+        let h = harness(mode, "", &configuration_answer(), &[]);
+        let later = tempfile::tempdir().expect("tempdir");
+        let missing = later.path().join("not-yet").join(setting);
+        let mut config = h.config.clone();
+        let present = match (setting, config.jwt.as_mut(), config.server_jwt.as_mut()) {
+            ("jwt_verify_cert", Some(jwt), _) => {
+                std::mem::replace(&mut jwt.verify_cert, missing.display().to_string()).into()
+            }
+            ("jwt_signing_key", _, Some(issuing)) => {
+                std::mem::replace(&mut issuing.signing_key, missing.clone())
+            }
+            (_, _, Some(issuing)) => issuing
+                .signing_token
+                .replace(missing.clone())
+                .expect("a chain token"),
+            _ => panic!("{setting}: not configured in {mode:?}"),
+        };
+        let settings = CycleSettings::new(&config).unwrap_or_else(|e| panic!("{setting}: {e}"));
+        let warnings = CycleSettings::missing_key_files(&config);
+        assert_eq!(warnings.len(), 1, "{setting}: {warnings:?}");
+        for needle in [
+            setting,
+            &missing.display().to_string(),
+            "no such file",
+            "read for each node",
+        ] {
+            assert!(
+                warnings[0].contains(needle),
+                "{setting}: {warnings:?} lacks {needle:?}"
+            );
+        }
+        let cycle = Cycle::new(settings, h.node.clone(), h.metrics.clone());
+        let outcome = cycle.provision(&node_identity(), Source::Event, &Gate::new(false));
+        match &outcome {
+            ProvisionOutcome::Failed(err) => {
+                let reason = err.to_string();
+                assert!(
+                    reason.contains(setting) || reason.contains("jwt_signing"),
+                    "{setting}: {reason}"
+                );
+            }
+            other => panic!("{setting}: {other:?} with the file missing"),
+        }
+        std::fs::create_dir_all(missing.parent().expect("a parent")).expect("mkdir");
+        std::fs::copy(&present, &missing).expect("the file appears");
+        assert!(
+            CycleSettings::missing_key_files(&config).is_empty(),
+            "{setting}"
+        );
+        let outcome = cycle.provision(&node_identity(), Source::Event, &Gate::new(false));
+        assert!(
+            matches!(outcome, ProvisionOutcome::Provisioned { .. }),
+            "{setting}: {outcome:?} once the file is there"
+        );
+    }
+    // A file that is there but unusable, and hex digits that are no key, are still refused.
+    let h = harness(Mode::Jwt, "", &configuration_answer(), &[]);
+    let junk = h._dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a key\n").expect("junk");
+    for value in [junk.display().to_string(), "abcd".to_string()] {
+        let mut config = h.config.clone();
+        if let Some(jwt) = config.jwt.as_mut() {
+            jwt.verify_cert = value.clone();
+        }
+        let err = CycleSettings::new(&config).expect_err(&value).to_string();
+        assert!(err.contains("jwt_verify_cert"), "{value}: {err}");
+        assert!(
+            CycleSettings::missing_key_files(&config).is_empty(),
+            "{value}"
+        );
     }
 }
 

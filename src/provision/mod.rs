@@ -56,7 +56,7 @@ use choria_crypto::server_jwt::ServerJwtError;
 use choria_wire::identity::Identity;
 use choria_wire::text::escape;
 
-use decision::{decide, load_issuer, AnswerError, Decision, NodeFacts, Plan, Upgrade};
+use decision::{decide, AnswerError, Decision, NodeFacts, Plan, Upgrade};
 use helper::{
     CsrReply, Ed25519Reply, Exchange, Helper, HelperAbort, HelperErrorKind, HelperOutput,
 };
@@ -126,20 +126,7 @@ pub struct CycleSettings {
 impl CycleSettings {
     /// Takes the cycle's settings and checks that the files they name can be used now.
     pub fn new(config: &Config) -> Result<CycleSettings, CycleError> {
-        if let Some(jwt) = &config.jwt {
-            VerifyKey::load(&jwt.verify_cert, &read_file).map_err(|source| {
-                CycleError::VerifyKey {
-                    config: config.path.clone(),
-                    source,
-                }
-            })?;
-        }
-        if let Some(issuing) = &config.server_jwt {
-            load_issuer(issuing, now_unix()).map_err(|source| CycleError::Issuer {
-                config: config.path.clone(),
-                source,
-            })?;
-        }
+        check_key_files(config)?;
         Ok(CycleSettings {
             helper: match config.helper_mode {
                 HelperMode::PerNode => Helper::per_node(&config.helper, config.helper_timeout),
@@ -158,10 +145,91 @@ impl CycleSettings {
         })
     }
 
+    /// One warning for each key file the features name that is not there (yet): `run`,
+    /// a reload and `check-config` say them alike. Empty when a file is unusable, which
+    /// [`CycleSettings::new`] refuses.
+    pub fn missing_key_files(config: &Config) -> Vec<String> {
+        check_key_files(config).unwrap_or_default()
+    }
+
     /// Whether a failed upgrade lets the node be configured anyway (`upgrades_optional`).
     fn upgrades_optional(&self) -> bool {
         self.upgrades.as_ref().is_some_and(|u| u.optional)
     }
+}
+
+/// Reads the key files the features name, as a node's cycle will. One that is not there is
+/// a warning, not a refusal: Go starts without it and reads it for each node, so a file that
+/// configuration management puts in place after the package started the service serves from
+/// the next node on (Go's own packaged sample names a `jwt_verify_cert` the package does not
+/// ship). Until then each node fails naming it. One that is there but unusable is refused.
+fn check_key_files(config: &Config) -> Result<Vec<String>, CycleError> {
+    let mut warnings = Vec::new();
+    let missing = std::cell::RefCell::new(None::<PathBuf>);
+    let read = |path: &Path| {
+        let read = read_file(path);
+        if matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+            *missing.borrow_mut() = Some(path.to_path_buf());
+        }
+        read
+    };
+    if let Some(jwt) = &config.jwt {
+        match VerifyKey::load(&jwt.verify_cert, &read) {
+            Ok(_) => {}
+            // A value of hex digits was meant as the key itself: wrong, not missing.
+            Err(_) if missing.take().is_some() && !is_hex(&jwt.verify_cert) => {
+                warnings.push(format!(
+                    "{}: jwt_verify_cert {}: no such file (nor a hex ed25519 public key): each \
+                     node fails its JWT check until it exists; it is read for each node, as Go \
+                     does",
+                    config.path.display(),
+                    jwt.verify_cert
+                ))
+            }
+            Err(source) => {
+                return Err(CycleError::VerifyKey {
+                    config: config.path.clone(),
+                    source,
+                })
+            }
+        }
+    }
+    missing.take();
+    if let Some(issuing) = &config.server_jwt {
+        let loaded = choria_crypto::server_jwt::ServerJwtIssuer::load(
+            &issuing.signing_key,
+            issuing.signing_token.as_deref(),
+            now_unix(),
+            &read,
+        );
+        match (loaded, missing.take()) {
+            (Ok(_), _) => {}
+            (Err(_), Some(path)) => {
+                let setting = if path == issuing.signing_key {
+                    "jwt_signing_key"
+                } else {
+                    "jwt_signing_token"
+                };
+                warnings.push(format!(
+                    "{}: {setting} {}: no such file: each node fails its server JWT until it \
+                     exists; it is read for each node, as Go does",
+                    config.path.display(),
+                    path.display()
+                ))
+            }
+            (Err(source), None) => {
+                return Err(CycleError::Issuer {
+                    config: config.path.clone(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(warnings)
+}
+
+fn is_hex(text: &str) -> bool {
+    !text.is_empty() && text.chars().all(|c| c.is_ascii_hexdigit())
 }
 
 /// The provisioning cycle, shared by every worker.

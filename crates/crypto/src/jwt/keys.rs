@@ -33,7 +33,14 @@ impl VerifyKey {
         let path = Path::new(jwt_verify_cert);
         match read(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                ed25519_from_hex(jwt_verify_cert.as_bytes(), "the jwt_verify_cert value")
+                // Hex digits were meant as the key; anything else was a file not there (yet).
+                let meant_hex = jwt_verify_cert.bytes().all(|b| b.is_ascii_hexdigit());
+                let source = if meant_hex {
+                    "the jwt_verify_cert value"
+                } else {
+                    "the jwt_verify_cert value (no such file)"
+                };
+                ed25519_from_hex(jwt_verify_cert.as_bytes(), source)
             }
             Err(e) => Err(JwtError::KeyFileRead {
                 path: path.to_path_buf(),

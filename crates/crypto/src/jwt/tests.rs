@@ -199,7 +199,7 @@ fn verify_key_detection_rules() {
         (short_hex, Err("invalid ed25519 public key size in file")),
         (
             "/no/such/file.pem".to_string(),
-            Err("ed25519 public key in the jwt_verify_cert value is not hex"),
+            Err("ed25519 public key in the jwt_verify_cert value (no such file) is not hex"),
         ),
         (
             SIGNER_PUBLIC[..62].to_string(),
