@@ -208,6 +208,7 @@ impl OversizedTally {
 /// Replies to one request that were dropped unread because they exceeded `max_reply_size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Oversized {
+    /// How many were dropped.
     pub count: usize,
     /// The largest of them, in bytes (payload and headers).
     pub largest: usize,
@@ -262,8 +263,11 @@ impl Answer {
 /// What [`ReplyWaiter::next_before`] waited for.
 #[derive(Debug, PartialEq)]
 pub enum Next<T = Vec<u8>> {
+    /// A reply (what the screen made of it).
     Reply(T),
+    /// The deadline passed first (or the waiter was unregistered).
     Deadline,
+    /// The gate closed, and why.
     Halted(Halt),
     /// The link the request went out on dropped: no reply can come back on it.
     Disconnected,
@@ -281,10 +285,6 @@ pub struct ReplyWaiter<T = Vec<u8>> {
 }
 
 impl<T> ReplyWaiter<T> {
-    pub fn request_id(&self) -> &str {
-        &self.request_id
-    }
-
     /// The replies to this request dropped unread for their size so far, if any: a node
     /// whose reply is larger than `max_reply_size` (or somebody sending such replies in its
     /// name) looks silent otherwise.

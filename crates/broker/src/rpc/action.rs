@@ -7,7 +7,9 @@ use std::time::Duration;
 /// One RPC action the provisioner calls, with everything known about it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Action {
+    /// The agent (`choria_provision`, `rpcutil`).
     pub agent: &'static str,
+    /// The action's name in that agent.
     pub name: &'static str,
     /// `agent#name`: the `rpc` label of Go's `rpc_time` and `rpc_errors`.
     pub label: &'static str,
@@ -42,8 +44,11 @@ const fn provision(
 }
 
 impl Action {
+    /// `choria_provision#jwt`: the node's provisioning JWT and its ECDH public key.
     pub const JWT: Action = provision("jwt", "choria_provision#jwt", 3, true);
+    /// `choria_provision#gen25519`: a fresh ed25519 key pair on the node, for the v2 protocol.
     pub const GEN25519: Action = provision("gen25519", "choria_provision#gen25519", 5, true);
+    /// `rpcutil#inventory`: the node's facts, agents and collectives.
     pub const INVENTORY: Action = Action {
         agent: "rpcutil",
         name: "inventory",
@@ -52,10 +57,15 @@ impl Action {
         ddl_timeout: RPCUTIL_DDL_TIMEOUT,
         takes_lock: false,
     };
+    /// `choria_provision#gencsr`: a fresh RSA key and a CSR on the node.
     pub const GENCSR: Action = provision("gencsr", "choria_provision#gencsr", 1, true);
+    /// `choria_provision#configure`: the node's new configuration (and certificates).
     pub const CONFIGURE: Action = provision("configure", "choria_provision#configure", 5, true);
+    /// `choria_provision#restart`: restarts the node into its new configuration.
     pub const RESTART: Action = provision("restart", "choria_provision#restart", 3, false);
+    /// `choria_provision#shutdown`: shuts the node down.
     pub const SHUTDOWN: Action = provision("shutdown", "choria_provision#shutdown", 3, false);
+    /// `choria_provision#release_update`: updates the node to another release of its server.
     pub const RELEASE_UPDATE: Action =
         provision("release_update", "choria_provision#release_update", 3, true);
 

@@ -26,6 +26,8 @@ pub struct RpcClient {
 }
 
 impl RpcClient {
+    /// RPC over `conn`, reporting to `observer`, with the actions' DDL timeouts and the
+    /// default grace window.
     pub fn new(conn: Connection, observer: Arc<dyn Observer>) -> RpcClient {
         RpcClient {
             conn,

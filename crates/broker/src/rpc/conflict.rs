@@ -8,6 +8,7 @@ use choria_wire::text::escape;
 /// What one reply said, for telling two replies to one request apart in a log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplySummary {
+    /// The RPC status code.
     pub statuscode: u8,
     /// The node's `statusmsg`, as it came (escaped and cut short when shown).
     pub statusmsg: String,
@@ -31,12 +32,15 @@ impl fmt::Display for ReplySummary {
 /// one of them is forged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplyConflict {
+    /// The action's label (`agent#name`).
     pub action: &'static str,
+    /// The request both replies answer.
     pub request_id: String,
     /// The identity both replies name as their sender (the screen refuses any other).
     pub sender: String,
-    /// The reply taken first, and the different one after it.
+    /// The reply taken first.
     pub first: ReplySummary,
+    /// The different one after it.
     pub other: ReplySummary,
     /// How long after the first the other came.
     pub after: Duration,

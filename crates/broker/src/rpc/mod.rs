@@ -67,6 +67,7 @@ pub use watch::{Challenge, ConflictRecorder, ReplyWatch, DEFAULT_REPLY_GRACE};
 /// The cycle talks to nodes only through this, so it can be driven without a broker in unit
 /// tests; integration tests use the real implementation over `nats-server`.
 pub trait NodeRpc: Send + Sync {
+    /// Calls `action` on the node `identity` with `data`, with the action's tries.
     fn call(
         &self,
         identity: &Identity,

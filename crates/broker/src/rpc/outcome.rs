@@ -15,7 +15,12 @@ pub enum RpcOutcome {
     /// Status 0: the reply's `data` object.
     Ok(serde_json::Value),
     /// A non-zero RPC status code (go-choria providers/agent/mcorpc/mcorpc.go) on the last try.
-    Status { code: u8, message: String },
+    Status {
+        /// The status code.
+        code: u8,
+        /// The node's `statusmsg`, as it came.
+        message: String,
+    },
     /// No valid reply from the node on any try.
     Timeout,
     /// No valid reply on the last try either, but replies to it were dropped unread for

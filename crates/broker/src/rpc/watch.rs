@@ -151,6 +151,8 @@ impl ReplyWatch {
 
     /// Where answers taken and conflicts of this watch are recorded, for a [`NodeRpc`] that
     /// finds them itself (tests' scripted nodes).
+    ///
+    /// [`NodeRpc`]: super::NodeRpc
     pub fn recorder(&self) -> ConflictRecorder {
         ConflictRecorder(self.shared.clone())
     }
@@ -161,6 +163,7 @@ impl ReplyWatch {
 pub struct ConflictRecorder(Arc<WatchShared>);
 
 impl ConflictRecorder {
+    /// A conflict was seen: recorded, and any wait of the watch ends.
     pub fn record(&self, conflict: ReplyConflict) {
         self.0.record(conflict);
     }
