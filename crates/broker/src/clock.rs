@@ -37,6 +37,7 @@ pub fn unix_now_nanos() -> i64 {
 
 /// The time source, injectable so tests drive time without sleeping.
 pub trait Clock: Send + Sync {
+    /// The current instant on this clock.
     fn now(&self) -> Instant;
 
     /// A channel that delivers one message once `deadline` has passed on this clock.
@@ -77,6 +78,7 @@ impl Default for ManualClock {
 }
 
 impl ManualClock {
+    /// Moves the clock forward by `by`, firing every timer that falls due.
     pub fn advance(&self, by: Duration) {
         let mut timers = self.timers.lock();
         self.offset_nanos
@@ -139,6 +141,7 @@ impl BootInstant {
 
 /// A clock that keeps counting while the host is suspended or the process is stopped.
 pub trait BootClock: Send + Sync + std::fmt::Debug {
+    /// The time since boot now, suspended time included.
     fn now(&self) -> BootInstant;
 }
 
@@ -179,6 +182,7 @@ pub struct ManualBootClock {
 }
 
 impl ManualBootClock {
+    /// Moves the boot clock forward by `by`.
     pub fn advance(&self, by: Duration) {
         self.nanos.fetch_add(
             u64::try_from(by.as_nanos()).unwrap_or(u64::MAX),

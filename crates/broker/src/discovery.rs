@@ -110,7 +110,12 @@ pub enum DiscoveryError {
     /// The ping could not be published.
     Publish(ConnectionError),
     /// A named round was asked to carry more than [`MAX_NAMED`] names or [`MAX_NAMED_BYTES`].
-    TooManyNames { names: usize, bytes: usize },
+    TooManyNames {
+        /// The names asked for.
+        names: usize,
+        /// Their size in the filter, in bytes.
+        bytes: usize,
+    },
 }
 
 impl fmt::Display for DiscoveryError {
@@ -149,6 +154,7 @@ pub struct Discovery {
 }
 
 impl Discovery {
+    /// Discovery over `conn`, reporting rounds, errors and refused answers to `observer`.
     pub fn new(conn: Connection, observer: Arc<dyn Observer>) -> Discovery {
         Discovery {
             conn,

@@ -38,7 +38,9 @@ pub type Never = Infallible;
 /// Why an action was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Halt {
+    /// Provisioning is paused (a standby in an election).
     Paused,
+    /// The provisioner is shutting down.
     Stopping,
     /// The leader's lease ran out (a frozen or cut-off leader): another member may lead.
     LeaseEnded,
@@ -54,6 +56,7 @@ impl std::fmt::Display for Halt {
     }
 }
 
+/// The pause and stop switches, and the lease of a fenced gate (see the module documentation).
 pub struct Gate {
     paused: AtomicBool,
     stopping: AtomicBool,
@@ -224,10 +227,12 @@ impl Gate {
         })
     }
 
+    /// Whether provisioning is paused now.
     pub fn is_paused(&self) -> bool {
         self.paused.load(Ordering::SeqCst)
     }
 
+    /// Whether the provisioner is shutting down.
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
@@ -247,6 +252,7 @@ impl Gate {
         }
     }
 
+    /// Closes the gate for good: every action refused, every wait woken (shutdown).
     pub fn stop(&self) {
         let mut signals = self.signals.lock();
         self.stopping.store(true, Ordering::SeqCst);

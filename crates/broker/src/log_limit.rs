@@ -71,14 +71,16 @@ impl Default for LogLimiter {
 
 /// A summary to log: `suppressed` lines of `kind` were left out over `window`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Suppressed {
-    pub kind: &'static str,
-    pub suppressed: u64,
-    pub window: Duration,
+pub(crate) struct Suppressed {
+    pub(crate) kind: &'static str,
+    pub(crate) suppressed: u64,
+    pub(crate) window: Duration,
 }
 
 impl LogLimiter {
-    pub fn new(window: Duration, per_key: u32, per_kind: u32) -> LogLimiter {
+    /// A limiter letting `per_key` lines per key and `per_kind` per kind through in each
+    /// `window`.
+    pub(crate) fn new(window: Duration, per_key: u32, per_kind: u32) -> LogLimiter {
         LogLimiter {
             window,
             per_key,
@@ -107,7 +109,7 @@ impl LogLimiter {
 
     /// The decision for one line at `now`, and the summary of the kind's previous window when
     /// it ended and left lines out.
-    pub fn decide(
+    pub(crate) fn decide(
         &self,
         kind: &'static str,
         key: &str,
@@ -156,7 +158,7 @@ impl LogLimiter {
     }
 
     /// The summaries of windows that ended by `now`, each reset.
-    pub fn ended(&self, now: Instant) -> Vec<Suppressed> {
+    pub(crate) fn ended(&self, now: Instant) -> Vec<Suppressed> {
         let mut kinds = self.kinds.lock();
         let mut summaries = Vec::new();
         kinds.retain(|kind, window| {

@@ -15,8 +15,11 @@ pub struct Inbox<T> {
 
 /// One message from an [`Inbox`].
 pub struct Inbound<T> {
+    /// The tag its subscription was made with.
     pub tag: T,
+    /// The subject it came on.
     pub subject: String,
+    /// Its payload.
     pub data: Vec<u8>,
 }
 

@@ -12,9 +12,11 @@ use super::Connection;
 /// One request as the protocol-independent part of the daemon decides it; the connection adds
 /// who sends it, the time, the ttl and the collective, and writes it in its protocol.
 pub struct Outgoing<'a> {
+    /// The agent the request is for (the v1 `agent`, the v2 `agent` field).
     pub agent: &'a str,
     /// RPC request JSON, or [`v1::DISCOVERY_PING`].
     pub payload: &'a str,
+    /// Which nodes should act on it.
     pub filter: &'a Filter,
     /// From [`Connection::new_request_id`].
     pub request_id: &'a str,

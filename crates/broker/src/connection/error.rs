@@ -10,42 +10,60 @@ use std::path::PathBuf;
 pub enum ConnectionError {
     /// A URL in `plugin.choria.middleware_hosts` the client could not parse.
     BadUrl {
+        /// The URL as configured.
         url: String,
+        /// The parser's error.
         source: io::Error,
     },
     /// A TLS file named in the client configuration is missing or unreadable.
     TlsFile {
+        /// Which file it is (certificate, key, CA).
         what: &'static str,
+        /// Where it was looked for.
         path: PathBuf,
+        /// Why it could not be read.
         source: io::Error,
     },
     /// No broker in the list accepted the connection.
     Connect {
+        /// The brokers tried, comma-separated.
         urls: String,
+        /// The last attempt's failure.
         source: io::Error,
         /// What to check, when we can tell (e.g. the TLS files for a TLS failure).
         hint: &'static str,
     },
+    /// A message could not be published (the connection closed, or an I/O failure).
     Publish {
+        /// Where it was to go.
         subject: String,
+        /// The client's error.
         source: io::Error,
     },
+    /// A subscription could not be made.
     Subscribe {
+        /// The subject subscribed to.
         subject: String,
+        /// The client's error.
         source: io::Error,
     },
     /// The round trip to the broker failed or timed out.
     Flush {
+        /// Why the round trip failed.
         source: io::Error,
     },
     /// A subject we were asked to build is not valid (e.g. a wildcard in a component).
     BadSubject {
+        /// The subject as built.
         subject: String,
+        /// What is wrong with it.
         reason: &'static str,
     },
     /// A background thread could not be started.
     Thread {
+        /// The thread's name.
         name: String,
+        /// The spawn's error.
         source: io::Error,
     },
     /// The connection was closed by `close`.
@@ -90,6 +108,8 @@ impl fmt::Display for ConnectionError {
 impl std::error::Error for ConnectionError {}
 
 /// Why a [`Connection::request`] got no answer.
+///
+/// [`Connection::request`]: super::Connection::request
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RequestError {
     /// The broker said nobody subscribes to the subject.

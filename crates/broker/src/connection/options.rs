@@ -31,12 +31,16 @@ pub const CONNECT_LIMIT: Duration = Duration::from_secs(5);
 /// own settings; tests, benches and the simulator build it directly.
 #[derive(Clone)]
 pub struct ConnectSettings {
+    /// The brokers to connect to (`nats://` or `tls://` URLs), tried in turn.
     pub urls: Vec<String>,
+    /// The CONNECT user, if any.
     pub user: Option<String>,
+    /// The CONNECT password, if any (never shown by `Debug`).
     pub password: Option<String>,
     /// Sent as the CONNECT `auth_token` (a provisioning-mode server presents its JWT so; with
     /// the `choria` provider the provisioner presents its client JWT).
     pub token: Option<String>,
+    /// TLS, or none for a plain connection.
     pub tls: Option<Tls>,
     /// The protocol requests go out in and what signs them. With [`Protocol::V2`] the CONNECT
     /// also carries the signer's JWT and its signature of the server's nonce (`jwt`, `sig`),
@@ -45,11 +49,15 @@ pub struct ConnectSettings {
     /// When the v2 signer's JWT expires (Unix seconds): no reconnect signs a nonce with it
     /// after that (tokens tokens.go, NatsConnectionHelpers refuses an expired token).
     pub token_expires: Option<i64>,
+    /// Our identity: the requests' sender.
     pub identity: String,
     /// The caller id requests carry: `choria=<identity>` for v1, the client JWT's `callerid`
     /// claim for v2. Reply subjects are `provisioning.reply.<md5(caller_id)>.<request id>`.
     pub caller_id: String,
+    /// How long discovery waits for answers; also the first part of
+    /// each RPC try's wait.
     pub discovery_timeout: Duration,
+    /// How long, in seconds, a request stays valid for the node that gets it.
     pub ttl: u64,
 }
 
@@ -166,6 +174,8 @@ pub(super) fn auth_options(settings: &ConnectSettings) -> nats::Options {
 }
 
 /// Tuning knobs for [`Connection::connect_with`]; the defaults are what the daemon uses.
+///
+/// [`Connection::connect_with`]: super::Connection::connect_with
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// Flush publishes at once instead of waiting for the crate's 5 ms flusher (see module
@@ -173,6 +183,8 @@ pub struct ConnectOptions {
     pub prompt_flush: bool,
     /// Subscribe to our reply subjects and route replies to [`Connection::expect_replies`]
     /// callers. Off for a connection that never sends requests (the simulator's nodes).
+    ///
+    /// [`Connection::expect_replies`]: super::Connection::expect_replies
     pub reply_routing: bool,
     /// How often the crate PINGs the broker; a PING unanswered for one interval, with nothing
     /// else heard meanwhile, drops the link and the crate reconnects. [`PING_INTERVAL`]

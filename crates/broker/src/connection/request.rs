@@ -40,6 +40,28 @@ impl Connection {
         T: Send + 'static,
         F: Fn(Vec<u8>) -> Option<T> + Send + Sync + 'static,
     {
+        // Taken before the request goes out, so a drop in between is seen too.
+        let link = self.inner.link.watch();
+        self.register(request_id, capacity, link, move |delivery: Delivery| {
+            screen(delivery.data)
+        })
+    }
+
+    /// Registers a waiter for `request_id` on the dispatcher's routing table: a reply dropped
+    /// for its size is tallied, any other becomes what `item` makes of it (`None`: refused)
+    /// and is queued, up to `capacity`. `link` is the link as the caller saw it before the
+    /// request went out. Dropping the waiter unregisters it.
+    fn register<T, F>(
+        &self,
+        request_id: &str,
+        capacity: usize,
+        link: LinkWatch,
+        item: F,
+    ) -> ReplyWaiter<T>
+    where
+        T: Send + 'static,
+        F: Fn(Delivery) -> Option<T> + Send + Sync + 'static,
+    {
         let (tx, rx) = bounded(capacity.max(1));
         let oversized = Arc::new(OversizedTally::default());
         let tally = oversized.clone();
@@ -48,7 +70,7 @@ impl Connection {
                 tally.add(bytes);
                 return Routed::Oversized(bytes);
             }
-            match screen(delivery.data) {
+            match item(delivery) {
                 None => Routed::Screened,
                 Some(item) => match tx.try_send(item) {
                     Ok(()) => Routed::Queued,
@@ -57,8 +79,6 @@ impl Connection {
                 },
             }
         });
-        // Taken before the request goes out, so a drop in between is seen too.
-        let link = self.inner.link.watch();
         self.inner
             .waiters
             .lock()
@@ -120,32 +140,12 @@ impl Connection {
         // A NATS inbox id, not a Choria request: the v1 shape whatever the protocol.
         let id = v1::new_request_id();
         let reply_to = format!("{prefix}{id}");
-        let (tx, rx) = bounded(1);
-        let oversized = Arc::new(OversizedTally::default());
-        let tally = oversized.clone();
-        let route: Route = Arc::new(move |delivery: Delivery| {
-            if let Some(bytes) = delivery.oversized {
-                tally.add(bytes);
-                return Routed::Oversized(bytes);
-            }
-            match tx.try_send(Answer(delivery)) {
-                Ok(()) => Routed::Queued,
-                Err(TrySendError::Full(_)) => Routed::Full,
-                Err(TrySendError::Disconnected(_)) => Routed::Gone,
-            }
-        });
         let link = self.inner.link.watch();
         if link.is_lost() {
             return Err(RequestError::Disconnected);
         }
-        self.inner.waiters.lock().insert(id.clone(), route);
-        let waiter = ReplyWaiter {
-            inner: self.inner.clone(),
-            request_id: id,
-            replies: rx,
-            link,
-            oversized,
-        };
+        // A request with headers has one answer (a "no responders" status is one too).
+        let waiter = self.register(&id, 1, link, |delivery: Delivery| Some(Answer(delivery)));
         let header_map = if headers.is_empty() {
             None
         } else {
@@ -208,6 +208,7 @@ impl OversizedTally {
 /// Replies to one request that were dropped unread because they exceeded `max_reply_size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Oversized {
+    /// How many were dropped.
     pub count: usize,
     /// The largest of them, in bytes (payload and headers).
     pub largest: usize,
@@ -262,8 +263,11 @@ impl Answer {
 /// What [`ReplyWaiter::next_before`] waited for.
 #[derive(Debug, PartialEq)]
 pub enum Next<T = Vec<u8>> {
+    /// A reply (what the screen made of it).
     Reply(T),
+    /// The deadline passed first (or the waiter was unregistered).
     Deadline,
+    /// The gate closed, and why.
     Halted(Halt),
     /// The link the request went out on dropped: no reply can come back on it.
     Disconnected,
@@ -281,10 +285,6 @@ pub struct ReplyWaiter<T = Vec<u8>> {
 }
 
 impl<T> ReplyWaiter<T> {
-    pub fn request_id(&self) -> &str {
-        &self.request_id
-    }
-
     /// The replies to this request dropped unread for their size so far, if any: a node
     /// whose reply is larger than `max_reply_size` (or somebody sending such replies in its
     /// name) looks silent otherwise.

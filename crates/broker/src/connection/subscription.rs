@@ -75,7 +75,8 @@ impl Subscription {
         self.sub.receiver()
     }
 
-    pub fn subject(&self) -> &str {
+    /// The subject subscribed to (the listener names it in its log lines).
+    pub(crate) fn subject(&self) -> &str {
         &self.subject
     }
 

@@ -10,8 +10,11 @@ use super::ConnectionError;
 /// TLS client files for the broker connection.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TlsFiles {
+    /// Our certificate (PEM).
     pub certificate: PathBuf,
+    /// Its private key (PEM).
     pub key: PathBuf,
+    /// The CA the broker's certificate must chain to (PEM).
     pub ca: PathBuf,
 }
 
@@ -27,7 +30,9 @@ pub enum Tls {
     /// model does on purpose (the JWTs carry the trust). TLS 1.2 or later either way (rustls
     /// speaks nothing older).
     Choria {
+        /// Our certificate and key, when both are configured.
         client: Option<(PathBuf, PathBuf)>,
+        /// The only root the broker's certificate may chain to; none: not verified.
         ca: Option<PathBuf>,
     },
 }

@@ -2,6 +2,7 @@
 //! leads (extending the gate's lease on each keep-alive), and releases it when it stops.
 
 use std::collections::VecDeque;
+use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -292,105 +293,22 @@ impl Member {
                 &self.settings.identity,
                 standing.label(),
             );
-            let mut end = None;
             let twin = self.look_for_twin(bucket, standing);
-            standing = match standing {
+            let next = match standing {
                 // Refuses while another instance writes our identity: taking over from it
                 // would pass every node lock it holds.
-                Standing::Candidate if twin => Standing::Candidate,
-                Standing::Candidate => {
-                    let sent = self.boot.now();
-                    match self.create(bucket) {
-                        Ok(revision) => {
-                            log::info!(
-                                "won the {} election at revision {revision}; acting as leader \
-                                 after the next keep-alive",
-                                self.settings.key
-                            );
-                            self.set_leader_gauge(true);
-                            self.complaint.resolved("campaigning works again");
-                            Standing::Elected {
-                                revision,
-                                written: sent,
-                            }
-                        }
-                        Err(ElectionError::WrongLastSequence { .. }) => {
-                            // The normal standby outcome: someone else leads.
-                            self.complaint.resolved("campaigning works again");
-                            Standing::Candidate
-                        }
-                        Err(err) => {
-                            // Our own subscription on the key's subject answers for a missing
-                            // stream's "no responders": a timeout may mean it is gone.
-                            let maybe_gone = self.twins.is_some()
-                                && matches!(err, ElectionError::Timeout { .. });
-                            if err.needs_setup() || maybe_gone {
-                                end = Some(CampaignEnd::SetUpAgain);
-                            }
-                            self.complaint.report(
-                                log::Level::Warn,
-                                format!("campaign for {} failed: {err}", self.settings.key),
-                            );
-                            Standing::Candidate
-                        }
-                    }
-                }
+                Standing::Candidate if twin => ControlFlow::Continue(Standing::Candidate),
+                Standing::Candidate => self.stand(bucket),
                 Standing::Elected { revision, written }
                 | Standing::Leader { revision, written } => {
                     let announced = matches!(standing, Standing::Leader { .. });
-                    match self.keep_alive(bucket, revision, written) {
-                        // Asked to stop while the keep-alive waited for its answer.
-                        Ok(None) => {
-                            self.release(bucket, revision);
-                            return CampaignEnd::Stopped;
-                        }
-                        Ok(Some((revision, written))) => {
-                            if let Some(gate) = &self.fence {
-                                let length = lease_length(bucket.ttl, bucket.write_timeout);
-                                gate.extend_lease(written.after(length));
-                            }
-                            if !announced {
-                                // Go's cool-down before OnWon.
-                                if self.wait(WON_COOL_DOWN) {
-                                    self.release(bucket, revision);
-                                    return CampaignEnd::Stopped;
-                                }
-                                self.shared.leader.store(true, Ordering::SeqCst);
-                                log::info!("now leader of {}", self.settings.key);
-                                self.send(ElectionEvent::Won);
-                            }
-                            Standing::Leader { revision, written }
-                        }
-                        Err(err) => {
-                            // Closed before anyone hears of the loss, so nothing more goes
-                            // out under a lease that is over.
-                            self.end_lease();
-                            self.set_leader_gauge(false);
-                            if announced {
-                                self.shared.leader.store(false, Ordering::SeqCst);
-                                log::warn!(
-                                    "lost leadership of {}, standing down: {err}",
-                                    self.settings.key
-                                );
-                                self.send(ElectionEvent::Lost);
-                            } else {
-                                log::info!(
-                                    "keep-alive after winning {} failed, not acting as leader: \
-                                     {err}",
-                                    self.settings.key
-                                );
-                            }
-                            if err.needs_setup() {
-                                end = Some(CampaignEnd::SetUpAgain);
-                            }
-                            Standing::Candidate
-                        }
-                    }
+                    self.hold(bucket, revision, written, announced)
                 }
             };
-            if let Some(end) = end {
-                return end;
-            }
+            standing = match next {
+                ControlFlow::Continue(standing) => standing,
+                ControlFlow::Break(end) => return end,
+            };
             let delay = match standing {
                 Standing::Candidate => standby_interval(self.settings.campaign_interval, &mut rng),
                 _ => leader_interval(&mut rng),
@@ -403,6 +321,107 @@ impl Member {
                     self.release(bucket, revision);
                 }
                 return CampaignEnd::Stopped;
+            }
+        }
+    }
+
+    /// A candidate's round: a create expecting no value. `Continue` with the standing it
+    /// leads to; `Break` when the bucket must be set up again.
+    fn stand(&mut self, bucket: &mut Bucket) -> ControlFlow<CampaignEnd, Standing> {
+        let sent = self.boot.now();
+        match self.create(bucket) {
+            Ok(revision) => {
+                log::info!(
+                    "won the {} election at revision {revision}; acting as leader after the \
+                     next keep-alive",
+                    self.settings.key
+                );
+                self.set_leader_gauge(true);
+                self.complaint.resolved("campaigning works again");
+                ControlFlow::Continue(Standing::Elected {
+                    revision,
+                    written: sent,
+                })
+            }
+            Err(ElectionError::WrongLastSequence { .. }) => {
+                // The normal standby outcome: someone else leads.
+                self.complaint.resolved("campaigning works again");
+                ControlFlow::Continue(Standing::Candidate)
+            }
+            Err(err) => {
+                // Our own subscription on the key's subject answers for a missing stream's
+                // "no responders": a timeout may mean it is gone.
+                let maybe_gone =
+                    self.twins.is_some() && matches!(err, ElectionError::Timeout { .. });
+                self.complaint.report(
+                    log::Level::Warn,
+                    format!("campaign for {} failed: {err}", self.settings.key),
+                );
+                if err.needs_setup() || maybe_gone {
+                    ControlFlow::Break(CampaignEnd::SetUpAgain)
+                } else {
+                    ControlFlow::Continue(Standing::Candidate)
+                }
+            }
+        }
+    }
+
+    /// An elected or leading member's round: the keep-alive of `revision`, written at
+    /// `written`; `announced` once `Won` was sent. `Continue` with the standing it leads to;
+    /// `Break` when asked to stop (the key released) or when the bucket must be set up again.
+    fn hold(
+        &mut self,
+        bucket: &mut Bucket,
+        revision: u64,
+        written: BootInstant,
+        announced: bool,
+    ) -> ControlFlow<CampaignEnd, Standing> {
+        match self.keep_alive(bucket, revision, written) {
+            // Asked to stop while the keep-alive waited for its answer.
+            Ok(None) => {
+                self.release(bucket, revision);
+                ControlFlow::Break(CampaignEnd::Stopped)
+            }
+            Ok(Some((revision, written))) => {
+                if let Some(gate) = &self.fence {
+                    let length = lease_length(bucket.ttl, bucket.write_timeout);
+                    gate.extend_lease(written.after(length));
+                }
+                if !announced {
+                    // Go's cool-down before OnWon.
+                    if self.wait(WON_COOL_DOWN) {
+                        self.release(bucket, revision);
+                        return ControlFlow::Break(CampaignEnd::Stopped);
+                    }
+                    self.shared.leader.store(true, Ordering::SeqCst);
+                    log::info!("now leader of {}", self.settings.key);
+                    self.send(ElectionEvent::Won);
+                }
+                ControlFlow::Continue(Standing::Leader { revision, written })
+            }
+            Err(err) => {
+                // Closed before anyone hears of the loss, so nothing more goes out under a
+                // lease that is over.
+                self.end_lease();
+                self.set_leader_gauge(false);
+                if announced {
+                    self.shared.leader.store(false, Ordering::SeqCst);
+                    log::warn!(
+                        "lost leadership of {}, standing down: {err}",
+                        self.settings.key
+                    );
+                    self.send(ElectionEvent::Lost);
+                } else {
+                    log::info!(
+                        "keep-alive after winning {} failed, not acting as leader: {err}",
+                        self.settings.key
+                    );
+                }
+                if err.needs_setup() {
+                    ControlFlow::Break(CampaignEnd::SetUpAgain)
+                } else {
+                    ControlFlow::Continue(Standing::Candidate)
+                }
             }
         }
     }

@@ -9,47 +9,92 @@ use super::*;
 #[derive(Debug)]
 pub enum ElectionError {
     /// The stream behind the bucket does not exist (JetStream error 10059).
-    BucketMissing { bucket: String, subject: String },
+    BucketMissing {
+        /// The bucket's name.
+        bucket: String,
+        /// The subject that answered "stream not found".
+        subject: String,
+    },
     /// Nobody answers on a subject: no stream, no JetStream, or no import of it.
-    NoResponders { subject: String },
+    NoResponders {
+        /// The subject nobody answers on.
+        subject: String,
+    },
     /// No reply within the bound.
-    Timeout { subject: String, after: Duration },
+    Timeout {
+        /// The subject asked.
+        subject: String,
+        /// How long we waited.
+        after: Duration,
+    },
     /// Someone else holds the key, or it changed since our last write (10071).
     WrongLastSequence {
+        /// The key's subject.
         subject: String,
+        /// The revision the write expected.
         expected: u64,
+        /// JetStream's words.
         description: String,
     },
     /// Any other JetStream API error.
     Api {
+        /// The subject asked.
         subject: String,
+        /// The error's status code (JetStream's `code`).
         code: u64,
+        /// JetStream's own error code (`err_code`).
         err_code: u64,
+        /// JetStream's words.
         description: String,
     },
     /// A reply we cannot read.
-    Malformed { subject: String, reason: String },
+    Malformed {
+        /// The subject that answered.
+        subject: String,
+        /// What is wrong with the reply.
+        reason: String,
+    },
     /// Our last successful keep-alive is so old the key may have expired (a frozen process):
     /// the lease is over.
-    KeepAliveOverdue { since: Duration, budget: Duration },
+    KeepAliveOverdue {
+        /// How long ago that keep-alive was sent, on the boot clock.
+        since: Duration,
+        /// How long a lease may last.
+        budget: Duration,
+    },
     /// The keep-alive was not answered while the lease lasted.
     NoReplyWithinLease {
+        /// The key's subject.
         subject: String,
+        /// How long we waited: what was left of the lease.
         waited: Duration,
         /// The link dropped while it waited (its answer, if the broker took the write before
         /// the drop, went nowhere).
         link_dropped: bool,
     },
     /// The bucket's max age cannot serve as an election TTL.
-    BadTtl { bucket: String, max_age: Duration },
+    BadTtl {
+        /// The bucket's name.
+        bucket: String,
+        /// Its max age.
+        max_age: Duration,
+    },
     /// The value (our identity) does not fit the bucket's message size limit.
     ValueTooLarge {
+        /// The bucket's name.
         bucket: String,
+        /// Our identity's size, in bytes.
         size: usize,
+        /// The bucket's largest value, in bytes.
         limit: i64,
     },
     /// The connection refused to send or subscribe (closed, or an I/O failure).
-    Transport { subject: String, reason: String },
+    Transport {
+        /// The subject we meant to use.
+        subject: String,
+        /// The connection's error.
+        reason: String,
+    },
 }
 
 impl fmt::Display for ElectionError {

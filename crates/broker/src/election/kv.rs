@@ -42,8 +42,11 @@ pub fn validate_ttl(bucket: &str, max_age: Duration) -> Result<Duration, Electio
 /// What stream info tells us about the bucket.
 #[derive(Debug, PartialEq)]
 pub struct BucketConfig {
+    /// How long a value lives after its last write: the election's TTL.
     pub max_age: Duration,
+    /// Values kept per key (the history); -1 when not set.
     pub max_msgs_per_subject: i64,
+    /// The largest value the bucket accepts, in bytes; -1 when unlimited.
     pub max_msg_size: i64,
 }
 
@@ -149,10 +152,16 @@ pub enum LastEntry {
     /// Nothing stored for the key.
     Absent,
     /// A value (a leader's identity) at this revision.
-    Value { revision: u64 },
+    Value {
+        /// The key's revision (its stream sequence).
+        revision: u64,
+    },
     /// A delete or purge marker at this revision, which a create may overwrite (as nats.go kv.go
     /// Create does).
-    Marker { revision: u64 },
+    Marker {
+        /// The marker's revision (its stream sequence).
+        revision: u64,
+    },
 }
 
 /// Reads a STREAM.MSG.GET reply for the key's last message.

@@ -163,7 +163,9 @@ impl ElectionSettings {
 /// What the daemon is told; each `Won` is followed by exactly one `Lost` unless the process ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ElectionEvent {
+    /// We lead: the first keep-alive after the win succeeded.
     Won,
+    /// We no longer lead; the gate given to the election is closed already.
     Lost,
 }
 
