@@ -965,13 +965,16 @@ fn a_forged_lock_refusal_racing_the_real_reply_is_a_conflict_on_every_action() {
         };
         assert_eq!(conflict.action, label);
         assert_eq!(conflict.sender, target);
-        // The forger's refusal came first; the node's own answer after it.
-        assert_eq!(
-            (conflict.first.statuscode, conflict.first.statusmsg.as_str()),
-            (1, "Could not obtain provisioning lock"),
-            "{label}: {conflict}"
+        // The forger's refusal and the node's own answer, in either order: the forger sends
+        // at once and the node 200 ms later, but a loaded machine may hold the forger back.
+        let is_refusal = |reply: &choria_broker::rpc::ReplySummary| {
+            (reply.statuscode, reply.statusmsg.as_str())
+                == (1, "Could not obtain provisioning lock")
+        };
+        assert!(
+            is_refusal(&conflict.first) != is_refusal(&conflict.other),
+            "{label}: one refusal and one other answer: {conflict}"
         );
-        assert_ne!(conflict.other, conflict.first, "{label}");
         assert!(
             (1..=action.tries).contains(&tries),
             "{label}: {tries} tries"

@@ -64,6 +64,11 @@ impl Forger {
         self.options.actions.iter().any(|a| a == label)
     }
 
+    /// Whether its answer to `label` is made of the node's own inventory.
+    pub fn needs_inventory(&self, label: &str) -> bool {
+        self.options.reply == ForgeReply::Ok && label == "rpcutil#inventory"
+    }
+
     pub fn options(&self) -> &ForgeOptions {
         &self.options
     }
