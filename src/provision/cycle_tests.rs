@@ -70,6 +70,8 @@ enum Reply {
     SignWrongNonce,
     /// gen25519 with a 31-byte public key.
     ShortKey,
+    /// The first reply to the node's first request of the action, the second to every later.
+    FirstThen(Box<Reply>, Box<Reply>),
     /// Succeeds, then the gate closes (as if leadership were lost mid-cycle).
     OkThenPause(Value),
     /// Succeeds, and a second, different reply to the same request is caught (a forgery).
@@ -185,8 +187,16 @@ impl ScriptedNode {
             return RpcOutcome::Halted(halt);
         }
         let key = action.label.to_string();
-        self.calls.lock().push((key.clone(), data.clone()));
+        let earlier = {
+            let mut calls = self.calls.lock();
+            let earlier = calls.iter().filter(|(a, _)| *a == key).count();
+            calls.push((key.clone(), data.clone()));
+            earlier
+        };
         let mut reply = self.replies.lock().get(&key).cloned();
+        if let Some(Reply::FirstThen(first, then)) = reply {
+            reply = Some(if earlier == 0 { *first } else { *then });
+        }
         if let Some(Reply::ForgedAfter(real, after)) = reply {
             if let Some(watch) = self.watch.lock().clone() {
                 let forger = std::thread::Builder::new()
@@ -247,6 +257,7 @@ impl ScriptedNode {
                 RpcOutcome::Ok(value)
             }
             Some(Reply::ForgedAfter(..)) => unreachable!("unwrapped above"),
+            Some(Reply::FirstThen(..)) => panic!("FirstThen inside FirstThen is not scripted"),
             Some(Reply::Status(code, message)) => RpcOutcome::Status {
                 code,
                 message: message.to_string(),
@@ -567,8 +578,16 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
         case("csr not pem", Pki, "", ok(), vec![(C, Reply::Ok(json!({"csr": "garbage", "ssldir": "/s"})))], Want::Failed("CSR refused"), &[I, C]),
         case("no csr", Pki, "", ok(), vec![(C, Reply::Ok(json!({})))], Want::Failed("no CSR received"), &[I, C]),
         case("csr denied by default list", PkiDefaultDeny, "", ok(), vec![], Want::Failed("denied"), &[I, C]),
-        case("bad gen25519 signature", Ed25519, "", ok(), vec![(G, Reply::SignWrongNonce)], Want::Failed("could not fetch ed25519 public key"), &[J, G]),
-        case("short gen25519 key", Ed25519, "", ok(), vec![(G, Reply::ShortKey)], Want::Failed("could not fetch ed25519 public key"), &[J, G]),
+        // A reply whose content is refused is a failed try, retried up to the action's tries
+        // as Go's rpcWrapper retries a failing callback: it may be a forgery that beat the
+        // real reply (each try is a fresh request the real node answers too).
+        case("bad gen25519 signature", Ed25519, "", ok(), vec![(G, Reply::SignWrongNonce)], Want::Failed("could not fetch ed25519 public key: invalid nonce signature"), &[J, G, G, G, G, G]),
+        case("short gen25519 key", Ed25519, "", ok(), vec![(G, Reply::ShortKey)], Want::Failed("could not fetch ed25519 public key"), &[J, G, G, G, G, G]),
+        case("bad gen25519 signature, then a good one", Ed25519, "", ok(), vec![(G, Reply::FirstThen(Box::new(Reply::SignWrongNonce), Box::new(Reply::SignNonce)))], Want::Provisioned { hold: true }, &[J, G, G, I, CF, R]),
+        case("gen25519 key not a string", Ed25519, "", ok(), vec![(G, Reply::Ok(json!({"public_key": 7, "signature": "00"})))], Want::Failed("choria_provision#gen25519 reply field public_key is not a string"), &[J, G, G, G, G, G]),
+        case("jwt not a string", Jwt, "", ok(), vec![(J, Reply::Ok(json!({"jwt": ["x"]})))], Want::Failed("choria_provision#jwt reply field jwt is not a string"), &[J, J, J]),
+        // gencsr has one try, as in Go; the CSR itself is judged after the call, not retried.
+        case("csr not a string", Pki, "", ok(), vec![(C, Reply::Ok(json!({"csr": 1})))], Want::Failed("choria_provision#gencsr reply field csr is not a string"), &[I, C]),
         case("jwt signed by another key", Jwt, "", ok(), vec![(J, Reply::Ok(json!({"jwt": vector("go-choria/integration/ca/invalid-provisioning.jwt"), "ecdh_public": NODE_ECDH_PUBLIC})))], Want::Failed("could not validate JWT"), &[J]),
         case("no jwt", Jwt, "", ok(), vec![(J, Reply::Ok(json!({"ecdh_public": NODE_ECDH_PUBLIC})))], Want::Failed("no JWT received"), &[J]),
         case("node refuses the token", Jwt, "", ok(), vec![(J, Reply::Status(1, "Incorrect provision token supplied"))], Want::Failed("choria_provision#jwt failed: the node answered status 1: Incorrect provision token supplied"), &[J]),
@@ -601,7 +620,8 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
         case("paused while configure waits still restarts", Plain, "", ok(), vec![(CF, Reply::PausedWhileWaiting(json!({"message": "Wrote 3 lines"})))], Want::Provisioned { hold: true }, &[I, CF, R]),
         case("paused while inventory waits halts", Plain, "", ok(), vec![(I, Reply::PausedWhileWaiting(json!({"version": "0.29.4"})))], Want::Halted, &[I]),
         case("paused before the helper", Plain, "", ok(), vec![(I, Reply::OkThenPause(json!({"version": "0.29.4"})))], Want::Halted, &[I]),
-        case("inventory not an object", Plain, "", ok(), vec![(I, Reply::Ok(json!(["x"])))], Want::Failed("rpcutil#inventory reply data is not an object"), &[I]),
+        case("inventory not an object", Plain, "", ok(), vec![(I, Reply::Ok(json!(["x"])))], Want::Failed("rpcutil#inventory reply data is not an object"), &[I, I, I, I, I]),
+        case("inventory version not a string, then fixed", Plain, "", ok(), vec![(I, Reply::FirstThen(Box::new(Reply::Ok(json!({"version": 3}))), Box::new(Reply::Ok(json!({"version": "0.29.4"})))))], Want::Provisioned { hold: true }, &[I, I, CF, R]),
         case("helper answers nonsense", Plain, "", json!({"defer": "maybe"}), vec![], Want::Failed("field defer"), &[I]),
         // A forged reply caught after the answer was taken: nothing more reaches the node.
         case("forged inventory", Plain, "", ok(), vec![(I, Reply::OkThenForged(json!({"version": "0.29.4"})))], Want::Failed("two different replies to rpcutil#inventory"), &[I]),

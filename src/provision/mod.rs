@@ -356,6 +356,7 @@ fn step_of(action: &'static Action, outcome: RpcOutcome) -> StepResult<Value> {
         RpcOutcome::Timeout => RpcFailure::NoReply,
         RpcOutcome::TooLarge(oversized) => RpcFailure::TooLarge(oversized),
         RpcOutcome::Unsent(failure) => RpcFailure::Unsent(failure),
+        RpcOutcome::Rejected(reason) => RpcFailure::Refused(reason),
     };
     Err(Failure::Rpc { action, cause }.into())
 }
@@ -506,6 +507,50 @@ impl Cycle {
         step_of(action, outcome)
     }
 
+    /// One directed RPC whose reply's content `check` must accept, as a Go `rpcWrapper`
+    /// callback must: a reply it refuses is a failed try, retried up to the action's tries
+    /// (see `NodeRpc::call_checked`). The value is what `check` made of the accepted reply;
+    /// after all tries, the failure it gave the last one.
+    fn call_checked<T>(
+        &self,
+        trail: &mut Trail,
+        gate: &Gate,
+        identity: &Identity,
+        action: &'static Action,
+        data: Value,
+        check: impl Fn(&Value) -> Result<T, Failure>,
+    ) -> StepResult<T> {
+        self.not_provisioned_elsewhere(identity)?;
+        let mut refused = None;
+        let mut judge = |reply: &Value| match check(reply) {
+            Ok(_) => Ok(()),
+            Err(failure) => {
+                let reason = failure.to_string();
+                refused = Some(failure);
+                Err(reason)
+            }
+        };
+        let outcome =
+            self.call_recorded_with(trail, gate, identity, action, data, Some(&mut judge));
+        if outcome == RpcOutcome::Timeout {
+            self.hint_silent_node(identity, action);
+        }
+        match outcome {
+            RpcOutcome::Ok(reply) => Ok(check(&reply)?),
+            RpcOutcome::Rejected(reason) => Err(refused
+                .unwrap_or(Failure::Rpc {
+                    action,
+                    cause: RpcFailure::Refused(reason),
+                })
+                .into()),
+            other => Err(match step_of(action, other) {
+                Err(stop) => stop,
+                // `step_of` passes only `Ok` through, handled above.
+                Ok(_) => CycleStop::Halted,
+            }),
+        }
+    }
+
     /// One directed RPC, recorded on the trail as it came.
     fn call_recorded(
         &self,
@@ -515,8 +560,24 @@ impl Cycle {
         action: &'static Action,
         data: Value,
     ) -> RpcOutcome {
+        self.call_recorded_with(trail, gate, identity, action, data, None)
+    }
+
+    /// As [`Cycle::call_recorded`], with the content check of [`Cycle::call_checked`].
+    fn call_recorded_with(
+        &self,
+        trail: &mut Trail,
+        gate: &Gate,
+        identity: &Identity,
+        action: &'static Action,
+        data: Value,
+        check: Option<choria_broker::rpc::ReplyCheck<'_>>,
+    ) -> RpcOutcome {
         let started = Instant::now();
-        let (outcome, tries) = self.rpc.call_counted(identity, action, data, gate);
+        let (outcome, tries) = match check {
+            None => self.rpc.call_counted(identity, action, data, gate),
+            Some(check) => self.rpc.call_checked(identity, action, data, gate, check),
+        };
         if outcome == RpcOutcome::LockRefused {
             // The cost of sharing a fleet without an election (README, "Running several
             // provisioners"), counted so operators see how often instances collide.
@@ -698,9 +759,14 @@ impl Cycle {
     ) -> StepResult<()> {
         let identity = node.identity.clone();
         let token = json!({"token": self.settings.token});
-        let reply = self.call(trail, gate, &identity, &Action::JWT, token)?;
-        let raw = reply_string(&reply, "jwt", &Action::JWT)?;
-        node.server_ecdh_public = reply_string(&reply, "ecdh_public", &Action::JWT)?;
+        // As Go's callback, only the reply's shape is judged per try; the token is verified
+        // after the call (Go's validateJWT), not retried.
+        let (raw, ecdh_public) =
+            self.call_checked(trail, gate, &identity, &Action::JWT, token, |reply| {
+                let field = |name| reply_string(reply, name, &Action::JWT);
+                Ok((field("jwt")?, field("ecdh_public")?))
+            })?;
+        node.server_ecdh_public = ecdh_public;
         let claims = verify_node_jwt(jwt, &raw, now_unix()).map_err(Failure::Jwt)?;
         node.claims = Some(claims);
         Ok(())
@@ -713,22 +779,22 @@ impl Cycle {
         node: &mut NodeFacts,
     ) -> StepResult<()> {
         let identity = node.identity.clone();
+        // One nonce for every try of the call (Go draws one per try): each try is a fresh
+        // request of this cycle, and the nonce only has to be this cycle's.
         let nonce = new_nonce();
-        let reply = self.call(
-            trail,
-            gate,
-            &identity,
-            &Action::GEN25519,
-            json!({"token": self.settings.token, "nonce": nonce}),
-        )?;
-        let field = |name| reply_string(&reply, name, &Action::GEN25519);
-        let answer = Ed25519Reply {
-            public_key: field("public_key")?,
-            directory: field("directory")?,
-            signature: field("signature")?,
-        };
-        verify_nonce_signature(&answer.public_key, &nonce, &answer.signature)
-            .map_err(Failure::Ed25519)?;
+        let data = json!({"token": self.settings.token, "nonce": nonce});
+        let answer =
+            self.call_checked(trail, gate, &identity, &Action::GEN25519, data, |reply| {
+                let field = |name| reply_string(reply, name, &Action::GEN25519);
+                let answer = Ed25519Reply {
+                    public_key: field("public_key")?,
+                    directory: field("directory")?,
+                    signature: field("signature")?,
+                };
+                verify_nonce_signature(&answer.public_key, &nonce, &answer.signature)
+                    .map_err(Failure::Ed25519)?;
+                Ok(answer)
+            })?;
         node.ed25519 = Some(answer);
         Ok(())
     }
@@ -740,25 +806,37 @@ impl Cycle {
         node: &mut NodeFacts,
     ) -> StepResult<()> {
         let identity = node.identity.clone();
-        let reply = self.call(trail, gate, &identity, &Action::INVENTORY, json!({}))?;
-        Ok(take_inventory(node, &reply)?)
+        let facts = self.call_checked(
+            trail,
+            gate,
+            &identity,
+            &Action::INVENTORY,
+            json!({}),
+            |reply| {
+                let mut facts = NodeFacts::new(identity.clone());
+                take_inventory(&mut facts, reply).map(|()| facts)
+            },
+        )?;
+        node.inventory_json = facts.inventory_json;
+        node.version = facts.version;
+        node.upgradable = facts.upgradable;
+        Ok(())
     }
 
     fn fetch_csr(&self, trail: &mut Trail, gate: &Gate, node: &mut NodeFacts) -> StepResult<()> {
         let identity = node.identity.clone();
-        let reply = self.call(
-            trail,
-            gate,
-            &identity,
-            &Action::GENCSR,
-            json!({"token": self.settings.token, "cn": identity}),
-        )?;
-        let field = |name| reply_string(&reply, name, &Action::GENCSR);
-        let mut csr = CsrReply {
-            csr: field("csr")?,
-            public_key: field("public_key")?,
-            ssldir: field("ssldir")?,
-        };
+        // The reply's shape is judged per try (one, as Go); the CSR itself after the call,
+        // as Go's validateCSR, which counts no rpc_errors.
+        let data = json!({"token": self.settings.token, "cn": identity});
+        let mut csr =
+            self.call_checked(trail, gate, &identity, &Action::GENCSR, data, |reply| {
+                let field = |name| reply_string(reply, name, &Action::GENCSR);
+                Ok(CsrReply {
+                    csr: field("csr")?,
+                    public_key: field("public_key")?,
+                    ssldir: field("ssldir")?,
+                })
+            })?;
         let validated = check_node_csr(&self.settings, &identity, &csr.csr).map_err(|e| {
             let malformed = match &e {
                 NodeCsrError::Refused(CsrError::InvalidCommonName { .. }) => {
@@ -1055,6 +1133,7 @@ fn rpc_result(outcome: &RpcOutcome) -> String {
         RpcOutcome::LockRefused => "lock refused".to_string(),
         RpcOutcome::Conflict(_) => "conflicting replies".to_string(),
         RpcOutcome::Halted(_) => "halted".to_string(),
+        RpcOutcome::Rejected(_) => "reply refused".to_string(),
     }
 }
 

@@ -50,6 +50,26 @@ use crate::connection::{Connection, Next, Outgoing, Oversized, ReplyWaiter};
 use crate::gate::{Gate, Halt, Watch};
 use crate::observe::Observer;
 
+/// The Go provisioner's texts (host/rpc.go, rpcWrapper) for what a call logs, Go's words
+/// first and ours after them; the daemon's `go_log` table test compares each with Go's format.
+pub mod go_text {
+    /// A try begins (Go: debug).
+    pub fn trying(label: &str, try_number: u32, tries: u32) -> String {
+        format!("Trying action {label} try {try_number}/{tries}")
+    }
+
+    /// A try failed and, unless it was the last, is retried (Go: error; ours warn: the call's
+    /// failure, if it comes to that, is the node's one error line).
+    pub fn rpc_handler_failed(label: &str, detail: &str) -> String {
+        format!("rpc handler for {label} failed: {detail}")
+    }
+
+    /// Every try failed (Go: error; ours warn, as above).
+    pub fn maximum_tries(tries: u32, label: &str) -> String {
+        format!("Maximum {tries} tries reached for action {label}")
+    }
+}
+
 /// One RPC action the provisioner calls, with everything known about it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Action {
@@ -146,6 +166,10 @@ pub enum RpcOutcome {
     Conflict(Box<ReplyConflict>),
     /// The gate closed (paused or stopping) before or between tries.
     Halted(Halt),
+    /// The node answered every try with status 0, but the caller's check refused the last
+    /// reply's content (in the check's words), and nothing challenged it within the grace
+    /// window (see [`NodeRpc::call_checked`]).
+    Rejected(String),
 }
 
 /// Why a try's request was not sent.
@@ -175,6 +199,9 @@ impl std::error::Error for SendFailure {
     }
 }
 
+/// A caller's judgement of a status-0 reply's data: `Err` with the reason refuses it.
+pub type ReplyCheck<'a> = &'a mut dyn FnMut(&serde_json::Value) -> Result<(), String>;
+
 /// A directed RPC to one node, with the action's tries, timeouts and backoff.
 /// The cycle talks to nodes only through this, so it can be driven without a broker in unit
 /// tests; integration tests use the real implementation over `nats-server`.
@@ -199,6 +226,36 @@ pub trait NodeRpc: Send + Sync {
     ) -> (RpcOutcome, u32) {
         (self.call(identity, action, data, gate), 1)
     }
+    /// As [`NodeRpc::call_counted`], but a status-0 reply whose content `check` refuses is a
+    /// failed try, as a reply Go's `rpcWrapper` callback rejects is: logged, retried up to the
+    /// action's tries, counted once in `rpc_errors` if no try passes. The outcome is `Ok` only
+    /// with data `check` accepted; after all tries, [`RpcOutcome::Rejected`] with the last
+    /// refusal. The default suits a scripted node: each try is one [`NodeRpc::call_counted`],
+    /// without pauses.
+    fn call_checked(
+        &self,
+        identity: &Identity,
+        action: &'static Action,
+        data: serde_json::Value,
+        gate: &Gate,
+        check: ReplyCheck<'_>,
+    ) -> (RpcOutcome, u32) {
+        let mut made = 0;
+        let mut outcome = RpcOutcome::Timeout;
+        for _ in 0..action.tries.max(1) {
+            let (this, tries) = self.call_counted(identity, action, data.clone(), gate);
+            made += tries;
+            outcome = match this {
+                RpcOutcome::Ok(reply) => match check(&reply) {
+                    Ok(()) => return (RpcOutcome::Ok(reply), made),
+                    Err(reason) => RpcOutcome::Rejected(reason),
+                },
+                other => return (other, made),
+            };
+        }
+        (outcome, made)
+    }
+
     /// Keeps every request of `identity`'s cycle open until the returned watch is dropped, so
     /// a second, different reply to any of them is seen (see the module documentation). The
     /// default watches nothing.
@@ -907,6 +964,31 @@ impl NodeRpc for RpcClient {
         data: serde_json::Value,
         gate: &Gate,
     ) -> (RpcOutcome, u32) {
+        self.call_tried(identity, action, data, gate, None)
+    }
+
+    fn call_checked(
+        &self,
+        identity: &Identity,
+        action: &'static Action,
+        data: serde_json::Value,
+        gate: &Gate,
+        check: ReplyCheck<'_>,
+    ) -> (RpcOutcome, u32) {
+        self.call_tried(identity, action, data, gate, Some(check))
+    }
+}
+
+impl RpcClient {
+    /// Up to the action's tries; `check`, if any, judges each status-0 reply's content.
+    fn call_tried(
+        &self,
+        identity: &Identity,
+        action: &'static Action,
+        data: serde_json::Value,
+        gate: &Gate,
+        mut check: Option<ReplyCheck<'_>>,
+    ) -> (RpcOutcome, u32) {
         let label = action.label;
         let tries = action.tries.max(1);
         let body = client::rpc_request_body(action.agent, action.name, &data);
@@ -935,6 +1017,7 @@ impl NodeRpc for RpcClient {
                 Ok(watch) => watch,
                 Err(halt) => return ended(last, RpcOutcome::Halted(halt), attempt),
             };
+            log::debug!("{}", go_text::trying(label, attempt + 1, tries));
             let started = Instant::now();
             let tried = self.one_try(identity, action, &body, &filter, &watch);
             self.observer
@@ -944,7 +1027,22 @@ impl NodeRpc for RpcClient {
                 last = tried.request;
             }
             outcome = match tried.outcome {
-                TryOutcome::Ok(data) => return ended(last, RpcOutcome::Ok(data), attempt + 1),
+                TryOutcome::Ok(data) => match check.as_mut().map(|check| check(&data)) {
+                    None | Some(Ok(())) => return ended(last, RpcOutcome::Ok(data), attempt + 1),
+                    // Any node may answer in this one's name: a refused reply may be a
+                    // forgery that beat the real one, so it is a failed try like a status,
+                    // and its request is listened to for a different reply meanwhile.
+                    Some(Err(reason)) => {
+                        log::warn!(
+                            "{}",
+                            go_text::rpc_handler_failed(
+                                label,
+                                &format!("{reason} ({identity}, try {}/{tries})", attempt + 1)
+                            )
+                        );
+                        RpcOutcome::Rejected(reason)
+                    }
+                },
                 // Deliberate change from Go, which counts this as an RPC error and retries:
                 // the lock means another provisioner owns the node, so the cycle ends at once
                 // as "owned elsewhere" and several provisioners can share a fleet (see
@@ -961,9 +1059,15 @@ impl NodeRpc for RpcClient {
                 }
                 TryOutcome::Status { code, message } => {
                     log::warn!(
-                        "{label} on {identity} try {}/{tries}: status {code}: {}",
-                        attempt + 1,
-                        escape(&message)
+                        "{}",
+                        go_text::rpc_handler_failed(
+                            label,
+                            &format!(
+                                "status {code}: {} ({identity}, try {}/{tries})",
+                                escape(&message),
+                                attempt + 1
+                            )
+                        )
                     );
                     RpcOutcome::Status { code, message }
                 }
@@ -971,25 +1075,43 @@ impl NodeRpc for RpcClient {
                 // as a timed-out try, as before.
                 TryOutcome::Timeout | TryOutcome::Disconnected => {
                     log::warn!(
-                        "{label} on {identity} try {}/{tries}: no reply within {:?}",
-                        attempt + 1,
-                        self.try_timeout(action)
+                        "{}",
+                        go_text::rpc_handler_failed(
+                            label,
+                            &format!(
+                                "no reply within {:?} ({identity}, try {}/{tries})",
+                                self.try_timeout(action),
+                                attempt + 1
+                            )
+                        )
                     );
                     RpcOutcome::Timeout
                 }
                 TryOutcome::TooLarge(oversized) => {
                     log::warn!(
-                        "{label} on {identity} try {}/{tries}: no usable reply within {:?}: \
-                         {oversized}",
-                        attempt + 1,
-                        self.try_timeout(action)
+                        "{}",
+                        go_text::rpc_handler_failed(
+                            label,
+                            &format!(
+                                "no usable reply within {:?}: {oversized} ({identity}, try \
+                                 {}/{tries})",
+                                self.try_timeout(action),
+                                attempt + 1
+                            )
+                        )
                     );
                     RpcOutcome::TooLarge(oversized)
                 }
                 TryOutcome::Unsent(failure) => {
                     log::warn!(
-                        "{label} on {identity} try {}/{tries}: request not sent: {failure}",
-                        attempt + 1
+                        "{}",
+                        go_text::rpc_handler_failed(
+                            label,
+                            &format!(
+                                "request not sent: {failure} ({identity}, try {}/{tries})",
+                                attempt + 1
+                            )
+                        )
                     );
                     RpcOutcome::Unsent(failure)
                 }
@@ -997,10 +1119,21 @@ impl NodeRpc for RpcClient {
             // Only a request the node answered with a status is listened to during the pause
             // (for a different answer to it); one that got no answer yet ends here, or stays
             // watched, as a late answer to it is only late.
-            if !matches!(outcome, RpcOutcome::Status { .. }) {
+            if !matches!(outcome, RpcOutcome::Status { .. } | RpcOutcome::Rejected(_)) {
                 self.keep(identity, last.take());
             }
         }
+        // A refused last reply stands only once the grace window passed with no different
+        // reply to its request: the real node's answer after a forged one makes the call a
+        // conflict, not the node's fault.
+        if matches!(outcome, RpcOutcome::Rejected(_)) {
+            match self.pause_between_tries(self.grace, gate, last.as_ref()) {
+                Ok(None) => {}
+                Ok(Some(conflict)) => return ended(last, RpcOutcome::Conflict(conflict), tries),
+                Err(halt) => return ended(last, RpcOutcome::Halted(halt), tries),
+            }
+        }
+        log::warn!("{} ({identity})", go_text::maximum_tries(tries, label));
         // Once per failed call, not per try (provisioner host/rpc.go, rpcWrapper).
         self.observer.rpc_error(label);
         ended(last, outcome, tries)
