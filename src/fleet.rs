@@ -712,9 +712,12 @@ impl Fleet {
     fn count_full(&self, identity: &Identity, source: Source) {
         self.metrics.work_queue_dropped.inc();
         if log_limit::global().allow("work_queue_full", "") {
-            log::error!(
-                "work queue is full ({} entries): dropped {identity} from {source:?}; it will be admitted again on its next sighting",
-                self.settings.work_queue_size
+            log::warn!(
+                "{}: dropped {identity} from {source:?}; it will be admitted again on its next sighting",
+                crate::go_log::work_queue_full(
+                    self.settings.work_queue_size,
+                    self.settings.work_queue_size
+                )
             );
         }
     }
@@ -1299,6 +1302,7 @@ fn run_ticket(
     let outcome = crate::panics::contain(|| {
         // Every line of the cycle names the node, as Go's per-host logger does.
         let _node = crate::logging::NodeScope::enter(&ticket.identity);
+        log::info!("{}", crate::go_log::provisioning(&ticket.identity));
         cycle.provision(&ticket.identity, ticket.source, &fleet.gate)
     });
     fleet.metrics.busy_workers.dec();
@@ -1782,14 +1786,16 @@ pub fn run_discovery(fleet: &Fleet, discover: &dyn Discover) {
     match discover.discover(&fleet.gate) {
         Ok(identities) => {
             let admitted = admit_found(fleet, &identities);
+            // One line per round, once it is over: Go's line of its start, then the result.
             log::info!(
-                "discovery found {} nodes, admitted {admitted}",
+                "{}: discovery found {} nodes, admitted {admitted}",
+                crate::go_log::discovering(),
                 identities.len()
             );
         }
         // Paused or stopping: nobody would use the answers; not a failure.
         Err(DiscoveryError::Halted(halt)) => log::info!("discovery ended early: {halt}"),
-        Err(err) => log::error!("discovery failed: {err}"),
+        Err(err) => log::error!("{}", crate::go_log::could_not_discover(&err)),
     }
 }
 
@@ -2990,7 +2996,10 @@ mod tests {
         use log::Level::{Error, Info};
         assert_eq!(
             logged_round(|_| {}, false),
-            [(Info, "discovery found 1 nodes, admitted 1".to_string())],
+            [(
+                Info,
+                "Looking for provisionable hosts: discovery found 1 nodes, admitted 1".to_string()
+            )],
             "one line per round"
         );
         assert_eq!(
@@ -3007,7 +3016,7 @@ mod tests {
         assert!(
             failed[0]
                 .1
-                .starts_with("discovery failed: discovery request not sent:"),
+                .starts_with("Could not discover nodes: discovery request not sent:"),
             "{failed:?}"
         );
     }

@@ -46,6 +46,7 @@ use crate::audit::{
 };
 use crate::config::{Config, HelperMode, JwtCheck, Secret, ServerJwtIssuing, Upgrades};
 use crate::fleet::{ProvisionCycle, ProvisionOutcome, Source};
+use crate::go_log;
 use crate::metrics::Metrics;
 use choria_broker::gate::Gate;
 use choria_broker::rpc::{Action, Challenge, NodeRpc, ReplyWatch, RpcOutcome};
@@ -499,7 +500,6 @@ impl Cycle {
         if action != &Action::RESTART {
             self.not_provisioned_elsewhere(identity)?;
         }
-        log::debug!("{identity}: calling {action}");
         let outcome = self.call_recorded(trail, gate, identity, action, data);
         if outcome == RpcOutcome::Timeout {
             self.hint_silent_node(identity, action);
@@ -573,6 +573,10 @@ impl Cycle {
         data: Value,
         check: Option<choria_broker::rpc::ReplyCheck<'_>>,
     ) -> RpcOutcome {
+        match go_log::calling(action) {
+            Some(text) => log::info!("{text} ({identity})"),
+            None => log::debug!("{identity}: calling {action}"),
+        }
         let started = Instant::now();
         let (outcome, tries) = match check {
             None => self.rpc.call_counted(identity, action, data, gate),
@@ -652,9 +656,8 @@ impl Cycle {
                 repository,
             } => {
                 log::warn!(
-                    "{identity}: will attempt version {direction} from {} to {}",
-                    escape(from),
-                    escape(to)
+                    "{} ({identity}, {direction})",
+                    go_log::will_attempt_update(&escape(from).to_string(), &escape(to).to_string())
                 );
                 unforged(replies)?;
                 match self.upgrade(trail, gate, node, repository, to, direction) {
@@ -666,16 +669,16 @@ impl Cycle {
                     }
                     Err(CycleStop::Failed(failure)) if self.settings.upgrades_optional() => {
                         log::warn!(
-                            "{identity}: could not upgrade to {}, continuing as upgrades_optional is set: {failure}",
-                            escape(to)
+                            "{} ({identity}: upgrades_optional is set)",
+                            go_log::could_not_upgrade(&escape(to).to_string(), &failure)
                         );
                     }
                     Err(stop) => return Err(stop),
                 }
             }
             Upgrade::Skipped { target, reason } => log::warn!(
-                "{identity}: could not upgrade to {}, continuing as upgrades_optional is set: {reason}",
-                escape(target)
+                "{} ({identity}: upgrades_optional is set)",
+                go_log::could_not_upgrade(&escape(target).to_string(), &reason)
             ),
             Upgrade::NotAsked | Upgrade::FeatureOff { .. } | Upgrade::AlreadyThere { .. } => {}
         }
@@ -724,7 +727,10 @@ impl Cycle {
                 .map(|iss| crate::audit::shown(iss, crate::audit::MAX_FIELD_BYTES)),
         });
         trail.issued.key_transported = plan.key_transported;
-        log::info!("{identity}: configure response: {}", reply_message(&reply));
+        log::info!(
+            "{} ({identity})",
+            go_log::response(&Action::CONFIGURE, &reply_message(&reply))
+        );
         // A configured node is finished with `restart` even if leadership was lost or a stop
         // began meanwhile: left configured but unrestarted, it would stay in provisioning and
         // the next leader would configure it a second time. The node's lock is still ours.
@@ -744,8 +750,8 @@ impl Cycle {
                 }
             })?;
         log::info!(
-            "{identity}: restart response: {}",
-            reply_message(&restarted)
+            "{} ({identity})",
+            go_log::response(&Action::RESTART, &reply_message(&restarted))
         );
         Ok(Finished::Provisioned { hold: true })
     }
@@ -910,26 +916,29 @@ impl Cycle {
         reason: &str,
     ) -> StepResult<Finished> {
         let identity = &node.identity;
-        if reason.is_empty() {
-            log::warn!("{identity}: shutting the node down as the helper asked, no reason given");
-        } else {
-            log::warn!(
-                "{identity}: shutting the node down as the helper asked: {}",
-                escape(reason)
-            );
-        }
+        log::warn!(
+            "{} ({identity})",
+            go_log::shutting_down_host(&escape(reason).to_string())
+        );
         let token = json!({"token": self.settings.token});
         self.not_provisioned_elsewhere(identity)?;
         match self.call_recorded(trail, gate, identity, &Action::SHUTDOWN, token) {
             RpcOutcome::Ok(reply) => {
                 self.metrics.helper_shutdown_requests.inc();
-                log::info!("{identity}: shutdown response: {}", reply_message(&reply));
+                log::info!(
+                    "{} ({identity})",
+                    go_log::response(&Action::SHUTDOWN, &reply_message(&reply))
+                );
             }
             // Go logs a refusal by the node and carries on as done (host/rpc.go `shutdown`).
             RpcOutcome::Status { code, message } => {
                 log::warn!(
-                    "{identity}: could not shut down: status {code}: {}",
-                    escape(&message)
+                    "{}",
+                    go_log::could_not_shutdown(
+                        identity.as_str(),
+                        &escape(&message).to_string(),
+                        code
+                    )
                 );
             }
             other => {
@@ -955,6 +964,10 @@ impl Cycle {
             "repository": repository,
             "version": target,
         });
+        log::info!(
+            "{} ({identity})",
+            go_log::updating_node(&escape(target).to_string())
+        );
         let reply = self
             .call(trail, gate, identity, &Action::RELEASE_UPDATE, data)
             .map_err(|stop| match stop {
@@ -967,8 +980,8 @@ impl Cycle {
                 other => other,
             })?;
         log::info!(
-            "{identity}: release_update response: {}",
-            reply_message(&reply)
+            "{} ({identity}, to release_update)",
+            go_log::response(&Action::RELEASE_UPDATE, &reply_message(&reply))
         );
         Ok(())
     }
