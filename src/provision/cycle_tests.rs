@@ -1777,3 +1777,91 @@ fn a_reload_serves_the_next_node_while_a_running_cycle_keeps_what_it_started_wit
         .collect();
     assert_eq!(generations, vec![1, 2], "{text}");
 }
+
+/// Each step logs the Go provisioner's line for it (through `go_log`), the node after Go's
+/// text: an operator's greps for Go's lines find ours.
+#[test]
+fn each_step_logs_gos_line_for_it_with_the_node_after_it() {
+    /// (case, mode, extra YAML, the helper's answer, overrides, lines the cycle must log)
+    type LoggedCase = (
+        &'static str,
+        Mode,
+        &'static str,
+        Value,
+        Vec<(&'static str, Reply)>,
+        Vec<String>,
+    );
+    let cases: Vec<LoggedCase> = vec![
+        (
+            "ed25519",
+            Mode::Ed25519,
+            "",
+            configuration_answer(),
+            vec![],
+            [
+                "Fetching JWT",
+                "Fetching ED25519 public key",
+                "Fetching Inventory",
+                "Configuring node",
+            ]
+            .iter()
+            .map(|text| format!("{text} ({IDENTITY})"))
+            .chain([format!("Restarting node ({IDENTITY})")])
+            .collect(),
+        ),
+        (
+            "shutdown",
+            Mode::Plain,
+            "",
+            json!({"shutdown": true, "msg": "decommissioned"}),
+            vec![(S, Reply::Status(1, "not in provisioning mode"))],
+            vec![
+                format!("Shutting down host based on helper output: decommissioned ({IDENTITY})"),
+                format!("Shutting down node ({IDENTITY})"),
+                format!("Could not shutdown {IDENTITY}: not in provisioning mode (1)"),
+            ],
+        ),
+        (
+            "upgrade",
+            Mode::Plain,
+            "features:\n  upgrades: true\n",
+            with(configuration_answer(), json!({"upgrade": "0.30.0"})),
+            vec![(U, Reply::Ok(json!({"message": "updated"})))],
+            vec![
+                format!("Will attempt version update from 0.29.4 to 0.30.0 ({IDENTITY}, upgrade)"),
+                format!("Updating node to 0.30.0 ({IDENTITY})"),
+                format!("Restart response: updated ({IDENTITY}, to release_update)"),
+            ],
+        ),
+    ];
+    for (name, mode, yaml, answer, overrides, want) in cases {
+        let h = harness(mode, yaml, &answer, &overrides);
+        let (outcome, lines) = crate::test_log::capture(|| {
+            h.cycle
+                .provision(&node_identity(), Source::Event, &Gate::new(false))
+        });
+        assert!(
+            !matches!(outcome, ProvisionOutcome::Failed(_)),
+            "{name}: {outcome:?}"
+        );
+        let texts: Vec<&str> = lines.iter().map(|line| line.text.as_str()).collect();
+        for line in &want {
+            assert!(
+                texts.contains(&line.as_str()),
+                "{name}: no {line:?} in {texts:#?}"
+            );
+        }
+    }
+    // The node's replies are quoted in Go's response lines.
+    let h = harness(Mode::Plain, "", &configuration_answer(), &[]);
+    let (_, lines) = crate::test_log::capture(|| {
+        h.cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false))
+    });
+    assert!(
+        lines.iter().any(|line| line.level == log::Level::Info
+            && line.text.starts_with("Configure response: ")
+            && line.text.ends_with(&format!("({IDENTITY})"))),
+        "{lines:#?}"
+    );
+}
