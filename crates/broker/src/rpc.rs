@@ -9,7 +9,8 @@
 //! reply. Between tries the FiveSec backoff (750 ms before the first retry, as Go); the gate is
 //! read before every try, and every wait (for a reply, between tries) ends the moment it
 //! closes. A call that fails counts one `rpc_errors` however many tries it took, as Go's
-//! `rpcWrapper` does.
+//! `rpcWrapper` does. With [`NodeRpc::call_checked`], a reply whose content the caller refuses
+//! is a failed try too, as a failing `rpcWrapper` callback is.
 //!
 //! Every provisioning-mode node sees every request and may answer any of them, naming any
 //! sender. So replies are screened on the connection's dispatcher thread before they are
@@ -227,11 +228,11 @@ pub trait NodeRpc: Send + Sync {
         (self.call(identity, action, data, gate), 1)
     }
     /// As [`NodeRpc::call_counted`], but a status-0 reply whose content `check` refuses is a
-    /// failed try, as a reply Go's `rpcWrapper` callback rejects is: logged, retried up to the
-    /// action's tries, counted once in `rpc_errors` if no try passes. The outcome is `Ok` only
-    /// with data `check` accepted; after all tries, [`RpcOutcome::Rejected`] with the last
-    /// refusal. The default suits a scripted node: each try is one [`NodeRpc::call_counted`],
-    /// without pauses.
+    /// failed try, as a reply Go's `rpcWrapper` callback rejects is: retried up to the
+    /// action's tries ([`RpcClient`] also logs each and counts the call once in `rpc_errors`
+    /// if no try passes). The outcome is `Ok` only with data `check` accepted; after all
+    /// tries, [`RpcOutcome::Rejected`] with the last refusal. The default suits a scripted
+    /// node: each try is one [`NodeRpc::call_counted`], without pauses or logs.
     fn call_checked(
         &self,
         identity: &Identity,
