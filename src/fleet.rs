@@ -670,7 +670,7 @@ impl Fleet {
         };
         self.update_gauges(&admissions);
         drop(admissions);
-        self.count_new(&result, source);
+        self.count_new(identity, &result, source);
         result
     }
 
@@ -760,7 +760,10 @@ impl Fleet {
     /// discoverProvisionableNodes; hosts/event.go, listen), which it also does when the full
     /// queue then drops the node. Our re-admission of a long-held node is an addition too, and
     /// so is a node waiting for its verification or its delay.
-    fn count_new(&self, admission: &Admission, source: Source) {
+    ///
+    /// Each addition logs Go's line for it, rate limited: anyone can send startup events or
+    /// discovery replies under made-up names.
+    fn count_new(&self, identity: &Identity, admission: &Admission, source: Source) {
         let added = matches!(
             admission,
             Admission::Admitted(_)
@@ -770,9 +773,18 @@ impl Fleet {
                 | Admission::Dropped
         );
         if added {
-            match source {
-                Source::Discovery => self.metrics.discovered.inc(),
-                Source::Event => self.metrics.event_discovered.inc(),
+            let kind = match source {
+                Source::Discovery => {
+                    self.metrics.discovered.inc();
+                    "added_by_discovery"
+                }
+                Source::Event => {
+                    self.metrics.event_discovered.inc();
+                    "added_by_event"
+                }
+            };
+            if log_limit::global().allow(kind, identity) {
+                log::info!("{}", crate::go_log::added(identity.as_str(), source));
             }
         }
     }
@@ -2996,11 +3008,18 @@ mod tests {
         use log::Level::{Error, Info};
         assert_eq!(
             logged_round(|_| {}, false),
-            [(
-                Info,
-                "Looking for provisionable hosts: discovery found 1 nodes, admitted 1".to_string()
-            )],
-            "one line per round"
+            [
+                (
+                    Info,
+                    "Adding n1.net to the provision list after discovering it".to_string()
+                ),
+                (
+                    Info,
+                    "Looking for provisionable hosts: discovery found 1 nodes, admitted 1"
+                        .to_string()
+                )
+            ],
+            "one line per round, and one per node new to the fleet (Go's)"
         );
         assert_eq!(
             logged_round(|fleet| fleet.pause(), false),

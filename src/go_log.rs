@@ -23,6 +23,8 @@ const GO_TEXTS: &[(&str, &str)] = &[
     ("discovery skipped", "Skipping discovery while paused"),
     ("discovering", "Looking for provisionable hosts"),
     ("discovery failed", "Could not discover nodes: %s"),
+    ("added by discovery", "Adding %s to the provision list after discovering it"),
+    ("added by event", "Adding %s to the provision list after receiving an event"),
     (
         "work queue full",
         "Adding host to work queue failed with %d / %d entries",
@@ -106,6 +108,15 @@ pub fn discovering() -> &'static str {
 /// A discovery round failed (Go: error).
 pub fn could_not_discover(err: &dyn std::fmt::Display) -> String {
     format!("Could not discover nodes: {err}")
+}
+
+/// A node new to the fleet, from a discovery round or a startup event (Go: info).
+pub fn added(identity: &str, source: crate::fleet::Source) -> String {
+    let how = match source {
+        crate::fleet::Source::Discovery => "after discovering it",
+        crate::fleet::Source::Event => "after receiving an event",
+    };
+    format!("Adding {identity} to the provision list {how}")
 }
 
 /// A sighting the full work queue could not take (Go: warn).
@@ -275,6 +286,16 @@ mod tests {
                 "discovery failed",
                 &["discovery request not sent"],
                 could_not_discover(&"discovery request not sent"),
+            ),
+            (
+                "added by discovery",
+                &["n1.example.net"],
+                added("n1.example.net", crate::fleet::Source::Discovery),
+            ),
+            (
+                "added by event",
+                &["n1.example.net"],
+                added("n1.example.net", crate::fleet::Source::Event),
             ),
             (
                 "work queue full",
