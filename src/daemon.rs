@@ -555,8 +555,10 @@ impl Started {
         self.rediscovery = Some(rediscovery.map_err(DaemonError::Threads)?);
         self.start_election(&conn, settings);
 
+        // " running with " is what scripts and tests wait for: keep it after Go's text.
         log::info!(
-            "choria-provisioner {} running with {} workers",
+            "{}; choria-provisioner {} running with {} workers",
+            crate::go_log::starting(&self.config.path, self.config.interval, self.config.workers),
             env!("CARGO_PKG_VERSION"),
             self.config.workers
         );
@@ -604,7 +606,7 @@ impl Started {
         // (which would defeat the nodes' locks and the election alike).
         match TwinWatch::start(conn, &settings.identity, env!("CARGO_PKG_VERSION")) {
             Ok(watch) => self.twins = Some(watch),
-            Err(err) => log::warn!("could not publish our startup event: {err}"),
+            Err(err) => log::error!("{}", crate::go_log::startup_event_failed(&err)),
         }
         Ok(())
     }
@@ -649,7 +651,10 @@ impl Started {
             self.gate.clone(),
         ));
         self.election_events = events_rx;
-        log::info!("campaigning for leadership; paused until elected");
+        log::info!(
+            "{}; paused until elected",
+            crate::go_log::starting_election()
+        );
     }
 
     /// Main's loop, until SIGINT or SIGTERM; SIGHUP reloads.
@@ -1077,12 +1082,14 @@ fn start_metrics(
 pub fn apply_election_event(fleet: &Fleet, trigger: &Sender<()>, event: ElectionEvent) {
     match event {
         ElectionEvent::Won => {
-            log::info!("won the leader election: resuming");
+            log::info!("{}: resuming", crate::go_log::became_leader());
             fleet.resume();
+            // Full: a discovery is already due, which is the one triggered.
             let _ = trigger.try_send(());
+            log::info!("{}", crate::go_log::triggered_discovery());
         }
         ElectionEvent::Lost => {
-            log::warn!("lost the leader election: pausing");
+            log::warn!("{}: pausing", crate::go_log::lost_leadership());
             fleet.pause();
             fleet.remove_all();
         }

@@ -617,7 +617,7 @@ impl Fleet {
         };
         self.update_gauges(&admissions);
         drop(admissions);
-        self.count_new(&result, source);
+        self.count_new(identity, &result, source);
         result
     }
 
@@ -659,9 +659,12 @@ impl Fleet {
     fn count_full(&self, identity: &Identity, source: Source) {
         self.metrics.work_queue_dropped.inc();
         if log_limit::global().allow("work_queue_full", "") {
-            log::error!(
-                "work queue is full ({} entries): dropped {identity} from {source:?}; it will be admitted again on its next sighting",
-                self.settings.work_queue_size
+            log::warn!(
+                "{}: dropped {identity} from {source:?}; it will be admitted again on its next sighting",
+                crate::go_log::work_queue_full(
+                    self.settings.work_queue_size,
+                    self.settings.work_queue_size
+                )
             );
         }
     }
@@ -704,7 +707,10 @@ impl Fleet {
     /// discoverProvisionableNodes; hosts/event.go, listen), which it also does when the full
     /// queue then drops the node. Our re-admission of a long-held node is an addition too, and
     /// so is a node waiting for its verification or its delay.
-    fn count_new(&self, admission: &Admission, source: Source) {
+    ///
+    /// Each addition logs Go's line for it, rate limited: anyone can send startup events or
+    /// discovery replies under made-up names.
+    fn count_new(&self, identity: &Identity, admission: &Admission, source: Source) {
         let added = matches!(
             admission,
             Admission::Admitted(_)
@@ -714,9 +720,21 @@ impl Fleet {
                 | Admission::Dropped
         );
         if added {
-            match source {
-                Source::Discovery => self.metrics.discovered.inc(),
-                Source::Event => self.metrics.event_discovered.inc(),
+            let kind = match source {
+                Source::Discovery => {
+                    self.metrics.discovered.inc();
+                    "added_by_discovery"
+                }
+                Source::Event => {
+                    self.metrics.event_discovered.inc();
+                    "added_by_event"
+                }
+            };
+            if log_limit::global().allow(kind, identity) {
+                log::info!(
+                    "{}",
+                    crate::go_log::added(identity.as_str(), source == Source::Event)
+                );
             }
         }
     }
@@ -1249,6 +1267,7 @@ fn run_ticket(
     let outcome = crate::panics::contain(|| {
         // Every line of the cycle names the node, as Go's per-host logger does.
         let _node = crate::logging::NodeScope::enter(&ticket.identity);
+        log::info!("{}", crate::go_log::provisioning(&ticket.identity));
         cycle.provision(&ticket.identity, ticket.source, &fleet.gate)
     });
     fleet.metrics.busy_workers.dec();
@@ -1732,14 +1751,16 @@ pub fn run_discovery(fleet: &Fleet, discover: &dyn Discover) {
     match discover.discover(&fleet.gate) {
         Ok(identities) => {
             let admitted = admit_found(fleet, &identities);
+            // One line per round, once it is over: Go's line of its start, then the result.
             log::info!(
-                "discovery found {} nodes, admitted {admitted}",
+                "{}: discovery found {} nodes, admitted {admitted}",
+                crate::go_log::discovering(),
                 identities.len()
             );
         }
         // Paused or stopping: nobody would use the answers; not a failure.
         Err(DiscoveryError::Halted(halt)) => log::info!("discovery ended early: {halt}"),
-        Err(err) => log::error!("discovery failed: {err}"),
+        Err(err) => log::error!("{}", crate::go_log::could_not_discover(&err)),
     }
 }
 
@@ -2941,8 +2962,18 @@ mod tests {
         use log::Level::{Error, Info};
         assert_eq!(
             logged_round(|_| {}, false),
-            [(Info, "discovery found 1 nodes, admitted 1".to_string())],
-            "one line per round"
+            [
+                (
+                    Info,
+                    "Adding n1.net to the provision list after discovering it".to_string()
+                ),
+                (
+                    Info,
+                    "Looking for provisionable hosts: discovery found 1 nodes, admitted 1"
+                        .to_string()
+                )
+            ],
+            "one line per round, and one per node new to the fleet (Go's)"
         );
         assert_eq!(
             logged_round(|fleet| fleet.pause(), false),
@@ -2958,7 +2989,7 @@ mod tests {
         assert!(
             failed[0]
                 .1
-                .starts_with("discovery failed: discovery request not sent:"),
+                .starts_with("Could not discover nodes: discovery request not sent:"),
             "{failed:?}"
         );
     }

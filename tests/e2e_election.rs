@@ -261,7 +261,7 @@ fn is_paused(member: &Provisioner) -> bool {
 
 /// Times an instance's log says it lost the election.
 fn losses(member: &Provisioner) -> usize {
-    member.log().matches("lost the leader election").count()
+    member.log().matches("Lost leadership: pausing").count()
 }
 
 /// Watches the instances' `/metrics` every 50 ms and remembers the most working leaders
@@ -854,9 +854,9 @@ fn a_lost_won_flap_during_slow_helpers_runs_each_nodes_helper_once() {
         PATIENCE,
         || {
             let log = member.log();
-            let lost = log.find("lost the leader election")?;
+            let lost = log.find("Lost leadership: pausing")?;
             log[lost..]
-                .contains("won the leader election")
+                .contains("Became leader after winning election")
                 .then_some(())
         },
         || member.logs(),

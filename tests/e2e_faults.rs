@@ -1,7 +1,8 @@
 //! End to end: every simulator fault in a mixed fleet, healthy nodes alongside. Dead,
 //! malformed and bad-hash nodes are retried then refused (counted once each in rpc_errors, and in
 //! malformed_messages), slow ones within the RPC timeout are provisioned, wrong-cn nodes are
-//! refused by the CSR check (pki), bad-signature nodes by the gen25519 check (ed25519), and
+//! refused by the CSR check (pki), bad-signature nodes by the gen25519 check on each of its
+//! tries (ed25519, one rpc_errors each), and
 //! foreign-lock nodes are skipped as owned elsewhere without counting an error. Healthy
 //! nodes end provisioned exactly once; the daemon answers /metrics throughout and exits 0.
 //! And the broker killed five times in one run: nothing lost, nothing configured twice, and
@@ -399,10 +400,11 @@ fn ed25519_fleet_with_bad_signature_nodes() {
     }
     for node in &groups["bad-signature"] {
         assert_never_configured(node);
-        // One good reply, refused by our signature check: no retry, no server JWT issued.
+        // Each try's good reply refused by our signature check, retried up to gen25519's 5
+        // tries as Go retries a failing callback; no server JWT issued.
         assert_eq!(
             replies(node, "choria_provision#gen25519"),
-            [(Some(0), "OK".to_string())],
+            vec![(Some(0), "OK".to_string()); 5],
             "{}",
             node.identity
         );
@@ -428,12 +430,17 @@ fn ed25519_fleet_with_bad_signature_nodes() {
         ("choria_provisioner_provision_errors", 2.0),
         ("choria_provisioner_helper_time_count", 5.0),
         ("choria_provisioner_helper_errors", 0.0),
+        // One failed call per bad-signature node, as Go counts a callback failing every try.
+        (
+            "choria_provisioner_rpc_errors{rpc=\"choria_provision#gen25519\"}",
+            2.0,
+        ),
     ] {
         assert_eq!(metrics.get(series), want, "{series}\n{}", metrics.summary());
     }
     assert_eq!(
         metrics.sum("choria_provisioner_rpc_errors"),
-        0.0,
+        2.0,
         "{}",
         metrics.summary()
     );

@@ -201,8 +201,8 @@ fn shutdown_upgrade_and_downgrade_as_the_helper_asks() {
     assert_eq!(metrics.sum("choria_provisioner_rpc_errors"), 0.0);
     let log = provisioner.log();
     for line in [
-        format!("{upgraded}: will attempt version upgrade from 0.29.4 to 0.30.1"),
-        format!("{downgraded}: will attempt version downgrade from 0.29.4 to 0.28.9"),
+        format!("Will attempt version update from 0.29.4 to 0.30.1 ({upgraded}, upgrade)"),
+        format!("Will attempt version update from 0.29.4 to 0.28.9 ({downgraded}, downgrade)"),
         format!("e2e-helper: {upgraded} runs 0.30.1"),
         format!("e2e-helper: {downgraded} runs 0.28.9"),
     ] {

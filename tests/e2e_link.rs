@@ -223,7 +223,7 @@ fn a_leader_on_a_broker_frozen_for_less_than_its_lease_keeps_leading_and_working
         logs,
     );
     let standby = 1 - leader;
-    let lost = |member: &Provisioner| member.log().matches("lost the leader election").count();
+    let lost = |member: &Provisioner| member.log().matches("Lost leadership: pausing").count();
     world.broker.freeze();
     std::thread::sleep(ELECTION_FREEZE);
     world.broker.thaw();

@@ -113,7 +113,9 @@ fn a_logfile_holds_one_logrus_json_object_per_line() {
         );
     }
     assert!(
-        node_lines.iter().any(|m| m.contains("configure response")),
+        node_lines
+            .iter()
+            .any(|m| m.contains("Configure response: ")),
         "{node_lines:?}"
     );
     provisioner.stop();

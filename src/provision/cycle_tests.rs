@@ -69,6 +69,8 @@ enum Reply {
     SignWrongNonce,
     /// gen25519 with a 31-byte public key.
     ShortKey,
+    /// The first reply to the node's first request of the action, the second to every later.
+    FirstThen(Box<Reply>, Box<Reply>),
     /// Succeeds, then the gate closes (as if leadership were lost mid-cycle).
     OkThenPause(Value),
     /// Succeeds, and a second, different reply to the same request is caught (a forgery).
@@ -184,8 +186,16 @@ impl ScriptedNode {
             return RpcOutcome::Halted(halt);
         }
         let key = action.label.to_string();
-        self.calls.lock().push((key.clone(), data.clone()));
+        let earlier = {
+            let mut calls = self.calls.lock();
+            let earlier = calls.iter().filter(|(a, _)| *a == key).count();
+            calls.push((key.clone(), data.clone()));
+            earlier
+        };
         let mut reply = self.replies.lock().get(&key).cloned();
+        if let Some(Reply::FirstThen(first, then)) = reply {
+            reply = Some(if earlier == 0 { *first } else { *then });
+        }
         if let Some(Reply::ForgedAfter(real, after)) = reply {
             if let Some(watch) = self.watch.lock().clone() {
                 let forger = std::thread::Builder::new()
@@ -246,6 +256,7 @@ impl ScriptedNode {
                 RpcOutcome::Ok(value)
             }
             Some(Reply::ForgedAfter(..)) => unreachable!("unwrapped above"),
+            Some(Reply::FirstThen(..)) => panic!("FirstThen inside FirstThen is not scripted"),
             Some(Reply::Status(code, message)) => RpcOutcome::Status {
                 code,
                 message: message.to_string(),
@@ -569,8 +580,16 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
         case("csr not pem", Pki, "", ok(), vec![(C, Reply::Ok(json!({"csr": "garbage", "ssldir": "/s"})))], Want::Failed("CSR refused"), &[I, C]),
         case("no csr", Pki, "", ok(), vec![(C, Reply::Ok(json!({})))], Want::Failed("no CSR received"), &[I, C]),
         case("csr denied by default list", PkiDefaultDeny, "", ok(), vec![], Want::Failed("denied"), &[I, C]),
-        case("bad gen25519 signature", Ed25519, "", ok(), vec![(G, Reply::SignWrongNonce)], Want::Failed("could not fetch ed25519 public key"), &[J, G]),
-        case("short gen25519 key", Ed25519, "", ok(), vec![(G, Reply::ShortKey)], Want::Failed("could not fetch ed25519 public key"), &[J, G]),
+        // A reply whose content is refused is a failed try, retried up to the action's tries
+        // as Go's rpcWrapper retries a failing callback: it may be a forgery that beat the
+        // real reply (each try is a fresh request the real node answers too).
+        case("bad gen25519 signature", Ed25519, "", ok(), vec![(G, Reply::SignWrongNonce)], Want::Failed("could not fetch ed25519 public key: invalid nonce signature"), &[J, G, G, G, G, G]),
+        case("short gen25519 key", Ed25519, "", ok(), vec![(G, Reply::ShortKey)], Want::Failed("could not fetch ed25519 public key"), &[J, G, G, G, G, G]),
+        case("bad gen25519 signature, then a good one", Ed25519, "", ok(), vec![(G, Reply::FirstThen(Box::new(Reply::SignWrongNonce), Box::new(Reply::SignNonce)))], Want::Provisioned { hold: true }, &[J, G, G, I, CF, R]),
+        case("gen25519 key not a string", Ed25519, "", ok(), vec![(G, Reply::Ok(json!({"public_key": 7, "signature": "00"})))], Want::Failed("choria_provision#gen25519 reply field public_key is not a string"), &[J, G, G, G, G, G]),
+        case("jwt not a string", Jwt, "", ok(), vec![(J, Reply::Ok(json!({"jwt": ["x"]})))], Want::Failed("choria_provision#jwt reply field jwt is not a string"), &[J, J, J]),
+        // gencsr has one try, as in Go; the CSR itself is judged after the call, not retried.
+        case("csr not a string", Pki, "", ok(), vec![(C, Reply::Ok(json!({"csr": 1})))], Want::Failed("choria_provision#gencsr reply field csr is not a string"), &[I, C]),
         case("jwt signed by another key", Jwt, "", ok(), vec![(J, Reply::Ok(json!({"jwt": vector("go-choria/integration/ca/invalid-provisioning.jwt"), "ecdh_public": NODE_ECDH_PUBLIC})))], Want::Failed("could not validate JWT"), &[J]),
         case("no jwt", Jwt, "", ok(), vec![(J, Reply::Ok(json!({"ecdh_public": NODE_ECDH_PUBLIC})))], Want::Failed("no JWT received"), &[J]),
         case("node refuses the token", Jwt, "", ok(), vec![(J, Reply::Status(1, "Incorrect provision token supplied"))], Want::Failed("choria_provision#jwt failed: the node answered status 1: Incorrect provision token supplied"), &[J]),
@@ -603,7 +622,8 @@ fn each_feature_combination_and_failure_ends_as_the_go_provisioner_would() {
         case("paused while configure waits still restarts", Plain, "", ok(), vec![(CF, Reply::PausedWhileWaiting(json!({"message": "Wrote 3 lines"})))], Want::Provisioned { hold: true }, &[I, CF, R]),
         case("paused while inventory waits halts", Plain, "", ok(), vec![(I, Reply::PausedWhileWaiting(json!({"version": "0.29.4"})))], Want::Halted, &[I]),
         case("paused before the helper", Plain, "", ok(), vec![(I, Reply::OkThenPause(json!({"version": "0.29.4"})))], Want::Halted, &[I]),
-        case("inventory not an object", Plain, "", ok(), vec![(I, Reply::Ok(json!(["x"])))], Want::Failed("rpcutil#inventory reply data is not an object"), &[I]),
+        case("inventory not an object", Plain, "", ok(), vec![(I, Reply::Ok(json!(["x"])))], Want::Failed("rpcutil#inventory reply data is not an object"), &[I, I, I, I, I]),
+        case("inventory version not a string, then fixed", Plain, "", ok(), vec![(I, Reply::FirstThen(Box::new(Reply::Ok(json!({"version": 3}))), Box::new(Reply::Ok(json!({"version": "0.29.4"})))))], Want::Provisioned { hold: true }, &[I, I, CF, R]),
         case("helper answers nonsense", Plain, "", json!({"defer": "maybe"}), vec![], Want::Failed("field defer"), &[I]),
         // A forged reply caught after the answer was taken: nothing more reaches the node.
         case("forged inventory", Plain, "", ok(), vec![(I, Reply::OkThenForged(json!({"version": "0.29.4"})))], Want::Failed("two different replies to rpcutil#inventory"), &[I]),
@@ -1845,4 +1865,92 @@ fn a_reload_serves_the_next_node_while_a_running_cycle_keeps_what_it_started_wit
         })
         .collect();
     assert_eq!(generations, vec![1, 2], "{text}");
+}
+
+/// Each step logs the Go provisioner's line for it (through `go_log`), the node after Go's
+/// text: an operator's greps for Go's lines find ours.
+#[test]
+fn each_step_logs_gos_line_for_it_with_the_node_after_it() {
+    /// (case, mode, extra YAML, the helper's answer, overrides, lines the cycle must log)
+    type LoggedCase = (
+        &'static str,
+        Mode,
+        &'static str,
+        Value,
+        Vec<(&'static str, Reply)>,
+        Vec<String>,
+    );
+    let cases: Vec<LoggedCase> = vec![
+        (
+            "ed25519",
+            Mode::Ed25519,
+            "",
+            configuration_answer(),
+            vec![],
+            [
+                "Fetching JWT",
+                "Fetching ED25519 public key",
+                "Fetching Inventory",
+                "Configuring node",
+            ]
+            .iter()
+            .map(|text| format!("{text} ({IDENTITY})"))
+            .chain([format!("Restarting node ({IDENTITY})")])
+            .collect(),
+        ),
+        (
+            "shutdown",
+            Mode::Plain,
+            "",
+            json!({"shutdown": true, "msg": "decommissioned"}),
+            vec![(S, Reply::Status(1, "not in provisioning mode"))],
+            vec![
+                format!("Shutting down host based on helper output: decommissioned ({IDENTITY})"),
+                format!("Shutting down node ({IDENTITY})"),
+                format!("Could not shutdown {IDENTITY}: not in provisioning mode (1)"),
+            ],
+        ),
+        (
+            "upgrade",
+            Mode::Plain,
+            "features:\n  upgrades: true\n",
+            with(configuration_answer(), json!({"upgrade": "0.30.0"})),
+            vec![(U, Reply::Ok(json!({"message": "updated"})))],
+            vec![
+                format!("Will attempt version update from 0.29.4 to 0.30.0 ({IDENTITY}, upgrade)"),
+                format!("Updating node to 0.30.0 ({IDENTITY})"),
+                format!("Restart response: updated ({IDENTITY}, to release_update)"),
+            ],
+        ),
+    ];
+    for (name, mode, yaml, answer, overrides, want) in cases {
+        let h = harness(mode, yaml, &answer, &overrides);
+        let (outcome, lines) = crate::test_log::capture(|| {
+            h.cycle
+                .provision(&node_identity(), Source::Event, &Gate::new(false))
+        });
+        assert!(
+            !matches!(outcome, ProvisionOutcome::Failed(_)),
+            "{name}: {outcome:?}"
+        );
+        let texts: Vec<&str> = lines.iter().map(|line| line.text.as_str()).collect();
+        for line in &want {
+            assert!(
+                texts.contains(&line.as_str()),
+                "{name}: no {line:?} in {texts:#?}"
+            );
+        }
+    }
+    // The node's replies are quoted in Go's response lines.
+    let h = harness(Mode::Plain, "", &configuration_answer(), &[]);
+    let (_, lines) = crate::test_log::capture(|| {
+        h.cycle
+            .provision(&node_identity(), Source::Event, &Gate::new(false))
+    });
+    assert!(
+        lines.iter().any(|line| line.level == log::Level::Info
+            && line.text.starts_with("Configure response: ")
+            && line.text.ends_with(&format!("({IDENTITY})"))),
+        "{lines:#?}"
+    );
 }

@@ -81,6 +81,8 @@ pub enum RpcFailure {
     TooLarge(Oversized),
     /// The last try's request never reached the broker.
     Unsent(SendFailure),
+    /// Every try's reply was refused for its content (in the check's words).
+    Refused(String),
 }
 
 impl RpcFailure {
@@ -103,6 +105,11 @@ impl RpcFailure {
             RpcFailure::Unsent(failure) => {
                 write!(f, "{action} failed: the request was not sent: {failure}")
             }
+            RpcFailure::Refused(reason) => write!(
+                f,
+                "{action} failed: the reply was refused on each of {} tries: {reason}",
+                action.tries
+            ),
         }
     }
 }

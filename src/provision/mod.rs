@@ -46,6 +46,7 @@ use crate::audit::{
     AuditLine, AuditLog, CertificateRecord, Decided, HelperRecord, Instance, ServerJwtRecord, Trail,
 };
 use crate::config::{Config, HelperMode, JwtCheck, Secret, ServerJwtIssuing, Upgrades};
+use crate::go_log;
 use crate::metrics::Metrics;
 use choria_broker::gate::Gate;
 use choria_broker::rpc::{Action, Challenge, NodeRpc, ReplyWatch, RpcOutcome};
@@ -425,6 +426,7 @@ fn step_of(action: &'static Action, outcome: RpcOutcome) -> StepResult<Value> {
         RpcOutcome::Timeout => RpcFailure::NoReply,
         RpcOutcome::TooLarge(oversized) => RpcFailure::TooLarge(oversized),
         RpcOutcome::Unsent(failure) => RpcFailure::Unsent(failure),
+        RpcOutcome::Rejected(reason) => RpcFailure::Refused(reason),
     };
     Err(Failure::Rpc { action, cause }.into())
 }
@@ -567,12 +569,55 @@ impl Cycle {
         if action != &Action::RESTART {
             self.not_provisioned_elsewhere(identity)?;
         }
-        log::debug!("{identity}: calling {action}");
         let outcome = self.call_recorded(trail, gate, identity, action, data);
         if outcome == RpcOutcome::Timeout {
             self.hint_silent_node(identity, action);
         }
         step_of(action, outcome)
+    }
+
+    /// One directed RPC whose reply's content `check` must accept, as a Go `rpcWrapper`
+    /// callback must: a reply it refuses is a failed try, retried up to the action's tries
+    /// (see `NodeRpc::call_checked`). The value is what `check` made of the accepted reply;
+    /// after all tries, the failure it gave the last one.
+    fn call_checked<T>(
+        &self,
+        trail: &mut Trail,
+        gate: &Gate,
+        identity: &Identity,
+        action: &'static Action,
+        data: Value,
+        check: impl Fn(&Value) -> Result<T, Failure>,
+    ) -> StepResult<T> {
+        self.not_provisioned_elsewhere(identity)?;
+        let mut refused = None;
+        let mut judge = |reply: &Value| match check(reply) {
+            Ok(_) => Ok(()),
+            Err(failure) => {
+                let reason = failure.to_string();
+                refused = Some(failure);
+                Err(reason)
+            }
+        };
+        let outcome =
+            self.call_recorded_with(trail, gate, identity, action, data, Some(&mut judge));
+        if outcome == RpcOutcome::Timeout {
+            self.hint_silent_node(identity, action);
+        }
+        match outcome {
+            RpcOutcome::Ok(reply) => Ok(check(&reply)?),
+            RpcOutcome::Rejected(reason) => Err(refused
+                .unwrap_or(Failure::Rpc {
+                    action,
+                    cause: RpcFailure::Refused(reason),
+                })
+                .into()),
+            other => Err(match step_of(action, other) {
+                Err(stop) => stop,
+                // `step_of` passes only `Ok` through, handled above.
+                Ok(_) => CycleStop::Halted,
+            }),
+        }
     }
 
     /// One directed RPC, recorded on the trail as it came.
@@ -584,8 +629,28 @@ impl Cycle {
         action: &'static Action,
         data: Value,
     ) -> RpcOutcome {
+        self.call_recorded_with(trail, gate, identity, action, data, None)
+    }
+
+    /// As [`Cycle::call_recorded`], with the content check of [`Cycle::call_checked`].
+    fn call_recorded_with(
+        &self,
+        trail: &mut Trail,
+        gate: &Gate,
+        identity: &Identity,
+        action: &'static Action,
+        data: Value,
+        check: Option<choria_broker::rpc::ReplyCheck<'_>>,
+    ) -> RpcOutcome {
+        match go_log::calling(action) {
+            Some(text) => log::info!("{text} ({identity})"),
+            None => log::debug!("{identity}: calling {action}"),
+        }
         let started = Instant::now();
-        let (outcome, tries) = self.rpc.call_counted(identity, action, data, gate);
+        let (outcome, tries) = match check {
+            None => self.rpc.call_counted(identity, action, data, gate),
+            Some(check) => self.rpc.call_checked(identity, action, data, gate, check),
+        };
         if outcome == RpcOutcome::LockRefused {
             // The cost of sharing a fleet without an election (README, "Running several
             // provisioners"), counted so operators see how often instances collide.
@@ -660,9 +725,8 @@ impl Cycle {
                 repository,
             } => {
                 log::warn!(
-                    "{identity}: will attempt version {direction} from {} to {}",
-                    escape(from),
-                    escape(to)
+                    "{} ({identity}, {direction})",
+                    go_log::will_attempt_update(&escape(from).to_string(), &escape(to).to_string())
                 );
                 unforged(replies)?;
                 match self.upgrade(trail, gate, node, repository, to, direction) {
@@ -674,16 +738,16 @@ impl Cycle {
                     }
                     Err(CycleStop::Failed(failure)) if self.settings.upgrades_optional() => {
                         log::warn!(
-                            "{identity}: could not upgrade to {}, continuing as upgrades_optional is set: {failure}",
-                            escape(to)
+                            "{} ({identity}: upgrades_optional is set)",
+                            go_log::could_not_upgrade(&escape(to).to_string(), &failure)
                         );
                     }
                     Err(stop) => return Err(stop),
                 }
             }
             Upgrade::Skipped { target, reason } => log::warn!(
-                "{identity}: could not upgrade to {}, continuing as upgrades_optional is set: {reason}",
-                escape(target)
+                "{} ({identity}: upgrades_optional is set)",
+                go_log::could_not_upgrade(&escape(target).to_string(), &reason)
             ),
             Upgrade::NotAsked | Upgrade::FeatureOff { .. } | Upgrade::AlreadyThere { .. } => {}
         }
@@ -732,7 +796,10 @@ impl Cycle {
                 .map(|iss| crate::audit::shown(iss, crate::audit::MAX_FIELD_BYTES)),
         });
         trail.issued.key_transported = plan.key_transported;
-        log::info!("{identity}: configure response: {}", reply_message(&reply));
+        log::info!(
+            "{} ({identity})",
+            go_log::response(&Action::CONFIGURE, &reply_message(&reply))
+        );
         // A configured node is finished with `restart` even if leadership was lost or a stop
         // began meanwhile: left configured but unrestarted, it would stay in provisioning and
         // the next leader would configure it a second time. The node's lock is still ours.
@@ -752,8 +819,8 @@ impl Cycle {
                 }
             })?;
         log::info!(
-            "{identity}: restart response: {}",
-            reply_message(&restarted)
+            "{} ({identity})",
+            go_log::response(&Action::RESTART, &reply_message(&restarted))
         );
         Ok(Finished::Provisioned { hold: true })
     }
@@ -767,9 +834,14 @@ impl Cycle {
     ) -> StepResult<()> {
         let identity = node.identity.clone();
         let token = json!({"token": self.settings.token});
-        let reply = self.call(trail, gate, &identity, &Action::JWT, token)?;
-        let raw = reply_string(&reply, "jwt", &Action::JWT)?;
-        node.server_ecdh_public = reply_string(&reply, "ecdh_public", &Action::JWT)?;
+        // As Go's callback, only the reply's shape is judged per try; the token is verified
+        // after the call (Go's validateJWT), not retried.
+        let (raw, ecdh_public) =
+            self.call_checked(trail, gate, &identity, &Action::JWT, token, |reply| {
+                let field = |name| reply_string(reply, name, &Action::JWT);
+                Ok((field("jwt")?, field("ecdh_public")?))
+            })?;
+        node.server_ecdh_public = ecdh_public;
         let claims = verify_node_jwt(jwt, &raw, now_unix()).map_err(Failure::Jwt)?;
         node.claims = Some(claims);
         Ok(())
@@ -782,22 +854,22 @@ impl Cycle {
         node: &mut NodeFacts,
     ) -> StepResult<()> {
         let identity = node.identity.clone();
+        // One nonce for every try of the call (Go draws one per try): each try is a fresh
+        // request of this cycle, and the nonce only has to be this cycle's.
         let nonce = new_nonce();
-        let reply = self.call(
-            trail,
-            gate,
-            &identity,
-            &Action::GEN25519,
-            json!({"token": self.settings.token, "nonce": nonce}),
-        )?;
-        let field = |name| reply_string(&reply, name, &Action::GEN25519);
-        let answer = Ed25519Reply {
-            public_key: field("public_key")?,
-            directory: field("directory")?,
-            signature: field("signature")?,
-        };
-        verify_nonce_signature(&answer.public_key, &nonce, &answer.signature)
-            .map_err(Failure::Ed25519)?;
+        let data = json!({"token": self.settings.token, "nonce": nonce});
+        let answer =
+            self.call_checked(trail, gate, &identity, &Action::GEN25519, data, |reply| {
+                let field = |name| reply_string(reply, name, &Action::GEN25519);
+                let answer = Ed25519Reply {
+                    public_key: field("public_key")?,
+                    directory: field("directory")?,
+                    signature: field("signature")?,
+                };
+                verify_nonce_signature(&answer.public_key, &nonce, &answer.signature)
+                    .map_err(Failure::Ed25519)?;
+                Ok(answer)
+            })?;
         node.ed25519 = Some(answer);
         Ok(())
     }
@@ -809,25 +881,37 @@ impl Cycle {
         node: &mut NodeFacts,
     ) -> StepResult<()> {
         let identity = node.identity.clone();
-        let reply = self.call(trail, gate, &identity, &Action::INVENTORY, json!({}))?;
-        Ok(take_inventory(node, &reply)?)
+        let facts = self.call_checked(
+            trail,
+            gate,
+            &identity,
+            &Action::INVENTORY,
+            json!({}),
+            |reply| {
+                let mut facts = NodeFacts::new(identity.clone());
+                take_inventory(&mut facts, reply).map(|()| facts)
+            },
+        )?;
+        node.inventory_json = facts.inventory_json;
+        node.version = facts.version;
+        node.upgradable = facts.upgradable;
+        Ok(())
     }
 
     fn fetch_csr(&self, trail: &mut Trail, gate: &Gate, node: &mut NodeFacts) -> StepResult<()> {
         let identity = node.identity.clone();
-        let reply = self.call(
-            trail,
-            gate,
-            &identity,
-            &Action::GENCSR,
-            json!({"token": self.settings.token, "cn": identity}),
-        )?;
-        let field = |name| reply_string(&reply, name, &Action::GENCSR);
-        let mut csr = CsrReply {
-            csr: field("csr")?,
-            public_key: field("public_key")?,
-            ssldir: field("ssldir")?,
-        };
+        // The reply's shape is judged per try (one, as Go); the CSR itself after the call,
+        // as Go's validateCSR, which counts no rpc_errors.
+        let data = json!({"token": self.settings.token, "cn": identity});
+        let mut csr =
+            self.call_checked(trail, gate, &identity, &Action::GENCSR, data, |reply| {
+                let field = |name| reply_string(reply, name, &Action::GENCSR);
+                Ok(CsrReply {
+                    csr: field("csr")?,
+                    public_key: field("public_key")?,
+                    ssldir: field("ssldir")?,
+                })
+            })?;
         let validated = check_node_csr(&self.settings, &identity, &csr.csr).map_err(|e| {
             let malformed = match &e {
                 NodeCsrError::Refused(CsrError::InvalidCommonName { .. }) => {
@@ -901,26 +985,29 @@ impl Cycle {
         reason: &str,
     ) -> StepResult<Finished> {
         let identity = &node.identity;
-        if reason.is_empty() {
-            log::warn!("{identity}: shutting the node down as the helper asked, no reason given");
-        } else {
-            log::warn!(
-                "{identity}: shutting the node down as the helper asked: {}",
-                escape(reason)
-            );
-        }
+        log::warn!(
+            "{} ({identity})",
+            go_log::shutting_down_host(&escape(reason).to_string())
+        );
         let token = json!({"token": self.settings.token});
         self.not_provisioned_elsewhere(identity)?;
         match self.call_recorded(trail, gate, identity, &Action::SHUTDOWN, token) {
             RpcOutcome::Ok(reply) => {
                 self.metrics.helper_shutdown_requests.inc();
-                log::info!("{identity}: shutdown response: {}", reply_message(&reply));
+                log::info!(
+                    "{} ({identity})",
+                    go_log::response(&Action::SHUTDOWN, &reply_message(&reply))
+                );
             }
             // Go logs a refusal by the node and carries on as done (host/rpc.go `shutdown`).
             RpcOutcome::Status { code, message } => {
                 log::warn!(
-                    "{identity}: could not shut down: status {code}: {}",
-                    escape(&message)
+                    "{}",
+                    go_log::could_not_shutdown(
+                        identity.as_str(),
+                        &escape(&message).to_string(),
+                        code
+                    )
                 );
             }
             other => {
@@ -946,6 +1033,10 @@ impl Cycle {
             "repository": repository,
             "version": target,
         });
+        log::info!(
+            "{} ({identity})",
+            go_log::updating_node(&escape(target).to_string())
+        );
         let reply = self
             .call(trail, gate, identity, &Action::RELEASE_UPDATE, data)
             .map_err(|stop| match stop {
@@ -958,8 +1049,8 @@ impl Cycle {
                 other => other,
             })?;
         log::info!(
-            "{identity}: release_update response: {}",
-            reply_message(&reply)
+            "{} ({identity}, to release_update)",
+            go_log::response(&Action::RELEASE_UPDATE, &reply_message(&reply))
         );
         Ok(())
     }
@@ -1124,6 +1215,7 @@ fn rpc_result(outcome: &RpcOutcome) -> String {
         RpcOutcome::LockRefused => "lock refused".to_string(),
         RpcOutcome::Conflict(_) => "conflicting replies".to_string(),
         RpcOutcome::Halted(_) => "halted".to_string(),
+        RpcOutcome::Rejected(_) => "reply refused".to_string(),
     }
 }
 

@@ -1069,3 +1069,93 @@ fn a_refusal_stands_only_after_the_window_and_a_late_one_is_a_conflict() {
     conn.close();
     fleet.stop();
 }
+
+/// A reply whose content the caller's check refuses is a failed try (Go's rpcWrapper retries
+/// a failing callback): retried up to the action's tries and counted once in `rpc_errors` when
+/// no try passes. A refused reply followed by a different one to the same request (the real
+/// node after a forger, or the other way round) is a conflict, whether it comes between tries
+/// or in the grace window after the last: the node is not blamed for the forger's reply.
+#[test]
+fn a_reply_whose_content_is_refused_is_a_failed_try_unless_a_different_reply_follows() {
+    let server = NatsServer::start().expect("nats-server");
+    let metrics = Arc::new(Counts::default());
+    let conn = connect(&server, PROVISIONER);
+    let rpc = RpcClient::new(conn.clone(), metrics.clone())
+        .with_ddl_timeout(Duration::from_secs(2))
+        .with_reply_grace(Duration::from_millis(500));
+    let good = || json!({"good": true});
+
+    enum Want {
+        Ok,
+        Rejected,
+        Conflict,
+    }
+    type Send = fn(&IncomingRequest, &str, usize) -> Vec<Vec<u8>>;
+    #[rustfmt::skip]
+    let cases: [(&str, &'static Action, Send, Want, usize, u64); 5] = [
+        // node,            action,            replies per request (n: its index)
+        //                                                     outcome,        requests, rpc_errors
+        ("always-bad",      &Action::GEN25519, |r, n, _| vec![ok_reply(r, n, &json!({"good": false}))], Want::Rejected, 5, 1),
+        ("bad-then-good",   &Action::GEN25519, |r, n, i| vec![ok_reply(r, n, &json!({"good": i > 0}))], Want::Ok, 2, 0),
+        ("one-try-bad",     &Action::GENCSR,   |r, n, _| vec![ok_reply(r, n, &json!({"good": false}))], Want::Rejected, 1, 1),
+        // A forger's refused reply first, the real one right after it.
+        ("forged-between",  &Action::GEN25519, |r, n, _| vec![ok_reply(r, n, &json!({"good": false})), ok_reply(r, n, &json!({"good": true}))], Want::Conflict, 1, 0),
+        ("forged-last-try", &Action::GENCSR,   |r, n, _| vec![ok_reply(r, n, &json!({"good": false})), ok_reply(r, n, &json!({"good": true}))], Want::Conflict, 1, 0),
+    ];
+    for (name, action, send, want, requests, errors) in cases {
+        let identity = format!("{name}.example.net");
+        let node_name = identity.clone();
+        let node = start_node(
+            &server.url(),
+            &identity,
+            Box::new(move |request, index| send(request, &node_name, index)),
+        );
+        let label = action.label;
+        let conflicts_before = metrics.get(&format!("reply_conflict:{label}"));
+        let errors_before = metrics.get(&format!("rpc_error:{label}"));
+        let watch = rpc.watch(&id(&identity));
+        let mut checked = 0;
+        let (outcome, tries) = rpc.call_checked(
+            &id(&identity),
+            action,
+            json!({"token": TOKEN}),
+            &Gate::new(false),
+            &mut |data| {
+                checked += 1;
+                match data.get("good") {
+                    Some(Value::Bool(true)) => Ok(()),
+                    _ => Err("not good".to_string()),
+                }
+            },
+        );
+        let seen = node.seen();
+        drop(watch);
+        node.stop();
+        match want {
+            Want::Ok => assert_eq!(outcome, RpcOutcome::Ok(good()), "{name}"),
+            Want::Rejected => {
+                assert_eq!(outcome, RpcOutcome::Rejected("not good".into()), "{name}")
+            }
+            Want::Conflict => {
+                assert!(
+                    matches!(outcome, RpcOutcome::Conflict(_)),
+                    "{name}: {outcome:?}"
+                );
+                assert_eq!(
+                    metrics.get(&format!("reply_conflict:{label}")),
+                    conflicts_before + 1,
+                    "{name}: reply_conflicts"
+                );
+            }
+        }
+        assert_eq!(seen.len(), requests, "{name}: requests the node saw");
+        assert_eq!(tries as usize, requests, "{name}: tries counted");
+        assert_eq!(checked, requests, "{name}: each try's reply checked once");
+        assert_eq!(
+            metrics.get(&format!("rpc_error:{label}")) - errors_before,
+            errors,
+            "{name}: rpc_errors{{{label}}}"
+        );
+    }
+    conn.close();
+}

@@ -12,7 +12,7 @@ use crate::observe::Observer;
 
 use super::screen::Screened;
 use super::watch::Watching;
-use super::{Action, NodeRpc, ReplyWatch, RpcOutcome, DEFAULT_REPLY_GRACE};
+use super::{Action, NodeRpc, ReplyCheck, ReplyWatch, RpcOutcome, DEFAULT_REPLY_GRACE};
 
 /// Directed RPC over the shared broker connection.
 pub struct RpcClient {
@@ -92,6 +92,17 @@ impl NodeRpc for RpcClient {
         data: serde_json::Value,
         gate: &Gate,
     ) -> (RpcOutcome, u32) {
-        self.call_with_tries(identity, action, data, gate)
+        self.call_with_tries(identity, action, data, gate, None)
+    }
+
+    fn call_checked(
+        &self,
+        identity: &Identity,
+        action: &'static Action,
+        data: serde_json::Value,
+        gate: &Gate,
+        check: ReplyCheck<'_>,
+    ) -> (RpcOutcome, u32) {
+        self.call_with_tries(identity, action, data, gate, Some(check))
     }
 }

@@ -9,7 +9,8 @@
 //! reply. Between tries the FiveSec backoff (750 ms before the first retry, as Go); the gate is
 //! read before every try, and every wait (for a reply, between tries) ends the moment it
 //! closes. A call that fails counts one `rpc_errors` however many tries it took, as Go's
-//! `rpcWrapper` does.
+//! `rpcWrapper` does. With [`NodeRpc::call_checked`], a reply whose content the caller refuses
+//! is a failed try too, as a failing `rpcWrapper` callback is.
 //!
 //! Every provisioning-mode node sees every request and may answer any of them, naming any
 //! sender. So replies are screened on the connection's dispatcher thread before they are
@@ -37,12 +38,14 @@
 //! `conflict` (two different replies to one request), `watch` (a cycle's watch and the grace
 //! window), `screen` (the dispatcher-side screen of replies), `malformed` (its labels),
 //! `client` ([`RpcClient`]), `retry` (a call's tries and the pauses between them),
-//! `attempt` (one try, resent across a link drop) and `send` (one request and its reply).
+//! `attempt` (one try, resent across a link drop), `send` (one request and its reply) and
+//! `go_text` (Go's words for what a call logs).
 
 mod action;
 mod attempt;
 mod client;
 mod conflict;
+pub mod go_text;
 mod lock;
 pub mod malformed;
 mod outcome;
@@ -62,6 +65,9 @@ pub use conflict::{ReplyConflict, ReplySummary};
 pub use lock::{is_lock_refusal, LOCK_REFUSED_MESSAGE};
 pub use outcome::{RpcOutcome, SendFailure};
 pub use watch::{Challenge, ConflictRecorder, ReplyWatch, DEFAULT_REPLY_GRACE};
+
+/// A caller's judgement of a status-0 reply's data: `Err` with the reason refuses it.
+pub type ReplyCheck<'a> = &'a mut dyn FnMut(&serde_json::Value) -> Result<(), String>;
 
 /// A directed RPC to one node, with the action's tries, timeouts and backoff.
 /// The cycle talks to nodes only through this, so it can be driven without a broker in unit
@@ -88,6 +94,37 @@ pub trait NodeRpc: Send + Sync {
     ) -> (RpcOutcome, u32) {
         (self.call(identity, action, data, gate), 1)
     }
+
+    /// As [`NodeRpc::call_counted`], but a status-0 reply whose content `check` refuses is a
+    /// failed try, as a reply Go's `rpcWrapper` callback rejects is: retried up to the
+    /// action's tries ([`RpcClient`] also logs each and counts the call once in `rpc_errors`
+    /// if no try passes). The outcome is `Ok` only with data `check` accepted; after all
+    /// tries, [`RpcOutcome::Rejected`] with the last refusal. The default suits a scripted
+    /// node: each try is one [`NodeRpc::call_counted`], without pauses or logs.
+    fn call_checked(
+        &self,
+        identity: &Identity,
+        action: &'static Action,
+        data: serde_json::Value,
+        gate: &Gate,
+        check: ReplyCheck<'_>,
+    ) -> (RpcOutcome, u32) {
+        let mut made = 0;
+        let mut outcome = RpcOutcome::Timeout;
+        for _ in 0..action.tries.max(1) {
+            let (this, tries) = self.call_counted(identity, action, data.clone(), gate);
+            made += tries;
+            outcome = match this {
+                RpcOutcome::Ok(reply) => match check(&reply) {
+                    Ok(()) => return (RpcOutcome::Ok(reply), made),
+                    Err(reason) => RpcOutcome::Rejected(reason),
+                },
+                other => return (other, made),
+            };
+        }
+        (outcome, made)
+    }
+
     /// Keeps every request of `identity`'s cycle open until the returned watch is dropped, so
     /// a second, different reply to any of them is seen (see the module documentation). The
     /// default watches nothing.

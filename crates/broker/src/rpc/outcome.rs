@@ -36,6 +36,10 @@ pub enum RpcOutcome {
     Conflict(Box<ReplyConflict>),
     /// The gate closed (paused or stopping) before or between tries.
     Halted(Halt),
+    /// The node answered every try with status 0, but the caller's check refused the last
+    /// reply's content (in the check's words), and nothing challenged it within the grace
+    /// window (see [`NodeRpc::call_checked`](super::NodeRpc::call_checked)).
+    Rejected(String),
 }
 
 /// Why a try's request was not sent.

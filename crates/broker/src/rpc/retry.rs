@@ -15,17 +15,19 @@ use crate::gate::{Gate, Halt};
 
 use super::attempt::TryOutcome;
 use super::screen::Screened;
-use super::{Action, ReplyConflict, RpcClient, RpcOutcome};
+use super::{go_text, Action, ReplyCheck, ReplyConflict, RpcClient, RpcOutcome};
 
 impl RpcClient {
     /// [`NodeRpc::call_counted`](super::NodeRpc::call_counted) over the broker: the tries,
-    /// and how many were made.
+    /// and how many were made; `check`, if any, judges each status-0 reply's content
+    /// ([`NodeRpc::call_checked`](super::NodeRpc::call_checked)).
     pub(super) fn call_with_tries(
         &self,
         identity: &Identity,
         action: &'static Action,
         data: serde_json::Value,
         gate: &Gate,
+        mut check: Option<ReplyCheck<'_>>,
     ) -> (RpcOutcome, u32) {
         let tries = action.tries.max(1);
         let body = client::rpc_request_body(action.agent, action.name, &data);
@@ -54,6 +56,7 @@ impl RpcClient {
                 Ok(watch) => watch,
                 Err(halt) => return ended(last, RpcOutcome::Halted(halt), attempt),
             };
+            log::debug!("{}", go_text::trying(action.label, attempt + 1, tries));
             let started = Instant::now();
             let tried = self.one_try(identity, action, &body, &filter, &watch);
             self.observer
@@ -62,17 +65,32 @@ impl RpcClient {
                 self.keep(identity, last.take());
                 last = tried.request;
             }
-            outcome = match self.judge_try(identity, action, attempt + 1, tried.outcome) {
+            outcome = match self.judge_try(identity, action, attempt + 1, tried.outcome, &mut check)
+            {
                 ControlFlow::Break(end) => return ended(last, end, attempt + 1),
                 ControlFlow::Continue(failed) => failed,
             };
             // Only a request the node answered with a status is listened to during the pause
             // (for a different answer to it); one that got no answer yet ends here, or stays
             // watched, as a late answer to it is only late.
-            if !matches!(outcome, RpcOutcome::Status { .. }) {
+            if !matches!(outcome, RpcOutcome::Status { .. } | RpcOutcome::Rejected(_)) {
                 self.keep(identity, last.take());
             }
         }
+        // A refused last reply stands only once the grace window passed with no different
+        // reply to its request: the real node's answer after a forged one makes the call a
+        // conflict, not the node's fault.
+        if matches!(outcome, RpcOutcome::Rejected(_)) {
+            match self.pause_between_tries(self.grace, gate, last.as_ref()) {
+                Ok(None) => {}
+                Ok(Some(conflict)) => return ended(last, RpcOutcome::Conflict(conflict), tries),
+                Err(halt) => return ended(last, RpcOutcome::Halted(halt), tries),
+            }
+        }
+        log::warn!(
+            "{} ({identity})",
+            go_text::maximum_tries(tries, action.label)
+        );
         // Once per failed call, not per try (provisioner host/rpc.go, rpcWrapper).
         self.observer.rpc_error(action.label);
         ended(last, outcome, tries)
@@ -87,11 +105,30 @@ impl RpcClient {
         action: &Action,
         try_no: u32,
         outcome: TryOutcome,
+        check: &mut Option<ReplyCheck<'_>>,
     ) -> ControlFlow<RpcOutcome, RpcOutcome> {
         let label = action.label;
         let tries = action.tries.max(1);
+        let failed = |detail: String| {
+            log::warn!(
+                "{}",
+                go_text::rpc_handler_failed(
+                    label,
+                    &format!("{detail} ({identity}, try {try_no}/{tries})")
+                )
+            );
+        };
         ControlFlow::Continue(match outcome {
-            TryOutcome::Ok(data) => return ControlFlow::Break(RpcOutcome::Ok(data)),
+            TryOutcome::Ok(data) => match check.as_mut().map(|check| check(&data)) {
+                None | Some(Ok(())) => return ControlFlow::Break(RpcOutcome::Ok(data)),
+                // Any node may answer in this one's name: a refused reply may be a forgery
+                // that beat the real one, so it is a failed try like a status, and its
+                // request is listened to for a different reply meanwhile.
+                Some(Err(reason)) => {
+                    failed(reason.clone());
+                    RpcOutcome::Rejected(reason)
+                }
+            },
             // Deliberate change from Go, which counts this as an RPC error and retries:
             // the lock means another provisioner owns the node, so the cycle ends at once
             // as "owned elsewhere" and several provisioners can share a fleet (see
@@ -103,33 +140,24 @@ impl RpcClient {
             }
             TryOutcome::Halted(halt) => return ControlFlow::Break(RpcOutcome::Halted(halt)),
             TryOutcome::Status { code, message } => {
-                log::warn!(
-                    "{label} on {identity} try {try_no}/{tries}: status {code}: {}",
-                    escape(&message)
-                );
+                failed(format!("status {code}: {}", escape(&message)));
                 RpcOutcome::Status { code, message }
             }
             // One try's whole time went by with the link down (a long outage): counted
             // as a timed-out try, as before.
             TryOutcome::Timeout | TryOutcome::Disconnected => {
-                log::warn!(
-                    "{label} on {identity} try {try_no}/{tries}: no reply within {:?}",
-                    self.try_timeout(action)
-                );
+                failed(format!("no reply within {:?}", self.try_timeout(action)));
                 RpcOutcome::Timeout
             }
             TryOutcome::TooLarge(oversized) => {
-                log::warn!(
-                    "{label} on {identity} try {try_no}/{tries}: no usable reply within {:?}: \
-                     {oversized}",
+                failed(format!(
+                    "no usable reply within {:?}: {oversized}",
                     self.try_timeout(action)
-                );
+                ));
                 RpcOutcome::TooLarge(oversized)
             }
             TryOutcome::Unsent(failure) => {
-                log::warn!(
-                    "{label} on {identity} try {try_no}/{tries}: request not sent: {failure}"
-                );
+                failed(format!("request not sent: {failure}"));
                 RpcOutcome::Unsent(failure)
             }
         })
