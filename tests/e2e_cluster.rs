@@ -1041,3 +1041,202 @@ fn active_active_instances_through_two_cuts() {
     );
     stop_all(&mut members);
 }
+
+/// A fault that strikes a server the leader is not on.
+#[derive(Clone, Copy, Debug)]
+enum StandbyFault {
+    Kill,
+    Isolate,
+    Term,
+}
+
+/// The soak's losses (issue #23): faults that strike a server the leader is not on (killed,
+/// stopped, cut from the other two), alternately the one leading the bucket's stream, so at
+/// most the stream elects a leader of its own; each must leave one working leader within
+/// TTL + 2 s + that election (and a TTL of slack) while it lasts, one again once the server
+/// is back, and that one must stay working. Before issue #23's fix a stream led again by a
+/// server that had led it before stayed deaf to writes (see
+/// `the_buckets_stream_led_again_by_a_server_that_led_it_before`): 40 s without a leader.
+#[test]
+fn faults_on_servers_the_leader_is_not_on() {
+    let mut stage = Stage::start();
+    let members: Vec<Provisioner> = (0..3)
+        .map(|i| stage.instance(&format!("s{i}.example.net"), true))
+        .collect();
+    let faults = [
+        StandbyFault::Kill,
+        StandbyFault::Isolate,
+        StandbyFault::Term,
+        StandbyFault::Kill,
+    ];
+    for (round, fault) in faults.iter().enumerate() {
+        let leader = wait_for_one_leader(&members, "a leader before the fault");
+        let leaders_server = stage.server_of(&members[leader]);
+        let placement: Vec<usize> = members.iter().map(|m| stage.server_of(m)).collect();
+        let stream_before = stage.world.stream_leader(leaders_server, STREAM);
+        // Alternately the server leading the bucket's stream (if not the leader's) and the other.
+        let others: Vec<usize> = (0..3).filter(|s| *s != leaders_server).collect();
+        let target = others[round % 2];
+        let witness = (0..3)
+            .find(|s| *s != target && *s != leaders_server)
+            .unwrap_or(leaders_server);
+        let struck = now();
+        match fault {
+            StandbyFault::Kill => stage.world.server_mut(target).stop(),
+            StandbyFault::Term => stage.world.server_mut(target).terminate(),
+            StandbyFault::Isolate => stage.world.links().isolate(target).expect("the cut"),
+        }
+        let mut stream_during = None;
+        let during = wait_for(
+            "one working leader during the fault, and the bucket's stream led off the struck server",
+            PATIENCE,
+            || {
+                if stream_during.is_none() {
+                    stream_during = stage
+                        .world
+                        .stream_leader(witness, STREAM)
+                        .filter(|l| *l != format!("n{target}"))
+                        .map(|l| (l, now() - struck));
+                }
+                let working = match working_leaders(&members)[..] {
+                    [one] => Some((one, now())),
+                    _ => None,
+                };
+                stream_during.as_ref().and(working)
+            },
+            || logs(&members),
+        );
+        std::thread::sleep(Duration::from_secs(match fault {
+            StandbyFault::Isolate => 15,
+            _ => 3,
+        }));
+        match fault {
+            StandbyFault::Kill | StandbyFault::Term => stage
+                .world
+                .server_mut(target)
+                .start_again()
+                .expect("the server starts again"),
+            StandbyFault::Isolate => stage.world.links().heal_all().expect("the heal"),
+        }
+        let back = now();
+        stage.wait_routes("/routez to show the mesh whole again");
+        let whole = now();
+        let after = wait_for(
+            "one working leader once the server is back",
+            PATIENCE,
+            || match working_leaders(&members)[..] {
+                [one] => Some((one, now())),
+                _ => None,
+            },
+            || logs(&members),
+        );
+        eprintln!(
+            "round {round}: {fault:?} n{target}; leader s{leader} on n{leaders_server}, members \
+             on {placement:?}, stream {stream_before:?} then {stream_during:?}; working leader \
+             s{} {:.1} s after the fault; back after {:.1} s, mesh whole {:.1} s later, working \
+             leader s{} then",
+            during.0,
+            during.1 - struck,
+            back - struck,
+            whole - back,
+            after.0,
+        );
+        // The leader keeps its lease unless its keep-alive waited out the stream's election;
+        // then a standby takes over once the key expired. A TTL of slack for a loaded box.
+        let took = during.1 - struck;
+        let stream_election = stream_during.as_ref().map(|(_, at)| *at).unwrap_or(0.0);
+        let bound = 2.0 * TTL.as_secs_f64() + 2.0 + stream_election;
+        assert!(
+            took <= bound,
+            "round {round}: {fault:?} n{target} left no working leader for {took:.1} s (bound \
+             {bound:.1} s)\n{}",
+            logs(&members)
+        );
+        // Settled: the same one leader for two TTLs.
+        let settled = wait_for(
+            "the leader to hold for two TTLs",
+            PATIENCE,
+            || {
+                let first = working_leaders(&members);
+                let steady = (0..(2 * TTL.as_secs() * 2)).all(|_| {
+                    std::thread::sleep(Duration::from_millis(500));
+                    working_leaders(&members) == first
+                });
+                (steady && first.len() == 1).then(|| first[0])
+            },
+            || logs(&members),
+        );
+        eprintln!("round {round}: settled on s{settled}");
+    }
+    let mut members = members;
+    stop_all(&mut members);
+}
+
+/// The longest stretch, within `span` from now, with no one working leader (sampled).
+fn longest_without_a_leader(members: &[Provisioner], span: Duration) -> f64 {
+    let end = Instant::now() + span;
+    let mut since: Option<f64> = None;
+    let mut longest: f64 = 0.0;
+    while Instant::now() < end {
+        let at = now();
+        if working_leaders(members).len() == 1 {
+            since = None;
+        } else {
+            let start = *since.get_or_insert(at);
+            longest = longest.max(at - start);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    longest
+}
+
+/// The bucket's stream led again by a server that led it before (issue #23, the soak's
+/// minutes without a leader). nats-server before 2.11 keeps the sequence a stream leader
+/// proposes under from when it last led; where the stream's failed-sequence tally (every
+/// conditional write it refused) is larger than the writes since, every replica skips the
+/// new leader's proposals unanswered, one per write, until it has caught up. Standbys that
+/// wrote a refused create once a second kept that tally growing: the stream came back deaf
+/// to every write for tens of seconds. Here the stream moves away and back by step-downs, and
+/// the time with no working leader after it may be at most a failover (TTL + 2 s), with a
+/// TTL of slack for a loaded machine.
+#[test]
+fn the_buckets_stream_led_again_by_a_server_that_led_it_before() {
+    let stage = Stage::start();
+    let mut members: Vec<Provisioner> = (0..3)
+        .map(|i| stage.instance(&format!("r{i}.example.net"), true))
+        .collect();
+    wait_for_one_leader(&members, "a first leader");
+    let first = wait_for(
+        "the bucket's stream leader",
+        PATIENCE,
+        || stage.world.stream_leader(0, STREAM),
+        String::new,
+    );
+    let first = choria_testkit::cluster::server_index(&first).expect("a server's name");
+    // A while of standbys campaigning against the held key, led from `first`.
+    std::thread::sleep(6 * TTL);
+    let away = (first + 1) % 3;
+    move_stream_leader(&stage, away);
+    wait_for_one_leader(&members, "a leader with the stream led elsewhere");
+    std::thread::sleep(4 * TTL);
+    let before = working_leaders(&members);
+    move_stream_leader(&stage, first);
+    let back_at = now();
+    let gap = longest_without_a_leader(&members, 5 * TTL);
+    let after = working_leaders(&members);
+    let bound = TTL.as_secs_f64() + 2.0 + TTL.as_secs_f64();
+    eprintln!(
+        "the bucket's stream led by n{first}, then n{away}, then n{first} again: longest without \
+         a working leader {gap:.1} s in the {} s after (bound {bound:.1} s); leaders {before:?} \
+         before, {after:?} after",
+        5 * TTL.as_secs()
+    );
+    assert!(
+        gap <= bound,
+        "no working leader for {gap:.1} s after the stream came back to n{first} at {back_at:.1}\n{}",
+        logs(&members)
+    );
+    assert_eq!(after.len(), 1, "{}", logs(&members));
+    assert_markers_readable(&members, "the stream led again");
+    stop_all(&mut members);
+}

@@ -799,3 +799,84 @@ fn instances_sharing_an_identity_plain_account() {
 fn instances_sharing_an_identity_provisioning_account() {
     instances_sharing_an_identity(Account::Provisioning, false);
 }
+
+/// A standby writes only when the key is free (reading its last entry, or in the
+/// provisioning account counting its messages with STREAM.INFO): a refused conditional write
+/// counts in the stream's failed-sequence tally, which nats-server before 2.11 gets wrong
+/// after a stream-leader change, leaving the stream deaf to writes for as many proposals as
+/// went through since (issue #23; `e2e_cluster` has the cluster). A spy in the bucket's
+/// account sees every write of the key: while a leader keeps it, no create.
+// The spy is the plain `nats` client the connection wraps.
+#[allow(deprecated)]
+fn standbys_send_no_create_while_the_key_is_held(account: Account) {
+    let mut cluster = Cluster::start(account);
+    cluster.create_bucket();
+    let spy = match account.admin_credentials() {
+        None => nats::connect(cluster.server.url()),
+        Some((user, password)) => {
+            nats::Options::with_user_pass(user, password).connect(cluster.server.url())
+        }
+    }
+    .expect("the spy connects");
+    let writes = spy
+        .subscribe(&format!("$KV.{DEFAULT_BUCKET}.{DEFAULT_KEY}"))
+        .expect("the spy subscribes");
+    spy.flush().expect("the spy's subscription is in place");
+    for _ in 0..3 {
+        cluster.add_member();
+    }
+    let leader = cluster.wait_for_leader(None, "a first leader");
+    // The win's own create, and anything the others sent before it, are behind us.
+    while writes.next_timeout(Duration::from_millis(300)).is_ok() {}
+    let standbys: Vec<usize> = (0..3).filter(|m| *m != leader).collect();
+    let candidate_campaigns = |cluster: &Cluster| -> u64 {
+        standbys
+            .iter()
+            .map(|m| {
+                let identity = &cluster.slots[*m].identity;
+                cluster.metrics.get(&format!(
+                    "election_campaign:{DEFAULT_KEY}:{identity}:candidate"
+                ))
+            })
+            .sum()
+    };
+    let before = candidate_campaigns(&cluster);
+    let keep_alives = cluster.leader_campaigns(leader);
+    wait_until("ten standby campaigns", PATIENCE, || {
+        candidate_campaigns(&cluster) >= before + 10
+    });
+    assert_eq!(cluster.leaders(), vec![leader], "the leader kept the key");
+    let mut creates = 0;
+    let mut updates = 0;
+    while let Ok(message) = writes.next_timeout(Duration::from_millis(300)) {
+        let expected = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Expected-Last-Subject-Sequence").cloned());
+        match expected.as_deref() {
+            Some("0") => creates += 1,
+            _ => updates += 1,
+        }
+    }
+    assert!(
+        cluster.leader_campaigns(leader) > keep_alives && updates > 0,
+        "the spy saw the leader's keep-alives ({updates})"
+    );
+    assert_eq!(
+        creates,
+        0,
+        "{} standby campaigns sent {creates} creates against a held key",
+        candidate_campaigns(&cluster) - before
+    );
+    cluster.assert_never_two_leaders();
+}
+
+#[test]
+fn standbys_send_no_create_while_the_key_is_held_plain_account() {
+    standbys_send_no_create_while_the_key_is_held(Account::Plain);
+}
+
+#[test]
+fn standbys_send_no_create_while_the_key_is_held_provisioning_account() {
+    standbys_send_no_create_while_the_key_is_held(Account::Provisioning);
+}

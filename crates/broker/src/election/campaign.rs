@@ -152,6 +152,8 @@ pub(super) struct Member {
     pub(super) shared: Arc<Shared>,
     pub(super) stop_wait: Receiver<()>,
     pub(super) complaint: Complaint,
+    /// What the last set-up or campaign learnt about reading the key's last entry.
+    pub(super) markers: Markers,
 }
 
 impl Member {
@@ -170,7 +172,9 @@ impl Member {
                     failures = 0;
                     *self.shared.setup_problem.lock() = None;
                     self.complaint.resolved("leader election set up");
-                    match self.campaign(&mut bucket) {
+                    let end = self.campaign(&mut bucket);
+                    self.markers = bucket.markers;
+                    match end {
                         CampaignEnd::Stopped => break,
                         CampaignEnd::SetUpAgain => continue,
                     }
@@ -259,9 +263,16 @@ impl Member {
                 config.max_msgs_per_subject
             );
         }
-        let mut markers = Markers::Unknown { unanswered: 0 };
+        // What an earlier set-up learnt that the account allows holds (a set-up again follows
+        // a bucket that went missing or a stream that did not answer, neither of which
+        // changes it); a refusal learnt before is asked again.
+        let mut markers = match self.markers {
+            Markers::Readable => Markers::Readable,
+            _ => Markers::Unknown { unanswered: 0 },
+        };
         // A timeout is no refusal (a slow JetStream, a busy box): it is asked again later.
         let _ = self.read_last_entry(&mut markers);
+        self.markers = markers;
         let write_timeout = write_timeout(ttl, cap);
         log::info!(
             "election bucket {} found: TTL {ttl:?}, write timeout {write_timeout:?}, delete \
@@ -351,8 +362,10 @@ impl Member {
             Err(err) => {
                 // Our own subscription on the key's subject answers for a missing stream's
                 // "no responders": a timeout may mean it is gone.
-                let maybe_gone =
-                    self.twins.is_some() && matches!(err, ElectionError::Timeout { .. });
+                // (A read of the last entry that timed out says nothing of it.)
+                let maybe_gone = self.twins.is_some()
+                    && matches!(&err, ElectionError::Timeout { subject, .. }
+                        if *subject == self.settings.write_subject());
                 self.complaint.report(
                     log::Level::Warn,
                     format!("campaign for {} failed: {err}", self.settings.key),

@@ -146,6 +146,42 @@ pub fn parse_pub_ack(subject: &str, expected: u64, body: &[u8]) -> Result<u64, E
         })
 }
 
+/// The messages on `key` from a STREAM.INFO reply asked with `subjects_filter`: the server
+/// lists the subjects that match with their counts, and none when nothing matches.
+pub fn parse_key_messages(
+    bucket: &str,
+    subject: &str,
+    key: &str,
+    body: &[u8],
+) -> Result<u64, ElectionError> {
+    let reply = parse_json(subject, body)?;
+    if let Some((code, err_code, description)) = api_error(&reply) {
+        if err_code == ERR_STREAM_NOT_FOUND {
+            return Err(ElectionError::BucketMissing {
+                bucket: bucket.to_string(),
+                subject: subject.to_string(),
+            });
+        }
+        return Err(ElectionError::Api {
+            subject: subject.to_string(),
+            code,
+            err_code,
+            description,
+        });
+    }
+    let state = reply.get("state").ok_or_else(|| ElectionError::Malformed {
+        subject: subject.to_string(),
+        reason: "stream info without \"state\"".to_string(),
+    })?;
+    match state.get("subjects").and_then(|s| s.get(key)) {
+        None => Ok(0),
+        Some(count) => count.as_u64().ok_or_else(|| ElectionError::Malformed {
+            subject: subject.to_string(),
+            reason: format!("a subject count that is not a number: {count:?}"),
+        }),
+    }
+}
+
 /// The last message on the key, from a STREAM.MSG.GET reply.
 #[derive(Debug, PartialEq)]
 pub enum LastEntry {
@@ -312,7 +348,16 @@ impl Member {
             body.to_string().as_bytes(),
             self.settings.write_timeout_cap,
         )?;
-        parse_last_entry(&subject, &reply)
+        match parse_last_entry(&subject, &reply) {
+            // The stream is gone: set up again, and no word on what the account allows.
+            Err(ElectionError::Api { err_code, .. }) if err_code == ERR_STREAM_NOT_FOUND => {
+                Err(ElectionError::BucketMissing {
+                    bucket: self.settings.bucket.clone(),
+                    subject,
+                })
+            }
+            other => other,
+        }
     }
 
     /// One conditional write of our identity (or a delete marker) expecting `expected`.
@@ -342,30 +387,72 @@ impl Member {
     }
 
     /// Create: expecting no previous value, or over a delete marker where we can see one.
+    ///
+    /// Where the key's last entry can be read, a candidate reads it first and writes only
+    /// when the key is free (absent, or a marker): a conditional write refused by the stream
+    /// is no harmless "someone else leads". nats-server before 2.11 counts every refused one
+    /// in the stream's failed-sequence tally, and a server that regains the stream's
+    /// leadership proposes under a sequence it kept from when it last led, which falls short
+    /// of last sequence + that tally: every replica skips such proposals without answering,
+    /// until as many writes as went through since have been sent to it (nats-server
+    /// 80a5675, "Fix correcting clseq drift on high clfs"). Standbys writing once a second
+    /// made that tens of seconds to minutes without a working leader after a stream-leader
+    /// change. Reads go to the stream's leader without its Raft group and count in no tally.
+    /// Where the entry cannot be read (the provisioning account), the create is blind, as
+    /// Go's is.
     pub(super) fn create(&self, bucket: &mut Bucket) -> Result<u64, ElectionError> {
-        match self.write(bucket, 0, false) {
-            Err(held @ ElectionError::WrongLastSequence { .. })
-                if bucket.markers != Markers::Unreadable =>
-            {
-                let mut markers = bucket.markers;
-                let read = self.read_last_entry(&mut markers);
-                bucket.markers = markers;
-                match read {
-                    Ok(LastEntry::Marker { revision }) => self.write(bucket, revision, false),
-                    Ok(LastEntry::Absent) => self.write(bucket, 0, false),
-                    Ok(LastEntry::Value { revision }) => Err(ElectionError::WrongLastSequence {
+        if bucket.markers != Markers::Unreadable {
+            let mut markers = bucket.markers;
+            let read = self.read_last_entry(&mut markers);
+            bucket.markers = markers;
+            match read {
+                Ok(LastEntry::Value { revision }) => {
+                    return Err(ElectionError::WrongLastSequence {
                         subject: self.settings.write_subject(),
                         expected: 0,
                         description: format!("held at revision {revision}"),
-                    }),
-                    // Refused: the account cannot see markers; someone holds the key or a
-                    // marker blocks it, the normal standby outcome.
-                    Err(_) if bucket.markers == Markers::Unreadable => Err(held),
-                    Err(err) => Err(err),
+                    })
                 }
+                Ok(LastEntry::Marker { revision }) => return self.write(bucket, revision, false),
+                Ok(LastEntry::Absent) => return self.write(bucket, 0, false),
+                // Refused: the account cannot read the entry; ask the stream below.
+                Err(_) if bucket.markers == Markers::Unreadable => {}
+                // Not answered or not served now (a stream electing its leader): a write
+                // would fare no better; the next campaign asks again.
+                Err(err) => return Err(err),
             }
-            other => other,
         }
+        // The provisioning account imports STREAM.INFO, which counts the key's messages: a
+        // value or a marker (which blocks a blind create as surely) means held. Where even
+        // that goes unanswered, the create is blind, as Go's is.
+        match self.key_messages() {
+            Ok(0) => {}
+            Ok(_) => {
+                return Err(ElectionError::WrongLastSequence {
+                    subject: self.settings.write_subject(),
+                    expected: 0,
+                    description: "the stream holds a message on the key".to_string(),
+                })
+            }
+            Err(err) if err.needs_setup() => return Err(err),
+            Err(err) => log::debug!("could not count the election key's messages: {err}"),
+        }
+        self.write(bucket, 0, false)
+    }
+
+    /// How many messages the stream holds on the key (0 or 1 in a bucket that keeps one
+    /// revision), from STREAM.INFO filtered to the key's subject.
+    pub(super) fn key_messages(&self) -> Result<u64, ElectionError> {
+        let subject = self.settings.stream_info_subject();
+        let key = self.settings.stored_key_subject();
+        let body = serde_json::json!({ "subjects_filter": key });
+        let reply = self.request(
+            &subject,
+            &[],
+            body.to_string().as_bytes(),
+            self.settings.write_timeout_cap,
+        )?;
+        parse_key_messages(&self.settings.bucket, &subject, &key, &reply)
     }
 }
 

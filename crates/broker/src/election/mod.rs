@@ -77,7 +77,8 @@ pub use admin::{connect_member, BucketAdmin};
 pub use campaign::{lease_length, write_timeout, LEASE_MARGIN};
 pub use error::ElectionError;
 pub use kv::{
-    parse_last_entry, parse_pub_ack, parse_stream_info, validate_ttl, BucketConfig, LastEntry,
+    parse_key_messages, parse_last_entry, parse_pub_ack, parse_stream_info, validate_ttl,
+    BucketConfig, LastEntry,
 };
 
 // The submodules share their crate-private items through this module.
@@ -255,6 +256,7 @@ impl Election {
             shared: shared.clone(),
             stop_wait,
             complaint: Complaint::default(),
+            markers: Markers::Unknown { unanswered: 0 },
         };
         let thread = std::thread::Builder::new()
             .name("election".into())

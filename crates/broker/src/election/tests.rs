@@ -253,3 +253,31 @@ fn complaints_are_not_repeated_until_they_change() {
     complaint.resolved("ok");
     assert!(complaint.last.is_none());
 }
+
+#[test]
+fn filtered_stream_info_counts_the_keys_messages() {
+    let s = "choria.streams.STREAM.INFO.KV_B";
+    let key = "$KV.B.provisioner";
+    let held = br#"{"config":{"max_age":5000000000},"state":{"messages":3,"subjects":{"$KV.B.provisioner":1}}}"#;
+    assert_eq!(parse_key_messages("B", s, key, held).unwrap(), 1);
+    // Nothing on the key: the server lists no subjects at all.
+    let free = br#"{"config":{"max_age":5000000000},"state":{"messages":2}}"#;
+    assert_eq!(parse_key_messages("B", s, key, free).unwrap(), 0);
+    let other = br#"{"state":{"subjects":{"$KV.B.other":1}}}"#;
+    assert_eq!(parse_key_messages("B", s, key, other).unwrap(), 0);
+    let missing = br#"{"error":{"code":404,"err_code":10059,"description":"stream not found"}}"#;
+    assert!(parse_key_messages("B", s, key, missing)
+        .unwrap_err()
+        .needs_setup());
+    let cases: [(&[u8], &str); 4] = [
+        (br#"{"error":{"code":503,"err_code":10008,"description":"jetstream temporarily unavailable"}}"#, "temporarily unavailable"),
+        (br#"{"config":{}}"#, "without \"state\""),
+        (br#"{"state":{"subjects":{"$KV.B.provisioner":"one"}}}"#, "not a number"),
+        (b"not json", "not JSON"),
+    ];
+    for (body, needle) in cases {
+        let err = parse_key_messages("B", s, key, body).unwrap_err();
+        assert!(err.to_string().contains(needle), "{err}");
+        assert!(!err.needs_setup(), "{err}");
+    }
+}
