@@ -223,7 +223,8 @@ Run:
   --schemas DIR             directory with secure_request.json and request.json
                             (default: go-choria's, built in)
   --report FILE             write the JSON report there (default: stdout before the summary)
-  --exit-when-done          exit once every fault-free node is in service or shut down
+  --exit-when-done          exit once every fault-free or slow node is in service or
+                            shut down
   --deadline DUR            exit after DUR
   --reprovision-after DUR   churn: a node in service returns to provisioning mode (a new
                             life, provisioned again) DUR +-50% after entering service

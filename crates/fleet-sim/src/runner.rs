@@ -1074,7 +1074,8 @@ fn wait_for_end(
         let mut duplicates = 0;
         for cell in &shared.nodes {
             let node = cell.lock();
-            if node.fault.is_none() {
+            // A slow node is provisioned too, only later: the fleet is done once it is.
+            if node.fault.is_none() || node.fault == Some(Fault::Slow) {
                 healthy += 1;
                 if node.state.is_done() {
                     healthy_done += 1;
@@ -1086,17 +1087,22 @@ fn wait_for_end(
             violations += node.record.violations_total;
             duplicates += usize::from(node.record.duplicate.is_some());
         }
+        let progress = || {
+            eprintln!(
+                "choria-fleet-sim: {}s: {in_service}/{} in service, healthy done {healthy_done}/{healthy}, violations {violations}, duplicates {duplicates}",
+                started.elapsed().as_secs(),
+                opts.nodes
+            );
+        };
+        let done = opts.exit_when_done && healthy > 0 && healthy_done == healthy;
         if let (Some(at), Some(every)) = (next_progress, opts.progress) {
-            if Instant::now() >= at {
-                eprintln!(
-                    "choria-fleet-sim: {}s: {in_service}/{} in service, healthy done {healthy_done}/{healthy}, violations {violations}, duplicates {duplicates}",
-                    started.elapsed().as_secs(),
-                    opts.nodes
-                );
+            // The last line before a done exit too: whoever reads them sees the end.
+            if done || Instant::now() >= at {
+                progress();
                 next_progress = Some(at + every);
             }
         }
-        if opts.exit_when_done && healthy > 0 && healthy_done == healthy {
+        if done {
             return "done".into();
         }
     }
