@@ -591,8 +591,12 @@ impl Cycle {
     ) -> StepResult<T> {
         self.not_provisioned_elsewhere(identity)?;
         let mut refused = None;
+        let mut accepted = None;
         let mut judge = |reply: &Value| match check(reply) {
-            Ok(_) => Ok(()),
+            Ok(value) => {
+                accepted = Some(value);
+                Ok(())
+            }
             Err(failure) => {
                 let reason = failure.to_string();
                 refused = Some(failure);
@@ -605,7 +609,11 @@ impl Cycle {
             self.hint_silent_node(identity, action);
         }
         match outcome {
-            RpcOutcome::Ok(reply) => Ok(check(&reply)?),
+            // What the check made of the reply it accepted, not a second run of it.
+            RpcOutcome::Ok(reply) => match accepted {
+                Some(value) => Ok(value),
+                None => Ok(check(&reply)?),
+            },
             RpcOutcome::Rejected(reason) => Err(refused
                 .unwrap_or(Failure::Rpc {
                     action,

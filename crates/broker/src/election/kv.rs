@@ -69,12 +69,12 @@ pub(super) fn parse_json(subject: &str, body: &[u8]) -> Result<serde_json::Value
     })
 }
 
-/// Reads a STREAM.INFO reply.
-pub fn parse_stream_info(
+/// A STREAM.INFO reply as JSON, or the error it carries (a missing stream is the bucket's).
+fn parse_stream_reply(
     bucket: &str,
     subject: &str,
     body: &[u8],
-) -> Result<BucketConfig, ElectionError> {
+) -> Result<serde_json::Value, ElectionError> {
     let reply = parse_json(subject, body)?;
     if let Some((code, err_code, description)) = api_error(&reply) {
         if err_code == ERR_STREAM_NOT_FOUND {
@@ -90,6 +90,16 @@ pub fn parse_stream_info(
             description,
         });
     }
+    Ok(reply)
+}
+
+/// Reads a STREAM.INFO reply.
+pub fn parse_stream_info(
+    bucket: &str,
+    subject: &str,
+    body: &[u8],
+) -> Result<BucketConfig, ElectionError> {
+    let reply = parse_stream_reply(bucket, subject, body)?;
     let config = reply
         .get("config")
         .ok_or_else(|| ElectionError::Malformed {
@@ -154,21 +164,7 @@ pub fn parse_key_messages(
     key: &str,
     body: &[u8],
 ) -> Result<u64, ElectionError> {
-    let reply = parse_json(subject, body)?;
-    if let Some((code, err_code, description)) = api_error(&reply) {
-        if err_code == ERR_STREAM_NOT_FOUND {
-            return Err(ElectionError::BucketMissing {
-                bucket: bucket.to_string(),
-                subject: subject.to_string(),
-            });
-        }
-        return Err(ElectionError::Api {
-            subject: subject.to_string(),
-            code,
-            err_code,
-            description,
-        });
-    }
+    let reply = parse_stream_reply(bucket, subject, body)?;
     let state = reply.get("state").ok_or_else(|| ElectionError::Malformed {
         subject: subject.to_string(),
         reason: "stream info without \"state\"".to_string(),
