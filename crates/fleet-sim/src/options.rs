@@ -377,101 +377,138 @@ where
                 .next()
                 .ok_or_else(|| UsageError::MissingValue(flag.clone()))?,
         };
-        let v = value.as_str();
-        let f = flag.as_str();
-        match f {
-            "--broker" => {
-                opts.brokers = v
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(String::from)
-                    .collect();
-                if opts.brokers.is_empty() {
-                    return Err(bad(f, v, "no broker URL"));
-                }
-            }
-            "--nodes" => opts.nodes = number(f, v)?,
-            "--prefix" => opts.prefix = v.into(),
-            "--domain" => opts.domain = v.into(),
-            "--nodes-per-connection" => {
-                opts.nodes_per_connection = number(f, v)?;
-                if opts.nodes_per_connection == 0 {
-                    return Err(bad(f, v, "must be at least 1"));
-                }
-            }
-            "--boot-spread" => opts.boot_spread = duration(f, v)?,
-            "--version" => {
-                opts.versions = v
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(String::from)
-                    .collect();
-                if opts.versions.is_empty() {
-                    return Err(bad(f, v, "no version"));
-                }
-            }
-            "--facts" => opts.facts = json_object(f, v)?,
-            "--lock-seconds" => opts.lock = Duration::from_secs(number(f, v)?),
-            "--token" => opts.token = v.into(),
-            "--jwt-key" => opts.jwt_key = Some(PathBuf::from(v)),
-            "--jwt-claims" => opts.jwt_claims = json_object(f, v)?,
-            "--org-issuer" => opts.org_issuer = Some(v.into()),
-            "--protocol" => {
-                opts.protocol = match v {
-                    "v1" => WireProtocol::V1,
-                    "v2" => WireProtocol::V2,
-                    _ => return Err(bad(f, v, "not v1 or v2")),
-                }
-            }
-            "--dead" => opts.faults.dead = fraction(f, v)?,
-            "--slow" => opts.faults.slow = fraction(f, v)?,
-            "--slow-delay" => opts.slow_delay = duration(f, v)?,
-            "--malformed" => opts.faults.malformed = fraction(f, v)?,
-            "--bad-hash" => opts.faults.bad_hash = fraction(f, v)?,
-            "--wrong-cn" => opts.faults.wrong_cn = fraction(f, v)?,
-            "--bad-signature" => opts.faults.bad_signature = fraction(f, v)?,
-            "--foreign-lock" => opts.faults.foreign_lock = fraction(f, v)?,
-            "--csr-extra-block" => opts.faults.csr_extra_block = fraction(f, v)?,
-            "--weak-key" => opts.faults.weak_key = fraction(f, v)?,
-            "--forged" => opts.faults.forged = fraction(f, v)?,
-            "--forge-actions" => {
-                opts.forge.actions = v
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|a| !a.is_empty())
-                    .map(|a| forgeable(f, v, a))
-                    .collect::<Result<_, _>>()?;
-                if opts.forge.actions.is_empty() {
-                    return Err(bad(f, v, "no action"));
-                }
-            }
-            "--forge-reply" => {
-                opts.forge.reply = match v {
-                    "lock" => ForgeReply::Lock,
-                    "ok" => ForgeReply::Ok,
-                    _ => return Err(bad(f, v, "not lock or ok")),
-                }
-            }
-            "--forge-delay" => opts.forge.delay = duration(f, v)?,
-            "--victim-delay" => opts.forge.victim_delay = duration(f, v)?,
-            "--seed" => opts.seed = number(f, v)?,
-            "--schemas" => opts.schemas = Some(PathBuf::from(v)),
-            "--report" => opts.report = Some(PathBuf::from(v)),
-            "--deadline" => opts.deadline = Some(duration(f, v)?),
-            "--reprovision-after" => opts.reprovision_after = Some(duration(f, v)?),
-            "--workers" => {
-                opts.workers = number(f, v)?;
-                if opts.workers == 0 {
-                    return Err(bad(f, v, "must be at least 1"));
-                }
-            }
-            "--keygen-threads" => opts.keygen_threads = number(f, v)?,
-            "--progress" => opts.progress = Some(duration(f, v)?),
-            _ => return Err(UsageError::UnknownFlag(flag)),
+        let (f, v) = (flag.as_str(), value.as_str());
+        let known = if let Some(field) = fault_fraction(&mut opts.faults, f) {
+            *field = fraction(f, v)?;
+            true
+        } else {
+            set_fleet(&mut opts, f, v)?
+                || set_forge(&mut opts.forge, f, v)?
+                || set_run(&mut opts, f, v)?
+        };
+        if !known {
+            return Err(UsageError::UnknownFlag(flag));
         }
     }
+    check_whole(&opts)?;
+    Ok(Parsed::Run(Box::new(opts)))
+}
+
+/// A list flag's items, trimmed, empty ones left out.
+fn items(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// A flag of the fleet and its nodes (brokers, names, versions, facts, tokens, protocol);
+/// false when `f` is none of them.
+fn set_fleet(opts: &mut Options, f: &str, v: &str) -> Result<bool, UsageError> {
+    match f {
+        "--broker" => {
+            opts.brokers = items(v).map(String::from).collect();
+            if opts.brokers.is_empty() {
+                return Err(bad(f, v, "no broker URL"));
+            }
+        }
+        "--nodes" => opts.nodes = number(f, v)?,
+        "--prefix" => opts.prefix = v.into(),
+        "--domain" => opts.domain = v.into(),
+        "--nodes-per-connection" => {
+            opts.nodes_per_connection = number(f, v)?;
+            if opts.nodes_per_connection == 0 {
+                return Err(bad(f, v, "must be at least 1"));
+            }
+        }
+        "--boot-spread" => opts.boot_spread = duration(f, v)?,
+        "--version" => {
+            opts.versions = items(v).map(String::from).collect();
+            if opts.versions.is_empty() {
+                return Err(bad(f, v, "no version"));
+            }
+        }
+        "--facts" => opts.facts = json_object(f, v)?,
+        "--lock-seconds" => opts.lock = Duration::from_secs(number(f, v)?),
+        "--token" => opts.token = v.into(),
+        "--jwt-key" => opts.jwt_key = Some(PathBuf::from(v)),
+        "--jwt-claims" => opts.jwt_claims = json_object(f, v)?,
+        "--org-issuer" => opts.org_issuer = Some(v.into()),
+        "--protocol" => {
+            opts.protocol = match v {
+                "v1" => WireProtocol::V1,
+                "v2" => WireProtocol::V2,
+                _ => return Err(bad(f, v, "not v1 or v2")),
+            }
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// The fraction of nodes a fault flag sets, if `f` is one.
+fn fault_fraction<'a>(faults: &'a mut FaultFractions, f: &str) -> Option<&'a mut f64> {
+    Some(match f {
+        "--dead" => &mut faults.dead,
+        "--slow" => &mut faults.slow,
+        "--malformed" => &mut faults.malformed,
+        "--bad-hash" => &mut faults.bad_hash,
+        "--wrong-cn" => &mut faults.wrong_cn,
+        "--bad-signature" => &mut faults.bad_signature,
+        "--foreign-lock" => &mut faults.foreign_lock,
+        "--csr-extra-block" => &mut faults.csr_extra_block,
+        "--weak-key" => &mut faults.weak_key,
+        "--forged" => &mut faults.forged,
+        _ => return None,
+    })
+}
+
+/// A flag of the forger; false when `f` is none of them.
+fn set_forge(forge: &mut ForgeOptions, f: &str, v: &str) -> Result<bool, UsageError> {
+    match f {
+        "--forge-actions" => {
+            forge.actions = items(v)
+                .map(|a| forgeable(f, v, a))
+                .collect::<Result<_, _>>()?;
+            if forge.actions.is_empty() {
+                return Err(bad(f, v, "no action"));
+            }
+        }
+        "--forge-reply" => {
+            forge.reply = match v {
+                "lock" => ForgeReply::Lock,
+                "ok" => ForgeReply::Ok,
+                _ => return Err(bad(f, v, "not lock or ok")),
+            }
+        }
+        "--forge-delay" => forge.delay = duration(f, v)?,
+        "--victim-delay" => forge.victim_delay = duration(f, v)?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// A flag of the run itself (seed, files, timing, threads); false when `f` is none of them.
+fn set_run(opts: &mut Options, f: &str, v: &str) -> Result<bool, UsageError> {
+    match f {
+        "--slow-delay" => opts.slow_delay = duration(f, v)?,
+        "--seed" => opts.seed = number(f, v)?,
+        "--schemas" => opts.schemas = Some(PathBuf::from(v)),
+        "--report" => opts.report = Some(PathBuf::from(v)),
+        "--deadline" => opts.deadline = Some(duration(f, v)?),
+        "--reprovision-after" => opts.reprovision_after = Some(duration(f, v)?),
+        "--workers" => {
+            opts.workers = number(f, v)?;
+            if opts.workers == 0 {
+                return Err(bad(f, v, "must be at least 1"));
+            }
+        }
+        "--keygen-threads" => opts.keygen_threads = number(f, v)?,
+        "--progress" => opts.progress = Some(duration(f, v)?),
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// What no single flag can check: a broker is given, v2 has its key, the faults fit.
+fn check_whole(opts: &Options) -> Result<(), UsageError> {
     if opts.brokers.is_empty() {
         return Err(UsageError::Missing("--broker"));
     }
@@ -499,7 +536,7 @@ where
             "fault fractions add up to more than 1",
         ));
     }
-    Ok(Parsed::Run(Box::new(opts)))
+    Ok(())
 }
 
 #[cfg(test)]

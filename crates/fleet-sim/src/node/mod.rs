@@ -1,0 +1,274 @@
+//! One simulated Choria Server: its state machine, its "files" (seed, server JWT, written config,
+//! CSR key, which survive a restart) and its process memory (ECDH secret, lock, which do not), and
+//! the `choria_provision` / `rpcutil` action logic with go-choria's check order, error texts and
+//! status codes (providers/agent/mcorpc/golang/provision/, rpcutil/). Pure: time comes in as
+//! arguments; what to publish or schedule goes out in an `Outcome`.
+//!
+//! Files:
+//! - `record`: what the report says about a node; `boot`: the boot decision after a restart;
+//! - `rpc`: the reply and its helpers; `inputs`: each action's decoded `data`;
+//! - `provision`: the `choria_provision` dispatch and actions; `configure`: the `configure`
+//!   action and what it checks and records.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::events::Event;
+use crate::faults::Fault;
+
+mod boot;
+mod configure;
+mod inputs;
+mod provision;
+mod record;
+mod rpc;
+
+pub use boot::claims_unverified;
+pub use record::{
+    ActionRecord, CheckRecord, Delivery, NodeRecord, ViolationRecord, VIOLATIONS_KEPT,
+};
+pub use rpc::{ActionCall, Outcome, RpcAnswer, Scheduled};
+
+/// Where a provisioning-mode server keeps its configuration (packaged Linux layout).
+pub const CONFIG_DIR: &str = "/etc/choria";
+pub const CONFIG_FILE: &str = "/etc/choria/server.conf";
+pub const SSL_DIR: &str = "/etc/choria/ssl";
+
+/// Where a node is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// Not started yet (boots are spread).
+    Booting,
+    /// In provisioning mode and answering.
+    Provisioning,
+    /// Between a restart's re-exec and the next boot decision.
+    Restarting,
+    /// Restarted out of provisioning mode: done.
+    InService,
+    /// Shut down by the `shutdown` action: done.
+    ShutDown,
+}
+
+impl NodeState {
+    pub fn is_done(self) -> bool {
+        matches!(self, NodeState::InService | NodeState::ShutDown)
+    }
+}
+
+/// Settings every node shares.
+pub struct Env {
+    /// The provisioning token (`cht`); empty means any token passes.
+    pub token: String,
+    /// The provisioning JWT file contents, if the node has one.
+    pub provisioning_jwt: Option<String>,
+    /// Its claims (for `chpd` and `update`).
+    pub jwt_claims: Map<String, Value>,
+    pub lock: Duration,
+    pub facts: Map<String, Value>,
+    pub crypto: Box<dyn NodeCrypto>,
+}
+
+impl Env {
+    fn chpd(&self) -> bool {
+        self.jwt_claims
+            .get("chpd")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    }
+
+    /// `plugin.choria.server.provision.allow_update`, from the JWT `update` claim (go-choria
+    /// choria/framework.go, ConfigureProvisioning).
+    pub fn allow_update(&self) -> bool {
+        self.jwt_claims
+            .get("update")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    }
+}
+
+/// The crypto a node needs from the `crypto` module, behind a seam so the action logic can
+/// be tested with plain values.
+pub trait NodeCrypto: Send + Sync {
+    /// X25519(our_secret, their public) then the legacy PEM decrypt (go-choria provision/util.go,
+    /// decryptPrivateKey); returns the `RSA PRIVATE KEY` PEM.
+    fn decrypt_key(
+        &self,
+        encrypted_pem: &str,
+        our_secret: &[u8; 32],
+        their_public_hex: &str,
+    ) -> Result<String, String>;
+    /// Verifies a server JWT with the `--org-issuer` key; None when no key was given.
+    fn verify_server_jwt(&self, token: &str, now_unix: u64) -> Option<Result<(), String>>;
+    /// A fresh RSA key for `gencsr`.
+    fn rsa_key(&self) -> Result<rsa::RsaPrivateKey, String>;
+}
+
+struct HeldLock {
+    key: String,
+    until: Instant,
+}
+
+/// One simulated server.
+pub struct SimServer {
+    pub identity: String,
+    pub fault: Option<Fault>,
+    pub version: String,
+    pub state: NodeState,
+    pub record: NodeRecord,
+    // Process memory: lost on restart.
+    lock: Option<HeldLock>,
+    ecdh_secret: Option<[u8; 32]>,
+    restart_pending: bool,
+    configured_this_boot: bool,
+    // This life (since the first boot or the last return to provisioning mode).
+    served_this_life: bool,
+    callers_this_life: BTreeSet<String>,
+    // Files: survive restarts.
+    ed25519_public_hex: Option<String>,
+    written_config: BTreeMap<String, String>,
+    server_jwt: Option<String>,
+}
+
+/// A foreign caller holding the lock of a `foreign-lock` node.
+pub const FOREIGN_LOCK_KEY: &str = "intruder.example.net.choria=intruder";
+
+impl SimServer {
+    pub fn new(identity: String, fault: Option<Fault>, version: String) -> SimServer {
+        SimServer {
+            identity,
+            fault,
+            version,
+            state: NodeState::Booting,
+            record: NodeRecord::default(),
+            lock: None,
+            ecdh_secret: None,
+            restart_pending: false,
+            configured_this_boot: false,
+            served_this_life: false,
+            callers_this_life: BTreeSet::new(),
+            ed25519_public_hex: None,
+            written_config: BTreeMap::new(),
+            server_jwt: None,
+        }
+    }
+
+    /// Whether the node answers requests now.
+    pub fn is_up(&self) -> bool {
+        self.state == NodeState::Provisioning
+    }
+
+    pub fn written_config(&self) -> &BTreeMap<String, String> {
+        &self.written_config
+    }
+
+    pub fn record_violation(&mut self, at: i64, subject: &str, reason: String) {
+        self.record.violations_total += 1;
+        if self.record.violations.len() < VIOLATIONS_KEPT {
+            self.record.violations.push(ViolationRecord {
+                at,
+                subject: subject.into(),
+                reason,
+            });
+        }
+    }
+
+    /// A fresh process start in provisioning mode: process memory is empty.
+    pub fn boot_into_provisioning(&mut self) -> Event {
+        self.state = NodeState::Provisioning;
+        self.record.boots += 1;
+        self.lock = None;
+        self.ecdh_secret = None;
+        self.restart_pending = false;
+        self.configured_this_boot = false;
+        Event::Startup {
+            version: self.version.clone(),
+        }
+    }
+
+    /// The provisioning lock (go-choria provision/provision.go, lockedAction): held per
+    /// `<senderid>.<callerid>` for 2 minutes, extended by each call of the holder.
+    fn take_lock(&mut self, env: &Env, call: &ActionCall, now: Instant) -> bool {
+        if self.fault == Some(Fault::ForeignLock) {
+            return false;
+        }
+        let key = format!("{}.{}", call.sender_id, call.caller_id);
+        if let Some(held) = &self.lock {
+            if held.key != key && held.until > now {
+                return false;
+            }
+        }
+        self.lock = Some(HeldLock {
+            key,
+            until: now + env.lock,
+        });
+        true
+    }
+
+    /// Who holds the lock now, if anyone.
+    pub fn lock_holder(&self, now: Instant) -> Option<&str> {
+        if self.fault == Some(Fault::ForeignLock) {
+            return Some(FOREIGN_LOCK_KEY);
+        }
+        self.lock
+            .as_ref()
+            .filter(|l| l.until > now)
+            .map(|l| l.key.as_str())
+    }
+
+    /// The re-exec of a scheduled restart: returns the startup event when the node comes
+    /// back in provisioning mode.
+    pub fn restart_now(
+        &mut self,
+        env: &Env,
+        new_version: Option<String>,
+        now_unix: i64,
+    ) -> Option<Event> {
+        self.record.restarts += 1;
+        if let Some(v) = new_version {
+            self.version = v;
+        }
+        match self.decide_mode(env, now_unix) {
+            Ok((true, why)) | Err(why) => {
+                self.record.last_boot_decision = Some(format!("provisioning: {why}"));
+                Some(self.boot_into_provisioning())
+            }
+            Ok((false, why)) => {
+                self.record.last_boot_decision = Some(format!("in service: {why}"));
+                self.state = NodeState::InService;
+                self.record.entered_service += 1;
+                self.served_this_life = true;
+                self.lock = None;
+                self.ecdh_secret = None;
+                self.restart_pending = false;
+                None
+            }
+        }
+    }
+
+    /// Back into provisioning mode after service, as an operator re-provisioning the machine
+    /// (a wiped configuration, a reboot): a new life begins with a startup event. `None` unless
+    /// the node is in service.
+    pub fn reprovision(&mut self) -> Option<Event> {
+        if self.state != NodeState::InService {
+            return None;
+        }
+        self.record.reprovisioned += 1;
+        self.served_this_life = false;
+        self.callers_this_life.clear();
+        self.written_config.clear();
+        self.server_jwt = None;
+        Some(self.boot_into_provisioning())
+    }
+
+    pub fn shut_down(&mut self) -> Event {
+        self.state = NodeState::ShutDown;
+        Event::Shutdown
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,342 @@
+//! A message to the nodes it is for (checked, then answered inline or queued for a worker),
+//! the forger's answers, and a worker's `choria_provision` job.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::MutexGuard;
+use serde_json::{json, Value};
+
+use super::request::{check_message, describe_payload, parse_rpc_body, read_unchecked, Request};
+use super::shared::{Job, Shared, Task};
+use super::unix_now;
+use crate::check::{self, Drop};
+use crate::events::Event;
+use crate::faults::Fault;
+use crate::node::{ActionCall, ActionRecord, RpcAnswer, Scheduled, SimServer};
+use crate::wire::{Inbound, Route};
+use choria_wire::v1::server;
+
+/// Records an action in the node's report; `answer` None when no reply was sent.
+fn record_action(
+    node: &mut SimServer,
+    request: &Request,
+    action: String,
+    answer: Option<&RpcAnswer>,
+) {
+    node.record.actions.push(ActionRecord {
+        at: unix_now(),
+        action,
+        caller: request.caller_id.clone(),
+        sender: request.sender_id.clone(),
+        request_id: request.request_id.clone(),
+        statuscode: answer.map(|a| a.statuscode),
+        statusmsg: match answer {
+            Some(a) => a.statusmsg.clone(),
+            None => "not answered: dead node".into(),
+        },
+    });
+}
+
+/// One message a connection received: to the forger, or checked once and handed to each
+/// node it is for.
+pub(super) fn handle_inbound(shared: &Shared, link: usize, inbound: Inbound) {
+    if inbound.route == Route::Forger {
+        forge(shared, link, &inbound);
+        return;
+    }
+    let now = unix_now();
+    let verdict = check_message(shared, &inbound.data, now);
+    let single: [usize; 1];
+    let (targets, directed): (&[usize], bool) = match inbound.route {
+        Route::Node(i) => {
+            single = [i];
+            (&single[..], true)
+        }
+        Route::Broadcast => (&shared.link_nodes[link], false),
+        Route::Forger => return,
+    };
+    for &index in targets {
+        handle_for_node(shared, index, &inbound.subject, &verdict, now, directed);
+    }
+}
+
+/// One checked message for one node: the node's own checks, then an answer inline
+/// (discovery, rpcutil, an unparsable body) or a job for a worker (`choria_provision`).
+fn handle_for_node(
+    shared: &Shared,
+    index: usize,
+    subject: &str,
+    verdict: &Result<Arc<Request>, Drop>,
+    now: i64,
+    directed: bool,
+) {
+    let mut node = shared.nodes[index].lock();
+    let Some(request) = admit(shared, &mut node, subject, verdict, now, directed) else {
+        return;
+    };
+    if request.agent == "discovery" {
+        answer_discovery(shared, index, node, &request, subject, now);
+        return;
+    }
+    let (action, data) = match parse_rpc_body(&request.payload) {
+        Ok(parsed) => parsed,
+        Err(why) => {
+            let answer = RpcAnswer {
+                action: String::new(),
+                statuscode: 4,
+                statusmsg: format!(
+                    "Could not process request: could not parse incoming message as a MCollective SimpleRPC Request: {why}"
+                ),
+                data: json!({}),
+            };
+            let label = format!("{}#", request.agent);
+            record_and_answer(shared, index, node, &request, label, &answer);
+            return;
+        }
+    };
+    if request.agent == "choria_provision" {
+        drop(node);
+        queue_job(
+            shared,
+            Job {
+                node: index,
+                request,
+                action,
+                data,
+            },
+        );
+        return;
+    }
+    let answer = if request.agent == "rpcutil" && action == "inventory" {
+        RpcAnswer {
+            action: action.clone(),
+            statuscode: 0,
+            statusmsg: "OK".into(),
+            data: node.inventory(&shared.env),
+        }
+    } else {
+        RpcAnswer {
+            action: action.clone(),
+            statuscode: 2,
+            statusmsg: format!("Unknown action {action} for agent {}", request.agent),
+            data: json!({}),
+        }
+    };
+    let label = format!("{}#{action}", request.agent);
+    record_and_answer(shared, index, node, &request, label, &answer);
+}
+
+/// The request, if the node is to answer it: up, the message passed the checks, the filter
+/// and agent are the node's, and there is a reply subject. What is not the node's to answer
+/// is a violation, except what it would not hear or a named discovery for other nodes.
+fn admit(
+    shared: &Shared,
+    node: &mut SimServer,
+    subject: &str,
+    verdict: &Result<Arc<Request>, Drop>,
+    now: i64,
+    directed: bool,
+) -> Option<Arc<Request>> {
+    if !node.is_up() {
+        // A server that is not running is not subscribed: nothing to answer or to blame.
+        if directed {
+            node.record.ignored_while_down += 1;
+        }
+        return None;
+    }
+    let request = match verdict {
+        Ok(r) => r.clone(),
+        Err(drop) => {
+            node.record_violation(now, subject, drop.to_string());
+            return None;
+        }
+    };
+    let identity = node.identity.clone();
+    if !directed && check::names_only_others(&request.filter, &identity) {
+        // A named discovery for other nodes: not this node's message, and no fault of the
+        // sender's (a directed request naming another node still is one).
+        return None;
+    }
+    let node_check = check::check_filter(&request.filter, &identity, &shared.env.facts)
+        .and_then(|()| check::check_agent(&request.agent));
+    if let Err(drop) = node_check {
+        node.record_violation(now, subject, drop.to_string());
+        return None;
+    }
+    if request.reply_to.is_empty() {
+        node.record_violation(
+            now,
+            subject,
+            "request has no reply-to header: cannot answer".into(),
+        );
+        return None;
+    }
+    Some(request)
+}
+
+/// A discovery ping: `pong`, unless the payload is not a ping (a violation) or the node
+/// is dead.
+fn answer_discovery(
+    shared: &Shared,
+    index: usize,
+    mut node: MutexGuard<'_, SimServer>,
+    request: &Request,
+    subject: &str,
+    now: i64,
+) {
+    let identity = node.identity.clone();
+    let fault = node.fault;
+    // The decoded payload must contain "ping" (go-choria discovery.go); raw `ping` is
+    // itself valid base64 and decodes to junk.
+    if !request.payload.windows(4).any(|w| w == b"ping") {
+        let drop = Drop::DiscoveryPayload(describe_payload(&request.payload));
+        node.record_violation(now, subject, drop.to_string());
+        return;
+    }
+    if fault == Some(Fault::Dead) {
+        return;
+    }
+    node.record.pings_answered += 1;
+    drop(node);
+    let payload = shared.reply(request, &identity, "pong", false);
+    shared.deliver(index, fault, &request.reply_to, payload);
+}
+
+/// Records an inline action as `label` and sends its answer, unless the node is dead; the
+/// node's lock is released before the reply goes out.
+fn record_and_answer(
+    shared: &Shared,
+    index: usize,
+    mut node: MutexGuard<'_, SimServer>,
+    request: &Request,
+    label: String,
+    answer: &RpcAnswer,
+) {
+    let identity = node.identity.clone();
+    let fault = node.fault;
+    let dead = fault == Some(Fault::Dead);
+    let answered = (!dead).then_some(answer);
+    record_action(&mut node, request, label, answered);
+    drop(node);
+    if !dead {
+        shared.send_rpc(index, fault, &identity, request, answer);
+    }
+}
+
+/// Hands a `choria_provision` request to the workers.
+fn queue_job(shared: &Shared, job: Job) {
+    if shared
+        .work
+        .send_timeout(job, Duration::from_secs(5))
+        .is_err()
+    {
+        log::warn!("sim: work queue full or closed; a choria_provision request was dropped");
+    }
+}
+
+/// The forger's part: a request to a `--forged` node for an action it forges is answered in
+/// that node's name (its record says so), at once or after `--forge-delay`. Anything else it
+/// hears, it leaves alone, as a careful attacker would.
+fn forge(shared: &Shared, link: usize, inbound: &Inbound) {
+    let Some((forger, _)) = &shared.forger else {
+        return;
+    };
+    let prefix = format!("{}.node.", check::COLLECTIVE);
+    let Some(identity) = inbound.subject.strip_prefix(&prefix) else {
+        return;
+    };
+    let Some(&index) = shared.index_of.get(identity) else {
+        return;
+    };
+    let Ok(request) = read_unchecked(shared, &inbound.data) else {
+        return;
+    };
+    let Ok((action, data)) = parse_rpc_body(&request.payload) else {
+        return;
+    };
+    let label = format!("{}#{action}", request.agent);
+    if !forger.forges(&label) {
+        return;
+    }
+    if !shared.forged_for.get(index).copied().unwrap_or(false) {
+        return;
+    }
+    // The node's lock only where its inventory is forged (see `forged_for`).
+    let inventory = if forger.needs_inventory(&label) {
+        shared.nodes[index].lock().inventory(&shared.env)
+    } else {
+        Value::Null
+    };
+    let answer = forger.answer(&shared.env, &label, &data, inventory);
+    shared.forgeries[index].lock().push(label.clone());
+    let message = server::encode_rpc_reply(
+        &answer.action,
+        answer.statuscode,
+        &answer.statusmsg,
+        &answer.data,
+    );
+    let payload = shared.reply(&request, identity, &message, false);
+    let delay = forger.options().delay;
+    if delay.is_zero() {
+        shared.publish(link, &request.reply_to, &payload);
+    } else {
+        shared.schedule(
+            Instant::now() + delay,
+            Task::Publish {
+                link,
+                subject: request.reply_to.clone(),
+                payload,
+            },
+        );
+    }
+}
+
+/// A worker's job: one `choria_provision` action on its node, then its reply, events and
+/// scheduled work.
+pub(super) fn run_job(shared: &Shared, job: Job) {
+    let mut node = shared.nodes[job.node].lock();
+    if !node.is_up() {
+        node.record.ignored_while_down += 1;
+        return;
+    }
+    let label = format!("choria_provision#{}", job.action);
+    if node.fault == Some(Fault::Dead) {
+        record_action(&mut node, &job.request, label, None);
+        return;
+    }
+    let call = ActionCall {
+        action: &job.action,
+        data: &job.data,
+        sender_id: &job.request.sender_id,
+        caller_id: &job.request.caller_id,
+        request_id: &job.request.request_id,
+    };
+    let outcome = node.provision_action(&shared.env, &call, Instant::now(), unix_now());
+    record_action(&mut node, &job.request, label, outcome.reply.as_ref());
+    let identity = node.identity.clone();
+    let fault = node.fault;
+    drop(node);
+    // go-choria publishes `provisioned`/`upgraded` inside the action, and a restart's
+    // `shutdown` asynchronously after replying (restart_action.go).
+    let (after, before): (Vec<Event>, Vec<Event>) = outcome
+        .events
+        .into_iter()
+        .partition(|e| matches!(e, Event::Shutdown));
+    for event in &before {
+        shared.publish_event(job.node, &identity, event);
+    }
+    if let Some(answer) = &outcome.reply {
+        shared.send_rpc(job.node, fault, &identity, &job.request, answer);
+    }
+    for event in &after {
+        shared.publish_event(job.node, &identity, event);
+    }
+    if let Some((delay, what)) = outcome.schedule {
+        let task = match what {
+            Scheduled::Restart { new_version } => Task::Restart(job.node, new_version),
+            Scheduled::Shutdown => Task::Shutdown(job.node),
+        };
+        shared.schedule(Instant::now() + delay, task);
+    }
+}

@@ -1,0 +1,203 @@
+//! The state every thread of a run shares, the work it passes between them, and how a
+//! reply or an event goes out (at once, or later for a slow or forged node).
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+use super::request::Request;
+use super::unix_now;
+use crate::caller_check::CallerChecks;
+use crate::check::Schemas;
+use crate::events::Event;
+use crate::faults::Fault;
+use crate::forger::Forger;
+use crate::node::{Env, RpcAnswer, SimServer};
+use crate::options::WireProtocol;
+use crate::wire::Link;
+use choria_broker::clock::unix_now_nanos;
+use choria_wire::v1::server;
+use choria_wire::v2::server as v2_server;
+
+/// Delayed work, run by the timer thread.
+pub(super) enum Task {
+    Publish {
+        link: usize,
+        subject: String,
+        payload: Vec<u8>,
+    },
+    Boot(usize),
+    Restart(usize, Option<String>),
+    Shutdown(usize),
+    /// `--reprovision-after`: back into provisioning mode after service.
+    Reprovision(usize),
+}
+
+/// A `choria_provision` request for a worker.
+pub(super) struct Job {
+    pub(super) node: usize,
+    pub(super) request: Arc<Request>,
+    pub(super) action: String,
+    pub(super) data: Value,
+}
+
+/// What every thread of a run shares: the nodes, the connections, the settings and the
+/// queues to the timer and the workers.
+pub(super) struct Shared {
+    pub(super) nodes: Vec<Mutex<SimServer>>,
+    pub(super) node_link: Vec<usize>,
+    pub(super) link_nodes: Vec<Vec<usize>>,
+    pub(super) links: Vec<Link>,
+    pub(super) env: Env,
+    pub(super) protocol: WireProtocol,
+    pub(super) schemas: Schemas,
+    /// v2: the checks of each request's caller (see `caller_check`).
+    pub(super) callers: Option<CallerChecks>,
+    pub(super) slow_delay: Duration,
+    pub(super) reprovision_after: Option<Duration>,
+    /// The forger and its connection (an index into `links`), with `--forged` nodes.
+    pub(super) forger: Option<(Forger, usize)>,
+    /// Node index by identity, for the forger.
+    pub(super) index_of: HashMap<String, usize>,
+    /// Whether each node is forged for (fixed at the start), and what was forged for it:
+    /// the forger's own, never behind the node's lock, which the node holds while it makes a
+    /// key (an RSA key takes 200 ms and more in a debug build): a forger waiting for it
+    /// answered after its victim, the opposite of what `--victim-delay` asks for.
+    pub(super) forged_for: Vec<bool>,
+    pub(super) forgeries: Vec<Mutex<Vec<String>>>,
+    pub(super) timer: Sender<(Instant, Task)>,
+    pub(super) work: Sender<Job>,
+    pub(super) stop: AtomicBool,
+}
+
+impl Shared {
+    pub(super) fn schedule(&self, at: Instant, task: Task) {
+        if self
+            .timer
+            .send_timeout((at, task), Duration::from_secs(5))
+            .is_err()
+        {
+            log::warn!("sim: timer queue full or closed; a delayed task was dropped");
+        }
+    }
+
+    pub(super) fn publish(&self, link: usize, subject: &str, payload: &[u8]) {
+        if let Err(e) = self.links[link].publish(subject, payload) {
+            log::warn!("sim: {e}");
+        }
+    }
+
+    pub(super) fn publish_event(&self, node: usize, identity: &str, event: &Event) {
+        let payload = event.encode(identity, unix_now());
+        self.publish(self.node_link[node], &event.subject(), &payload);
+    }
+
+    /// Sends a reply now, or after `--slow-delay` for a slow node (`--victim-delay` for a
+    /// forged one).
+    pub(super) fn deliver(
+        &self,
+        node: usize,
+        fault: Option<Fault>,
+        reply_to: &str,
+        payload: Vec<u8>,
+    ) {
+        let link = self.node_link[node];
+        let delay = match (fault, &self.forger) {
+            (Some(Fault::Slow), _) => self.slow_delay,
+            (Some(Fault::Forged), Some((forger, _))) => forger.options().victim_delay,
+            _ => Duration::ZERO,
+        };
+        if !delay.is_zero() {
+            self.schedule(
+                Instant::now() + delay,
+                Task::Publish {
+                    link,
+                    subject: reply_to.to_string(),
+                    payload,
+                },
+            );
+        } else {
+            self.publish(link, reply_to, &payload);
+        }
+    }
+
+    /// An RPC reply, spoiled as the node's fault asks.
+    pub(super) fn send_rpc(
+        &self,
+        node: usize,
+        fault: Option<Fault>,
+        identity: &str,
+        request: &Request,
+        answer: &RpcAnswer,
+    ) {
+        let mut message = server::encode_rpc_reply(
+            &answer.action,
+            answer.statuscode,
+            &answer.statusmsg,
+            &answer.data,
+        );
+        if fault == Some(Fault::Malformed) {
+            // Cut the closing brace: no JSON parser accepts what is left.
+            message.pop();
+        }
+        let payload = self.reply(request, identity, &message, fault == Some(Fault::BadHash));
+        self.deliver(node, fault, &request.reply_to, payload);
+    }
+
+    /// A reply transport in the fleet's protocol; with `bad_hash` its SecureReply hash is not
+    /// the SHA-256 of the reply it carries.
+    pub(super) fn reply(
+        &self,
+        request: &Request,
+        identity: &str,
+        message: &str,
+        bad_hash: bool,
+    ) -> Vec<u8> {
+        let (id, agent) = (&request.request_id, &request.agent);
+        match self.protocol {
+            WireProtocol::V1 if bad_hash => {
+                bad_hash_reply(id, identity, agent, message, unix_now())
+            }
+            WireProtocol::V1 => server::encode_reply(id, identity, agent, message, unix_now()),
+            WireProtocol::V2 => {
+                let reply = v2_server::reply_json(
+                    id,
+                    identity,
+                    agent,
+                    message.as_bytes(),
+                    unix_now_nanos(),
+                );
+                let secure = if bad_hash {
+                    let wrong = base64::engine::general_purpose::STANDARD.encode([0u8; 32]);
+                    v2_server::secure_reply_with_hash(&reply, &wrong)
+                } else {
+                    v2_server::secure_reply_json(&reply)
+                };
+                v2_server::wrap_secure_reply(&secure, identity, Vec::new())
+            }
+        }
+    }
+}
+
+/// A reply transport whose SecureReply hash is not the SHA-256 of its message.
+pub(super) fn bad_hash_reply(
+    request_id: &str,
+    sender: &str,
+    agent: &str,
+    message: &str,
+    time: i64,
+) -> Vec<u8> {
+    let reply = server::reply_json(request_id, sender, agent, message, time);
+    let wrong = base64::engine::general_purpose::STANDARD.encode([0u8; 32]);
+    let secure = json!({"protocol": "choria:secure:reply:1", "message": reply, "hash": wrong});
+    let data = base64::engine::general_purpose::STANDARD.encode(secure.to_string());
+    json!({"protocol": "choria:transport:1", "data": data, "headers": {"mc_sender": sender}})
+        .to_string()
+        .into_bytes()
+}
