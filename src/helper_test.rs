@@ -16,7 +16,7 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use crate::cli::{Format, HelperTestArgs};
-use crate::config::Config;
+use crate::config::{Config, JwtCheck};
 use crate::provision::decision::{decide, Decision, NodeFacts, Pairing, Plan, Upgrade};
 use crate::provision::helper::{CsrReply, Ed25519Reply, Exchange, HelperAbort, HelperError};
 use crate::provision::{
@@ -260,175 +260,231 @@ fn gather(
     inputs: &mut Vec<InputPart>,
 ) -> Result<Result<NodeFacts, String>, Usage> {
     let mut node = NodeFacts::new(identity.clone());
-    let mut part = |part, source, detail: String| {
-        inputs.push(InputPart {
-            part,
-            source,
-            detail,
-        })
-    };
     let features = &config.features;
 
     if let Some(jwt) = &config.jwt {
-        let (_, ecdh_public) = ecdh_keypair();
-        node.server_ecdh_public = ecdh_public;
-        part(
-            "ecdh_public",
-            "synthesised",
-            "a fresh X25519 key (a node makes one at each jwt call)".to_string(),
-        );
-        match &args.jwt {
-            Some(path) => {
-                let raw = read("--jwt", path)?;
-                match verify_node_jwt(jwt, raw.trim_end(), now) {
-                    Ok(claims) => node.claims = Some(claims),
-                    Err(reason) => return Ok(Err(reason.to_string())),
-                }
-                part(
-                    "jwt",
-                    "file",
-                    format!(
-                        "{}, verified with jwt_verify_cert as the daemon does",
-                        path.display()
-                    ),
-                );
-            }
-            None => {
-                node.claims = Some(stand_in_claims(now));
-                part(
-                    "jwt",
-                    "synthesised",
-                    "stand-in claims (not a token signed for jwt_verify_cert; give --jwt to check one)"
-                        .to_string(),
-                );
-            }
+        if let Err(reason) = jwt_input(jwt, args, now, &mut node, inputs)? {
+            return Ok(Err(reason));
         }
     } else if args.jwt.is_some() {
-        part(
-            "jwt",
-            "not sent",
-            "ignored: features.jwt is off".to_string(),
-        );
+        not_sent(inputs, "jwt", "features.jwt");
     }
 
     if features.ed25519 {
-        match &args.ed25519_pubkey {
-            Some(public_key) => {
-                if let Err(err) = check_public_key(public_key) {
-                    return Ok(Err(format!("could not fetch ed25519 public key: {err}")));
-                }
-                node.ed25519 = Some(Ed25519Reply {
-                    public_key: public_key.clone(),
-                    directory: STAND_IN_DIRECTORY.to_string(),
-                    signature: String::new(),
-                });
-                part(
-                    "ed25519_pubkey",
-                    "flag",
-                    format!(
-                        "the given key; directory {STAND_IN_DIRECTORY} synthesised; signature empty (only the node can sign the daemon's nonce)"
-                    ),
-                );
-            }
-            None => {
-                let nonce = new_nonce();
-                let (public_key, signature) = stand_in_ed25519(&nonce);
-                // The check the cycle makes on gen25519, on the stand-in too.
-                if let Err(err) = verify_nonce_signature(&public_key, &nonce, &signature) {
-                    return Ok(Err(format!("could not fetch ed25519 public key: {err}")));
-                }
-                node.ed25519 = Some(Ed25519Reply {
-                    public_key,
-                    directory: STAND_IN_DIRECTORY.to_string(),
-                    signature,
-                });
-                part(
-                    "ed25519_pubkey",
-                    "synthesised",
-                    "a fresh ed25519 key signing a fresh nonce".to_string(),
-                );
-            }
+        if let Err(reason) = ed25519_input(args, &mut node, inputs) {
+            return Ok(Err(reason));
         }
     } else if args.ed25519_pubkey.is_some() {
-        part(
-            "ed25519_pubkey",
-            "not sent",
-            "ignored: features.ed25519 is off".to_string(),
-        );
+        not_sent(inputs, "ed25519_pubkey", "features.ed25519");
     }
 
-    let inventory = match &args.inventory {
+    let inventory = inventory_input(args, inputs)?;
+    if let Err(reason) = take_inventory(&mut node, &inventory) {
+        return Ok(Err(reason.to_string()));
+    }
+
+    if features.pki {
+        if let Err(reason) = csr_input(rules, args, identity, &mut node, inputs)? {
+            return Ok(Err(reason));
+        }
+    } else if args.csr.is_some() {
+        not_sent(inputs, "csr", "features.pki");
+    }
+    Ok(Ok(node))
+}
+
+/// Notes where one part of the helper's input came from.
+fn input(inputs: &mut Vec<InputPart>, part: &'static str, source: &'static str, detail: String) {
+    inputs.push(InputPart {
+        part,
+        source,
+        detail,
+    })
+}
+
+/// A part given on the command line for a feature that is off.
+fn not_sent(inputs: &mut Vec<InputPart>, part: &'static str, feature: &str) {
+    input(
+        inputs,
+        part,
+        "not sent",
+        format!("ignored: {feature} is off"),
+    );
+}
+
+/// `features.jwt`: a fresh ECDH key, and the node's JWT claims (from `--jwt`, verified as
+/// the daemon verifies them, or stand-ins). The inner `Err` fails the node.
+fn jwt_input(
+    jwt: &JwtCheck,
+    args: &HelperTestArgs,
+    now: u64,
+    node: &mut NodeFacts,
+    inputs: &mut Vec<InputPart>,
+) -> Result<Result<(), String>, Usage> {
+    let (_, ecdh_public) = ecdh_keypair();
+    node.server_ecdh_public = ecdh_public;
+    input(
+        inputs,
+        "ecdh_public",
+        "synthesised",
+        "a fresh X25519 key (a node makes one at each jwt call)".to_string(),
+    );
+    match &args.jwt {
+        Some(path) => {
+            let raw = read("--jwt", path)?;
+            match verify_node_jwt(jwt, raw.trim_end(), now) {
+                Ok(claims) => node.claims = Some(claims),
+                Err(reason) => return Ok(Err(reason.to_string())),
+            }
+            input(
+                inputs,
+                "jwt",
+                "file",
+                format!(
+                    "{}, verified with jwt_verify_cert as the daemon does",
+                    path.display()
+                ),
+            );
+        }
+        None => {
+            node.claims = Some(stand_in_claims(now));
+            input(
+                inputs,
+                "jwt",
+                "synthesised",
+                "stand-in claims (not a token signed for jwt_verify_cert; give --jwt to check one)"
+                    .to_string(),
+            );
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// `features.ed25519`: the node's public key (from `--ed25519-pubkey`, or a stand-in that
+/// signs a fresh nonce), checked as the cycle checks it. `Err` fails the node.
+fn ed25519_input(
+    args: &HelperTestArgs,
+    node: &mut NodeFacts,
+    inputs: &mut Vec<InputPart>,
+) -> Result<(), String> {
+    match &args.ed25519_pubkey {
+        Some(public_key) => {
+            if let Err(err) = check_public_key(public_key) {
+                return Err(format!("could not fetch ed25519 public key: {err}"));
+            }
+            node.ed25519 = Some(Ed25519Reply {
+                public_key: public_key.clone(),
+                directory: STAND_IN_DIRECTORY.to_string(),
+                signature: String::new(),
+            });
+            input(
+                inputs,
+                "ed25519_pubkey",
+                "flag",
+                format!(
+                    "the given key; directory {STAND_IN_DIRECTORY} synthesised; signature empty (only the node can sign the daemon's nonce)"
+                ),
+            );
+        }
+        None => {
+            let nonce = new_nonce();
+            let (public_key, signature) = stand_in_ed25519(&nonce);
+            // The check the cycle makes on gen25519, on the stand-in too.
+            if let Err(err) = verify_nonce_signature(&public_key, &nonce, &signature) {
+                return Err(format!("could not fetch ed25519 public key: {err}"));
+            }
+            node.ed25519 = Some(Ed25519Reply {
+                public_key,
+                directory: STAND_IN_DIRECTORY.to_string(),
+                signature,
+            });
+            input(
+                inputs,
+                "ed25519_pubkey",
+                "synthesised",
+                "a fresh ed25519 key signing a fresh nonce".to_string(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The inventory reply's data: from `--inventory`, or a minimal stand-in.
+fn inventory_input(args: &HelperTestArgs, inputs: &mut Vec<InputPart>) -> Result<Value, Usage> {
+    Ok(match &args.inventory {
         Some(path) => {
             let text = read("--inventory", path)?;
             let document: Value = serde_json::from_str(&text)
                 .map_err(|e| format!("--inventory: {} is not JSON: {e}", path.display()))?;
-            part("inventory", "file", path.display().to_string());
+            input(inputs, "inventory", "file", path.display().to_string());
             inventory_data(document, &args.identity)
         }
         None => {
-            part(
+            input(
+                inputs,
                 "inventory",
                 "synthesised",
                 format!("a minimal rpcutil#inventory reply: version {STAND_IN_VERSION}, upgradable, no facts"),
             );
             stand_in_inventory()
         }
-    };
-    if let Err(reason) = take_inventory(&mut node, &inventory) {
-        return Ok(Err(reason.to_string()));
-    }
+    })
+}
 
-    if features.pki {
-        let csr = match &args.csr {
-            Some(path) => {
-                let text = read("--csr", path)?;
-                let public_key = csr_public_key_pem(&text).unwrap_or_default();
-                part(
-                    "csr",
-                    "file",
-                    format!(
-                        "{}; public_key read from it; ssldir {STAND_IN_SSLDIR} synthesised",
-                        path.display()
-                    ),
-                );
-                CsrReply {
-                    csr: text,
-                    public_key,
-                    ssldir: STAND_IN_SSLDIR.to_string(),
-                }
+/// `features.pki`: the node's CSR (from `--csr`, or a fresh stand-in), validated as the
+/// cycle validates it. The inner `Err` fails the node.
+fn csr_input(
+    rules: &CycleSettings,
+    args: &HelperTestArgs,
+    identity: &Identity,
+    node: &mut NodeFacts,
+    inputs: &mut Vec<InputPart>,
+) -> Result<Result<(), String>, Usage> {
+    let csr = match &args.csr {
+        Some(path) => {
+            let text = read("--csr", path)?;
+            let public_key = csr_public_key_pem(&text).unwrap_or_default();
+            input(
+                inputs,
+                "csr",
+                "file",
+                format!(
+                    "{}; public_key read from it; ssldir {STAND_IN_SSLDIR} synthesised",
+                    path.display()
+                ),
+            );
+            CsrReply {
+                csr: text,
+                public_key,
+                ssldir: STAND_IN_SSLDIR.to_string(),
             }
-            None => {
-                let made = stand_in_csr(&args.identity).map_err(|e| e.to_string())?;
-                part(
-                    "csr",
-                    "synthesised",
-                    format!(
-                        "a fresh RSA-2048 CSR for CN={}, ssldir {STAND_IN_SSLDIR}",
-                        args.identity
-                    ),
-                );
-                CsrReply {
-                    csr: made.csr_pem,
-                    public_key: made.public_key_pem,
-                    ssldir: STAND_IN_SSLDIR.to_string(),
-                }
-            }
-        };
-        let mut csr = csr;
-        match check_node_csr(rules, identity, &csr.csr) {
-            // As the cycle does: the helper is given the request as validated.
-            Ok(validated) => csr.csr = validated.pem,
-            Err(reason) => return Ok(Err(reason.to_string())),
         }
-        node.csr = Some(csr);
-    } else if args.csr.is_some() {
-        part(
-            "csr",
-            "not sent",
-            "ignored: features.pki is off".to_string(),
-        );
+        None => {
+            let made = stand_in_csr(&args.identity).map_err(|e| e.to_string())?;
+            input(
+                inputs,
+                "csr",
+                "synthesised",
+                format!(
+                    "a fresh RSA-2048 CSR for CN={}, ssldir {STAND_IN_SSLDIR}",
+                    args.identity
+                ),
+            );
+            CsrReply {
+                csr: made.csr_pem,
+                public_key: made.public_key_pem,
+                ssldir: STAND_IN_SSLDIR.to_string(),
+            }
+        }
+    };
+    let mut csr = csr;
+    match check_node_csr(rules, identity, &csr.csr) {
+        // As the cycle does: the helper is given the request as validated.
+        Ok(validated) => csr.csr = validated.pem,
+        Err(reason) => return Ok(Err(reason.to_string())),
     }
-    Ok(Ok(node))
+    node.csr = Some(csr);
+    Ok(Ok(()))
 }
 
 /// The data of an inventory reply, from any of: the data object itself, one RPC reply with a
@@ -678,18 +734,36 @@ impl Report {
                     "\n== helper not run: the daemon fails the node before asking the helper"
                 );
             }
-            Some(run) => {
-                let _ = writeln!(out, "\n== stdin (the exact JSON sent to the helper)");
-                let _ = writeln!(out, "{}", run.stdin);
-                let _ = writeln!(out, "\n== stdout");
-                let _ = writeln!(out, "{}", run.stdout.trim_end());
-                let _ = writeln!(out, "\n== stderr");
-                let _ = writeln!(out, "{}", run.stderr.trim_end());
-                let _ = writeln!(out, "\n== exit: {} after {} ms", run.exit, run.duration_ms);
-            }
+            Some(run) => run.write(&mut out),
         }
         let _ = writeln!(out, "\n== decision");
-        match &self.decision {
+        self.decision.write(&mut out);
+        let _ = writeln!(out, "\nexit {}", self.exit_code);
+        out
+    }
+}
+
+impl HelperRun {
+    /// The exchange: what the helper was sent, what it printed, how it ended.
+    fn write(&self, out: &mut String) {
+        let _ = writeln!(out, "\n== stdin (the exact JSON sent to the helper)");
+        let _ = writeln!(out, "{}", self.stdin);
+        let _ = writeln!(out, "\n== stdout");
+        let _ = writeln!(out, "{}", self.stdout.trim_end());
+        let _ = writeln!(out, "\n== stderr");
+        let _ = writeln!(out, "{}", self.stderr.trim_end());
+        let _ = writeln!(
+            out,
+            "\n== exit: {} after {} ms",
+            self.exit, self.duration_ms
+        );
+    }
+}
+
+impl Verdict {
+    /// The decision and what the daemon would do about it.
+    fn write(&self, out: &mut String) {
+        match self {
             Verdict::Defer { message } => {
                 let _ = writeln!(out, "defer: {message}");
                 let _ = writeln!(
@@ -718,71 +792,7 @@ impl Report {
                     let _ = writeln!(out, "note: {note}");
                 }
             }
-            Verdict::Configure(view) => {
-                let ConfigureView {
-                    configuration,
-                    certificate,
-                    server_jwt_claims,
-                    key_transported,
-                    upgrade,
-                    action_policies,
-                    opa_policies,
-                    notes,
-                } = view.as_ref();
-                let _ = writeln!(out, "configure, then restart");
-                let _ = writeln!(out, "configuration written ({} keys):", configuration.len());
-                for (key, value) in configuration {
-                    let _ = writeln!(out, "  {key} = {value}");
-                }
-                match certificate {
-                    None => {
-                        let _ = writeln!(out, "certificate: none");
-                    }
-                    Some(c) => {
-                        let _ = writeln!(out, "certificate:");
-                        let _ = writeln!(out, "  subject:  {}", c.subject);
-                        let _ = writeln!(out, "  issuer:   {}", c.issuer);
-                        let _ = writeln!(out, "  SANs:     {}", c.sans.join(", "));
-                        let _ = writeln!(out, "  valid:    {} to {}", c.not_before, c.not_after);
-                        let _ = writeln!(out, "  serial:   {}", c.serial);
-                        let _ = writeln!(out, "  sha256:   {}", c.sha256_fingerprint);
-                        let _ = writeln!(out, "  pairs with {}", c.pairs_with);
-                    }
-                }
-                match server_jwt_claims {
-                    None => {
-                        let _ = writeln!(out, "server JWT: none");
-                    }
-                    Some(claims) => {
-                        let text = serde_json::to_string_pretty(claims).unwrap_or_default();
-                        let _ = writeln!(
-                            out,
-                            "server JWT claims (signed at provisioning time; signature not shown):\n{text}"
-                        );
-                    }
-                }
-                let _ = writeln!(
-                    out,
-                    "key transported: {}",
-                    if *key_transported {
-                        "yes, encrypted for the node"
-                    } else {
-                        "no"
-                    }
-                );
-                if let Some(upgrade) = upgrade {
-                    let _ = writeln!(out, "upgrade: {upgrade}");
-                }
-                if !action_policies.is_empty() {
-                    let _ = writeln!(out, "action policies: {}", action_policies.join(", "));
-                }
-                if !opa_policies.is_empty() {
-                    let _ = writeln!(out, "opa policies: {}", opa_policies.join(", "));
-                }
-                for note in notes {
-                    let _ = writeln!(out, "note: {note}");
-                }
-            }
+            Verdict::Configure(view) => view.write(out),
             Verdict::Fail {
                 reason,
                 helper_error,
@@ -793,81 +803,82 @@ impl Report {
                 }
             }
         }
-        let _ = writeln!(out, "\nexit {}", self.exit_code);
-        out
+    }
+}
+
+impl ConfigureView {
+    /// What `configure` would carry.
+    fn write(&self, out: &mut String) {
+        let ConfigureView {
+            configuration,
+            certificate,
+            server_jwt_claims,
+            key_transported,
+            upgrade,
+            action_policies,
+            opa_policies,
+            notes,
+        } = self;
+        let _ = writeln!(out, "configure, then restart");
+        let _ = writeln!(out, "configuration written ({} keys):", configuration.len());
+        for (key, value) in configuration {
+            let _ = writeln!(out, "  {key} = {value}");
+        }
+        match certificate {
+            None => {
+                let _ = writeln!(out, "certificate: none");
+            }
+            Some(c) => c.write(out),
+        }
+        match server_jwt_claims {
+            None => {
+                let _ = writeln!(out, "server JWT: none");
+            }
+            Some(claims) => {
+                let text = serde_json::to_string_pretty(claims).unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "server JWT claims (signed at provisioning time; signature not shown):\n{text}"
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "key transported: {}",
+            if *key_transported {
+                "yes, encrypted for the node"
+            } else {
+                "no"
+            }
+        );
+        if let Some(upgrade) = upgrade {
+            let _ = writeln!(out, "upgrade: {upgrade}");
+        }
+        if !action_policies.is_empty() {
+            let _ = writeln!(out, "action policies: {}", action_policies.join(", "));
+        }
+        if !opa_policies.is_empty() {
+            let _ = writeln!(out, "opa policies: {}", opa_policies.join(", "));
+        }
+        for note in notes {
+            let _ = writeln!(out, "note: {note}");
+        }
+    }
+}
+
+impl CertificateView {
+    /// The certificate's lines.
+    fn write(&self, out: &mut String) {
+        let _ = writeln!(out, "certificate:");
+        let _ = writeln!(out, "  subject:  {}", self.subject);
+        let _ = writeln!(out, "  issuer:   {}", self.issuer);
+        let _ = writeln!(out, "  SANs:     {}", self.sans.join(", "));
+        let _ = writeln!(out, "  valid:    {} to {}", self.not_before, self.not_after);
+        let _ = writeln!(out, "  serial:   {}", self.serial);
+        let _ = writeln!(out, "  sha256:   {}", self.sha256_fingerprint);
+        let _ = writeln!(out, "  pairs with {}", self.pairs_with);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn secret_configuration_values_are_recognised_by_their_key() {
-        let cases = [
-            ("plugin.nats.pass", true),
-            ("plugin.nats.user", false),
-            ("plugin.security.pkcs11.pin", true),
-            ("plugin.choria.security.request_signing.token", true),
-            ("plugin.security.choria.token_file", false),
-            ("plugin.security.choria.seed_file", false),
-            ("plugin.choria.seed", true),
-            ("plugin.choria.middleware_password", true),
-            ("plugin.security.provider", false),
-            ("plugin.security.file.key", false),
-            ("plugin.choria.server.provision", false),
-            ("identity", false),
-            ("Plugin.Nats.PASS", true),
-            ("plugin.spinner", false),
-        ];
-        for (key, secret) in cases {
-            assert_eq!(is_secret_key(key), secret, "{key}");
-        }
-    }
-
-    #[test]
-    fn private_key_blocks_are_masked_raw_and_inside_json() {
-        let cases = [
-            (
-                "a\n-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\nb",
-                "a\n-----BEGIN RSA PRIVATE KEY-----<private key masked>-----END RSA PRIVATE KEY-----\nb",
-            ),
-            (
-                r#"{"key":"-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n","certificate":"-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n"}"#,
-                r#"{"key":"-----BEGIN PRIVATE KEY-----<private key masked>-----END PRIVATE KEY-----\n","certificate":"-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n"}"#,
-            ),
-            (
-                "-----BEGIN EC PRIVATE KEY-----\ncut short",
-                "-----BEGIN EC PRIVATE KEY-----<private key masked>",
-            ),
-            ("no keys here", "no keys here"),
-            ("-----BEGIN broken", "-----BEGIN broken"),
-        ];
-        for (text, want) in cases {
-            assert_eq!(mask_private_keys(text), want, "{text}");
-        }
-    }
-
-    #[test]
-    fn inventory_files_are_read_in_each_shape_an_operator_has() {
-        let data = json!({"agents": ["rpcutil"], "version": "0.29.4"});
-        let cases = [
-            (data.clone(), data.clone()),
-            (json!({"statuscode": 0, "data": data.clone()}), data.clone()),
-            (
-                json!({"replies": [
-                    {"sender": "other", "data": {"version": "1"}},
-                    {"sender": "n1", "data": data.clone()},
-                ]}),
-                data.clone(),
-            ),
-            (
-                json!({"replies": [{"sender": "other", "data": data.clone()}]}),
-                data.clone(),
-            ),
-        ];
-        for (document, want) in cases {
-            assert_eq!(inventory_data(document.clone(), "n1"), want, "{document}");
-        }
-    }
-}
+mod tests;
