@@ -965,13 +965,13 @@ fn a_node_silent_from_the_start_is_hinted_once() {
         );
     }
     // The hint names the other protocol and the setting that speaks it.
-    let v1 = crate::provision::silent_node_hint("v1", "n1", "choria_provision#jwt", 3);
+    let v1 = super::call::silent_node_hint("v1", "n1", "choria_provision#jwt", 3);
     assert!(
         v1.starts_with("n1: sighted, but no valid reply to any of the 3 tries"),
         "{v1}"
     );
     assert!(v1.contains("`v2: true`") && v1.contains("plugin.security.provider = choria"));
-    let v2 = crate::provision::silent_node_hint("v2", "n1", "rpcutil#inventory", 5);
+    let v2 = super::call::silent_node_hint("v2", "n1", "rpcutil#inventory", 5);
     assert!(v2.contains("lacks `v2: true`") && v2.contains("plugin.security.provider = file"));
 }
 
