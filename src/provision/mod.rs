@@ -298,3 +298,7 @@ impl ProvisionCycle for Cycle {
 
 #[cfg(test)]
 mod cycle_tests;
+#[cfg(test)]
+mod delivery_tests;
+#[cfg(test)]
+mod interrupt_tests;
