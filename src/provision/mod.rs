@@ -15,17 +15,17 @@
 //!
 //! Nodes are reached only through [`NodeRpc`], so the cycle runs the same against the broker
 //! and against a scripted fake. Each step returns a [`StepResult`]: its value, or the
-//! [`CycleStop`] that ends the cycle there: another provisioner owns the node (a refused lock
-//! that stood unchallenged for the grace window), the gate closed, or a [`Failure`] naming the
-//! step and the cause. A cycle that runs to its end has [`Finished`]: provisioned, or shut down
-//! as the helper asked.
+//! [`CycleStop`](step::CycleStop) that ends the cycle there: another provisioner owns the node
+//! (a refused lock that stood unchallenged for the grace window), the gate closed, or a
+//! [`Failure`] naming the step and the cause. A cycle that runs to its end has [`Finished`]:
+//! provisioned, or shut down as the helper asked.
 //!
 //! No reply is acted on before it has stood: any node can answer in this node's name, so the
 //! answers of steps 1–4 decide nothing until the last of them has stood unchallenged for the
-//! grace window (`reply_grace`, [`ReplyWatch::wait_stood`]). Only then does the helper, the
-//! first to act on them (it may sign the CSR), run; and the watch is asked again before every
-//! delivery (`shutdown`, `release_update`, `configure`). A second, different reply to any
-//! request of the cycle fails the node as forged.
+//! grace window (`reply_grace`, [`wait_stood`](choria_broker::rpc::ReplyWatch::wait_stood)).
+//! Only then does the helper, the first to act on them (it may sign the CSR), run; and the
+//! watch is asked again before every delivery (`shutdown`, `release_update`, `configure`). A
+//! second, different reply to any request of the cycle fails the node as forged.
 //!
 //! The cycle's decisions do no I/O, each in its file: [`decision`] (the helper's answer),
 //! [`step`] (a step's result and the outcome a cycle's becomes), [`reply`] (reading a node's
@@ -80,7 +80,7 @@ pub struct Cycle {
     metrics: Arc<Metrics>,
     /// The protocol our requests are in (`"v1"`, `"v2"`), for the silent-node hint.
     protocol: &'static str,
-    /// Nodes already given the silent-node hint (bounded: see [`call::SILENT_HINTS_KEPT`]).
+    /// Nodes already given the silent-node hint (bounded: see `call::SILENT_HINTS_KEPT`).
     silent_hinted: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
     audit: Option<CycleAudit>,
     /// What the end of the shutdown grace ends; `None`: nothing (tests, benches).
