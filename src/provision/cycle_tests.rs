@@ -1,7 +1,8 @@
 //! The provisioning cycle (`provision::Cycle`) against a scripted node (a table: action →
 //! reply) and a real helper process, with the upstream vectors for keys, JWTs and CSRs.
 //! Each case is one line of a table; the end-to-end runs against the simulator on a real
-//! broker are the daemon's tests.
+//! broker are the daemon's tests. The scripted node and the harness here serve the other
+//! cycle test files too (`interrupt_tests`, `delivery_tests`).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -18,40 +19,44 @@ use choria_broker::rpc::{
     RpcOutcome, SendFailure, LOCK_REFUSED_MESSAGE,
 };
 use choria_crypto::ed25519::sign_nonce;
-use choria_crypto::jwt::VerifyKey;
-use choria_crypto::key_transport::{decrypt_private_key, ecdh_shared};
-use choria_fleet_sim::server_jwt_check::verify_server_jwt;
-use choria_testkit::{certificates, vector_path};
+use choria_testkit::vector_path;
 use choria_wire::identity::Identity;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::provision::{Cycle, CycleSettings, GraceEnd, ProvisionCycle, ProvisionOutcome, Source};
+use crate::provision::{Cycle, CycleSettings, ProvisionCycle, ProvisionOutcome, Source};
 
-const IDENTITY: &str = "rip.mcollective";
+pub(super) const IDENTITY: &str = "rip.mcollective";
 
-fn node_identity() -> Identity {
+pub(super) fn node_identity() -> Identity {
     Identity::parse(IDENTITY).expect("a valid identity")
 }
 /// The X25519 pair of the node (go-choria provision/provision_test.go, provisioner
 /// host/host_test.go).
-const NODE_ECDH_SECRET: &str = "67e4a9b3934a3030470ed7a30f89eeaf7dab7b492aa9ee02fb864d690b7e6eeb";
-const NODE_ECDH_PUBLIC: &str = "88a9a0ed27dc93c29466ea2bef99e078342b27e7a1d789fc35a9131f86c3a022";
+pub(super) const NODE_ECDH_SECRET: &str =
+    "67e4a9b3934a3030470ed7a30f89eeaf7dab7b492aa9ee02fb864d690b7e6eeb";
+pub(super) const NODE_ECDH_PUBLIC: &str =
+    "88a9a0ed27dc93c29466ea2bef99e078342b27e7a1d789fc35a9131f86c3a022";
 /// Org issuer O (tokens `signer.public`).
-const ORG_ISSUER: &str = "3899a8bb4b6e6e09c91c27f28f086f0b40f1d3091a8c83c07320bc6cfdf67730";
+pub(super) const ORG_ISSUER: &str =
+    "3899a8bb4b6e6e09c91c27f28f086f0b40f1d3091a8c83c07320bc6cfdf67730";
 
-fn vector(relative: &str) -> String {
+/// The CSR the scripted node's `gencsr` returns.
+pub(super) const NODE_CSR: &str =
+    "go-choria/providers/security/testdata/good/certificate_requests/rip.mcollective.pem";
+
+pub(super) fn vector(relative: &str) -> String {
     std::fs::read_to_string(vector_path(relative))
         .unwrap_or_else(|e| panic!("vector {relative}: {e}"))
 }
 
-fn vector_file(relative: &str) -> String {
+pub(super) fn vector_file(relative: &str) -> String {
     vector_path(relative).display().to_string()
 }
 
 /// How the scripted node answers one action.
 #[derive(Clone)]
-enum Reply {
+pub(super) enum Reply {
     Ok(Value),
     Status(u8, &'static str),
     Timeout,
@@ -87,25 +92,25 @@ enum Reply {
     PausedWhileWaiting(Value),
 }
 
-struct ScriptedNode {
-    replies: Mutex<BTreeMap<String, Reply>>,
-    calls: Mutex<Vec<(String, Value)>>,
+pub(super) struct ScriptedNode {
+    pub(super) replies: Mutex<BTreeMap<String, Reply>>,
+    pub(super) calls: Mutex<Vec<(String, Value)>>,
     /// The conflicts of the cycle's reply watch.
-    watch: Mutex<Option<ConflictRecorder>>,
+    pub(super) watch: Mutex<Option<ConflictRecorder>>,
     /// The gate the cycle runs under (the fleet's), which a lost leadership closes.
-    cycle_gate: Mutex<Option<Arc<Gate>>>,
+    pub(super) cycle_gate: Mutex<Option<Arc<Gate>>>,
     /// The grace window of the cycle's watch (zero unless a case is about it).
-    grace: Mutex<Duration>,
+    pub(super) grace: Mutex<Duration>,
     /// Threads that record a late forgery, joined by the case.
-    forgers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    pub(super) forgers: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl ScriptedNode {
-    fn calls(&self) -> Vec<String> {
+    pub(super) fn calls(&self) -> Vec<String> {
         self.calls.lock().iter().map(|(a, _)| a.clone()).collect()
     }
 
-    fn data_of(&self, action: &str) -> Value {
+    pub(super) fn data_of(&self, action: &str) -> Value {
         self.calls
             .lock()
             .iter()
@@ -115,7 +120,7 @@ impl ScriptedNode {
     }
 }
 
-fn server_seed() -> [u8; 32] {
+pub(super) fn server_seed() -> [u8; 32] {
     hex::decode(vector("generated/server.seed").trim())
         .expect("hex seed")
         .try_into()
@@ -144,7 +149,7 @@ fn forged_conflict(action: &'static Action) -> ReplyConflict {
 
 impl ScriptedNode {
     /// An answer taken now: the window runs from here.
-    fn took(&self) {
+    pub(super) fn took(&self) {
         if let Some(watch) = self.watch.lock().as_ref() {
             watch.took(Instant::now());
         }
@@ -296,7 +301,7 @@ impl ScriptedNode {
 
 /// Which security flow a case runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Mode {
+pub(super) enum Mode {
     /// No features: inventory, helper, configure, restart.
     Plain,
     /// x509: gencsr and a CSR check.
@@ -311,7 +316,7 @@ enum Mode {
     PkiJwt,
 }
 
-fn base_yaml(mode: Mode, helper: &str) -> String {
+pub(super) fn base_yaml(mode: Mode, helper: &str) -> String {
     let mut yaml =
         format!("helper: \"{helper}\"\nhelper_timeout: 30s\ntoken: s3cret\nsite: test\n");
     let pki = "features:\n  pki: true\ncert_deny_list:\n  - /\\.denied$/\n";
@@ -346,7 +351,7 @@ fn base_yaml(mode: Mode, helper: &str) -> String {
     yaml
 }
 
-fn default_replies(mode: Mode) -> BTreeMap<String, Reply> {
+pub(super) fn default_replies(mode: Mode) -> BTreeMap<String, Reply> {
     let mut replies = BTreeMap::new();
     let mut put = |k: &str, r: Reply| {
         replies.insert(k.to_string(), r);
@@ -398,7 +403,7 @@ fn default_replies(mode: Mode) -> BTreeMap<String, Reply> {
 }
 
 /// The usual helper answer: a configuration for the node.
-fn configuration_answer() -> Value {
+pub(super) fn configuration_answer() -> Value {
     json!({
         "defer": false,
         "msg": "",
@@ -412,7 +417,7 @@ fn configuration_answer() -> Value {
     })
 }
 
-fn with(answer: Value, extra: Value) -> Value {
+pub(super) fn with(answer: Value, extra: Value) -> Value {
     let mut answer = answer;
     for (k, v) in extra.as_object().expect("object").iter() {
         answer[k] = v.clone();
@@ -421,14 +426,14 @@ fn with(answer: Value, extra: Value) -> Value {
 }
 
 /// One prepared run: a temp dir with the helper, its answer and a record of its stdin.
-struct Harness {
-    _dir: tempfile::TempDir,
+pub(super) struct Harness {
+    pub(super) _dir: tempfile::TempDir,
     /// What `cycle` was built from, for a test to build another from.
-    config: Config,
-    stdin_record: PathBuf,
-    node: Arc<ScriptedNode>,
-    metrics: Arc<Metrics>,
-    cycle: Cycle,
+    pub(super) config: Config,
+    pub(super) stdin_record: PathBuf,
+    pub(super) node: Arc<ScriptedNode>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) cycle: Cycle,
 }
 
 fn write_helper(dir: &Path, prelude: &str) -> PathBuf {
@@ -445,12 +450,17 @@ fn write_helper(dir: &Path, prelude: &str) -> PathBuf {
     path
 }
 
-fn harness(mode: Mode, extra_yaml: &str, answer: &Value, overrides: &[(&str, Reply)]) -> Harness {
+pub(super) fn harness(
+    mode: Mode,
+    extra_yaml: &str,
+    answer: &Value,
+    overrides: &[(&str, Reply)],
+) -> Harness {
     harness_with_helper(mode, extra_yaml, answer, overrides, "")
 }
 
 /// As [`harness`], the helper running the shell lines `prelude` first.
-fn harness_with_helper(
+pub(super) fn harness_with_helper(
     mode: Mode,
     extra_yaml: &str,
     answer: &Value,
@@ -501,7 +511,7 @@ fn harness_with_helper(
 }
 
 #[derive(Debug, Clone, PartialEq)]
-enum Want {
+pub(super) enum Want {
     Provisioned { hold: bool },
     ShutDown,
     OwnedElsewhere,
@@ -509,7 +519,7 @@ enum Want {
     Failed(&'static str),
 }
 
-fn check(outcome: &ProvisionOutcome, want: &Want) -> bool {
+pub(super) fn check(outcome: &ProvisionOutcome, want: &Want) -> bool {
     match (outcome, want) {
         (ProvisionOutcome::Provisioned { hold }, Want::Provisioned { hold: want }) => hold == want,
         (ProvisionOutcome::ShutDown, Want::ShutDown) => true,
@@ -523,14 +533,14 @@ fn check(outcome: &ProvisionOutcome, want: &Want) -> bool {
     }
 }
 
-const J: &str = "choria_provision#jwt";
-const G: &str = "choria_provision#gen25519";
-const I: &str = "rpcutil#inventory";
-const C: &str = "choria_provision#gencsr";
-const CF: &str = "choria_provision#configure";
-const R: &str = "choria_provision#restart";
-const S: &str = "choria_provision#shutdown";
-const U: &str = "choria_provision#release_update";
+pub(super) const J: &str = "choria_provision#jwt";
+pub(super) const G: &str = "choria_provision#gen25519";
+pub(super) const I: &str = "rpcutil#inventory";
+pub(super) const C: &str = "choria_provision#gencsr";
+pub(super) const CF: &str = "choria_provision#configure";
+pub(super) const R: &str = "choria_provision#restart";
+pub(super) const S: &str = "choria_provision#shutdown";
+pub(super) const U: &str = "choria_provision#release_update";
 
 struct Case {
     name: &'static str,
@@ -806,129 +816,6 @@ fn a_lock_refusal_leaves_the_node_to_its_owner_only_where_the_lock_is_taken() {
     }
 }
 
-/// The answers of every step before the helper decide what the node is given, and any node
-/// can send one in its name: the helper runs only once the last of them has stood for the
-/// grace window. A forged twin arriving within it (here 100 ms after the real answer, the
-/// window 5 s) fails the node before the helper has seen anything, on each of those steps.
-#[test]
-fn a_reply_challenged_within_the_window_stops_the_cycle_before_the_helper_runs() {
-    let cases: Vec<(Mode, &str, Reply)> = vec![
-        (Mode::Plain, I, Reply::Ok(json!({"version": "0.29.4"}))),
-        (Mode::Ed25519, J, default_replies(Mode::Ed25519)[J].clone()),
-        (Mode::Ed25519, G, Reply::SignNonce),
-        (Mode::Ed25519, I, Reply::Ok(json!({"version": "0.29.4"}))),
-        (Mode::PkiJwt, J, default_replies(Mode::PkiJwt)[J].clone()),
-        (Mode::PkiJwt, C, default_replies(Mode::PkiJwt)[C].clone()),
-    ];
-    for (mode, action, real) in cases {
-        let forged = Reply::ForgedAfter(Box::new(real), Duration::from_millis(100));
-        let h = harness(mode, "", &configuration_answer(), &[(action, forged)]);
-        *h.node.grace.lock() = Duration::from_secs(5);
-        let outcome = h
-            .cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false));
-        for forger in h.node.forgers.lock().drain(..) {
-            forger.join().expect("forger thread");
-        }
-        let case = format!("{mode:?}, {action} forged 100 ms after the real answer");
-        let ProvisionOutcome::Failed(err) = &outcome else {
-            panic!("{case}: {outcome:?}");
-        };
-        let reason = err.to_string();
-        assert!(
-            reason.contains(&format!("two different replies to {action}")),
-            "{case}: {reason}"
-        );
-        assert!(
-            !h.stdin_record.exists(),
-            "{case}: the helper was run on an answer still being challenged"
-        );
-        let calls = h.node.calls();
-        assert!(
-            !calls.iter().any(|c| c == CF || c == S || c == U),
-            "{case}: {calls:?}"
-        );
-    }
-}
-
-/// With no challenge the cycle goes on once the last answer has stood: the helper runs, the
-/// node is configured, and the cycle took at least the window (a lower bound, whatever the
-/// load).
-#[test]
-fn the_last_answer_stands_for_the_window_before_the_helper_runs() {
-    let grace = Duration::from_millis(300);
-    for mode in [Mode::Plain, Mode::PkiJwt, Mode::Ed25519] {
-        let h = harness(mode, "", &configuration_answer(), &[]);
-        *h.node.grace.lock() = grace;
-        let started = Instant::now();
-        let outcome = h
-            .cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false));
-        let took = started.elapsed();
-        assert!(
-            check(&outcome, &Want::Provisioned { hold: true }),
-            "{mode:?}: {outcome:?}"
-        );
-        assert!(h.stdin_record.exists(), "{mode:?}: the helper ran");
-        assert!(took >= grace, "{mode:?}: the cycle took {took:?}");
-    }
-    // A pause during the window halts the cycle there: the helper never starts.
-    let h = harness(Mode::Plain, "", &configuration_answer(), &[]);
-    *h.node.grace.lock() = Duration::from_secs(600);
-    let gate = Arc::new(Gate::new(false));
-    let pauser = {
-        let gate = gate.clone();
-        let node = h.node.clone();
-        std::thread::Builder::new()
-            .name("pauser".into())
-            .spawn(move || {
-                // Once inventory was answered, the cycle is in the window.
-                let deadline = Instant::now() + Duration::from_secs(60);
-                while node.calls().is_empty() && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-                gate.set_paused(true);
-            })
-            .expect("pauser thread")
-    };
-    let outcome = h.cycle.provision(&node_identity(), Source::Event, &gate);
-    pauser.join().expect("pauser thread");
-    assert!(check(&outcome, &Want::Halted), "{outcome:?}");
-    assert!(!h.stdin_record.exists(), "the helper never started");
-}
-
-/// A forgery that comes after the window, while the helper runs, is still caught before
-/// anything is delivered: every request stays watched until the cycle ends.
-#[test]
-fn a_reply_challenged_after_the_window_still_stops_the_cycle_before_configure() {
-    let real = Reply::Ok(json!({"version": "0.29.4"}));
-    let forged = Reply::ForgedAfter(Box::new(real), Duration::from_millis(300));
-    let h = harness_with_helper(
-        Mode::Plain,
-        "",
-        &configuration_answer(),
-        &[(I, forged)],
-        "sleep 2\n",
-    );
-    *h.node.grace.lock() = Duration::from_millis(50);
-    let outcome = h
-        .cycle
-        .provision(&node_identity(), Source::Event, &Gate::new(false));
-    for forger in h.node.forgers.lock().drain(..) {
-        forger.join().expect("forger thread");
-    }
-    assert!(
-        check(
-            &outcome,
-            &Want::Failed("two different replies to rpcutil#inventory")
-        ),
-        "{outcome:?}"
-    );
-    assert!(h.stdin_record.exists(), "the helper ran after the window");
-    assert_eq!(h.node.calls(), vec![I], "nothing delivered");
-}
-
 /// A node silent on the cycle's first action (whichever that is) gets the protocol hint, once;
 /// silence later in the cycle is not a protocol problem and gets none.
 #[test]
@@ -965,13 +852,13 @@ fn a_node_silent_from_the_start_is_hinted_once() {
         );
     }
     // The hint names the other protocol and the setting that speaks it.
-    let v1 = crate::provision::silent_node_hint("v1", "n1", "choria_provision#jwt", 3);
+    let v1 = super::call::silent_node_hint("v1", "n1", "choria_provision#jwt", 3);
     assert!(
         v1.starts_with("n1: sighted, but no valid reply to any of the 3 tries"),
         "{v1}"
     );
     assert!(v1.contains("`v2: true`") && v1.contains("plugin.security.provider = choria"));
-    let v2 = crate::provision::silent_node_hint("v2", "n1", "rpcutil#inventory", 5);
+    let v2 = super::call::silent_node_hint("v2", "n1", "rpcutil#inventory", 5);
     assert!(v2.contains("lacks `v2: true`") && v2.contains("plugin.security.provider = file"));
 }
 
@@ -988,969 +875,5 @@ fn a_closed_gate_stops_the_cycle_before_anything_starts() {
         h.metrics.helper_time.get(&[]).1,
         0,
         "the helper must not run while paused"
-    );
-}
-
-/// Runs `cycle` on a named thread until `started` says it got where the test wants it, then
-/// fires `grace`; the outcome, which must come within 10 s of that.
-fn provision_until_the_grace_ends(
-    cycle: Arc<Cycle>,
-    node: &ScriptedNode,
-    grace: &GraceEnd,
-    started: impl Fn() -> bool,
-) -> ProvisionOutcome {
-    let (done, outcome) = crossbeam_channel::bounded(1);
-    let gate = Arc::new(Gate::new(false));
-    *node.cycle_gate.lock() = Some(Arc::clone(&gate));
-    let worker = std::thread::Builder::new()
-        .name("cycle".into())
-        .spawn(move || {
-            let _ = done.send(cycle.provision(&node_identity(), Source::Event, &gate));
-        })
-        .expect("thread");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !started() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the cycle never got there"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    grace.fire();
-    let outcome = outcome
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the cycle ends at once when the grace ends");
-    worker.join().expect("cycle thread");
-    outcome
-}
-
-#[test]
-fn the_end_of_the_shutdown_grace_ends_the_restart_after_configure() {
-    let h = harness(
-        Mode::Plain,
-        "",
-        &configuration_answer(),
-        &[
-            (CF, Reply::OkThenStop(json!({"message": "Wrote 3 lines"}))),
-            (R, Reply::UntilGateCloses),
-        ],
-    );
-    let grace = Arc::new(GraceEnd::new().expect("pipe"));
-    let cycle = Arc::new(h.cycle.with_grace_end(grace.clone()));
-    let node = h.node.clone();
-    // The stop after configure does not end the restart (see the table); the grace's end does.
-    let outcome = provision_until_the_grace_ends(cycle, &h.node, &grace, || {
-        node.calls().contains(&R.to_string())
-    });
-    assert!(matches!(outcome, ProvisionOutcome::Halted), "{outcome:?}");
-    assert_eq!(h.node.calls(), [I, CF, R]);
-}
-
-#[test]
-fn a_helper_running_when_the_shutdown_grace_ends_is_killed_and_is_no_error() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let marker = dir.path().join("helper.pid");
-    let helper = dir.path().join("slow");
-    std::fs::write(
-        &helper,
-        format!("#!/bin/sh\necho $$ > {}\nsleep 300\n", marker.display()),
-    )
-    .expect("helper");
-    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let yaml = base_yaml(Mode::Plain, &helper.display().to_string());
-    let (config, _) = Config::parse(&dir.path().join("p.yaml"), &yaml).expect("config");
-    let node = Arc::new(ScriptedNode {
-        replies: Mutex::new(default_replies(Mode::Plain)),
-        calls: Mutex::new(Vec::new()),
-        watch: Mutex::new(None),
-        cycle_gate: Mutex::new(None),
-        grace: Mutex::new(Duration::ZERO),
-        forgers: Mutex::new(Vec::new()),
-    });
-    let metrics = Arc::new(Metrics::new("test"));
-    let grace = Arc::new(GraceEnd::new().expect("pipe"));
-    let cycle = Cycle::new(
-        CycleSettings::new(&config).expect("settings"),
-        node.clone(),
-        metrics.clone(),
-    )
-    .with_grace_end(grace.clone());
-    let pid = || {
-        std::fs::read_to_string(&marker)
-            .ok()
-            .filter(|t| t.ends_with('\n'))
-            .and_then(|t| t.trim().parse::<i32>().ok())
-    };
-    let outcome =
-        provision_until_the_grace_ends(Arc::new(cycle), &node, &grace, || pid().is_some());
-    assert!(matches!(outcome, ProvisionOutcome::Halted), "{outcome:?}");
-    assert_eq!(node.calls(), [I], "nothing after the helper");
-    assert_eq!(
-        metrics.helper_errors.get(),
-        0,
-        "a stop is not the helper's error"
-    );
-    let pid = pid().expect("pid");
-    // Killed and reaped by the cycle: gone, or at most a zombie for a moment.
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    assert!(
-        stat.is_empty() || stat.contains(") Z "),
-        "helper {pid} still runs: {stat}"
-    );
-}
-
-#[test]
-fn the_helper_sees_the_node_as_go_describes_it() {
-    // PKI + JWT: csr and jwt set, ed25519_pubkey null.
-    let h = harness(Mode::PkiJwt, "", &configuration_answer(), &[]);
-    assert!(matches!(
-        h.cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false)),
-        ProvisionOutcome::Provisioned { hold: true }
-    ));
-    let text = std::fs::read_to_string(&h.stdin_record).expect("helper stdin recorded");
-    assert!(text.starts_with("{\"identity\":\"rip.mcollective\",\"csr\":{\"csr\":\"-----BEGIN CERTIFICATE REQUEST-----"), "{text}");
-    // Go's encoder escapes '<' and '>' (the inventory fact "<lon>").
-    assert!(
-        text.contains("\\\\u003clon\\\\u003e") || text.contains("\\u003clon\\u003e"),
-        "{text}"
-    );
-    let input: Value = serde_json::from_str(&text).expect("stdin is JSON");
-    let keys: Vec<&str> = input
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    assert_eq!(keys.len(), 5, "{keys:?}");
-    assert_eq!(input["csr"]["ssldir"], "/etc/choria/ssl");
-    assert!(input["ed25519_pubkey"].is_null());
-    assert_eq!(
-        input["jwt"]["cht"], "toomanysecrets",
-        "verified claims: {}",
-        input["jwt"]
-    );
-    let inventory: Value =
-        serde_json::from_str(input["inventory"].as_str().expect("inventory is a string"))
-            .expect("inventory JSON");
-    assert_eq!(inventory["version"], "0.29.4");
-    assert_eq!(inventory["facts"]["location"], "<lon>");
-    assert_eq!(h.metrics.helper_time.get(&[]).1, 1);
-
-    // ed25519: the gen25519 reply goes to the helper.
-    let h = harness(Mode::Ed25519, "", &configuration_answer(), &[]);
-    assert!(matches!(
-        h.cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false)),
-        ProvisionOutcome::Provisioned { hold: true }
-    ));
-    let input: Value =
-        serde_json::from_str(&std::fs::read_to_string(&h.stdin_record).unwrap()).unwrap();
-    let (public_key, _) = sign_nonce(&server_seed(), "x");
-    assert_eq!(input["ed25519_pubkey"]["public_key"], public_key.as_str());
-    assert_eq!(input["ed25519_pubkey"]["directory"], "/etc/choria");
-    assert!(input["csr"].is_null());
-}
-
-/// The CSR the scripted node's `gencsr` returns.
-const NODE_CSR: &str =
-    "go-choria/providers/security/testdata/good/certificate_requests/rip.mcollective.pem";
-
-/// A certificate for `subject` certifying the key of the scripted node's CSR.
-fn certificate_for_node_csr(subject: &str, dns: &[&str]) -> String {
-    certificates::issue(
-        subject,
-        dns,
-        &certificates::csr_public_key(&vector(NODE_CSR)),
-        &[7],
-    )
-}
-
-#[test]
-fn requests_carry_what_go_sends() {
-    let certificate = certificate_for_node_csr("CN=rip.mcollective", &[]);
-    let h = harness(
-        Mode::Pki,
-        "",
-        &with(
-            configuration_answer(),
-            json!({"ssldir": "/helper/ssl", "certificate": certificate, "ca": "CA"}),
-        ),
-        &[],
-    );
-    assert!(matches!(
-        h.cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false)),
-        ProvisionOutcome::Provisioned { hold: true }
-    ));
-    assert_eq!(h.node.data_of(I), json!({}));
-    assert_eq!(
-        h.node.data_of(C),
-        json!({"token": "s3cret", "cn": IDENTITY})
-    );
-    assert_eq!(h.node.data_of(R), json!({"token": "s3cret", "splay": 1}));
-    let configure = h.node.data_of(CF);
-    let keys: Vec<&str> = configure
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    assert_eq!(
-        keys,
-        [
-            "action_policies",
-            "ca",
-            "certificate",
-            "config",
-            "ecdh_public",
-            "key",
-            "opa_policies",
-            "server_jwt",
-            "ssldir",
-            "token"
-        ]
-    );
-    assert_eq!(configure["token"], "s3cret");
-    assert_eq!(configure["certificate"], certificate.as_str());
-    assert_eq!(configure["ca"], "CA");
-    // The node's own ssldir from gencsr wins over the helper's.
-    assert_eq!(configure["ssldir"], "/etc/choria/ssl");
-    assert_eq!(configure["key"], "");
-    assert_eq!(configure["ecdh_public"], "");
-    assert_eq!(configure["server_jwt"], "");
-    assert_eq!(configure["opa_policies"], json!({}));
-    assert_eq!(
-        configure["action_policies"],
-        json!({"default.policy": "policy_default deny"})
-    );
-    let config: BTreeMap<String, String> =
-        serde_json::from_str(configure["config"].as_str().unwrap()).unwrap();
-    assert_eq!(config["identity"], IDENTITY);
-    assert_eq!(config["collectives"], "choria,eu");
-
-    // Without gencsr, the helper's ssldir is used; jwt and gen25519 send token (and nonce).
-    let h = harness(
-        Mode::Ed25519,
-        "",
-        &with(configuration_answer(), json!({"ssldir": "/helper/ssl"})),
-        &[],
-    );
-    assert!(matches!(
-        h.cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false)),
-        ProvisionOutcome::Provisioned { hold: true }
-    ));
-    assert_eq!(h.node.data_of(CF)["ssldir"], "/helper/ssl");
-    assert_eq!(h.node.data_of(J), json!({"token": "s3cret"}));
-    let nonce = h.node.data_of(G)["nonce"].as_str().unwrap().to_string();
-    assert_eq!(nonce.len(), 32);
-    assert!(nonce.chars().all(|c| c.is_ascii_hexdigit()));
-
-    // Upgrades send the repository and the target version.
-    let h = harness(
-        Mode::Plain,
-        "features:\n  upgrades: true\n",
-        &with(configuration_answer(), json!({"upgrade": "0.30.1"})),
-        &[],
-    );
-    assert!(matches!(
-        h.cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false)),
-        ProvisionOutcome::Provisioned { hold: false }
-    ));
-    assert_eq!(
-        h.node.data_of(U),
-        json!({"token": "s3cret", "repository": "https://repo.example.net/choria", "version": "0.30.1"})
-    );
-}
-
-#[test]
-fn chain_issued_server_jwt_verifies_under_the_org_issuer() {
-    let answer = with(
-        configuration_answer(),
-        json!({"server_claims": {"pub_subjects": ["choria.test.>"]}}),
-    );
-    let h = harness(Mode::Ed25519, "", &answer, &[]);
-    assert!(matches!(
-        h.cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false)),
-        ProvisionOutcome::Provisioned { hold: true }
-    ));
-    let token = h.node.data_of(CF)["server_jwt"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let org = VerifyKey::ed25519_from_hex(ORG_ISSUER).expect("org key");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let claims = verify_server_jwt(&token, &org, now).expect("server JWT verifies under O");
-    let (public_key, _) = sign_nonce(&server_seed(), "x");
-    assert_eq!(claims["public_key"], public_key.as_str());
-    assert_eq!(claims["identity"], IDENTITY);
-    assert!(claims.get("sub").is_none());
-    assert_eq!(claims["purpose"], "choria_server");
-    assert_eq!(claims["collectives"], json!(["choria", "eu"]));
-    assert_eq!(claims["pub_subjects"], json!(["choria.test.>"]));
-    assert!(claims["iss"].as_str().unwrap().starts_with("C-"));
-}
-
-#[test]
-fn a_helper_key_reaches_the_node_encrypted_for_it_alone() {
-    let key_pem = vector("tokens/testdata/rsa/signer-key.pem");
-    let certificate = certificates::issue(
-        "CN=rip.mcollective",
-        &[],
-        &certificates::rsa_key_public_key(&key_pem),
-        &[8],
-    );
-    let answer = with(
-        configuration_answer(),
-        json!({"key": key_pem, "certificate": certificate, "ca": "CA", "ssldir": "/etc/choria/ssl"}),
-    );
-    let h = harness(Mode::PkiJwt, "", &answer, &[]);
-    assert!(matches!(
-        h.cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false)),
-        ProvisionOutcome::Provisioned { hold: true }
-    ));
-    let configure = h.node.data_of(CF);
-    let encrypted = configure["key"].as_str().unwrap();
-    assert!(
-        encrypted.contains("Proc-Type: 4,ENCRYPTED\nDEK-Info: AES-256-CBC,"),
-        "{encrypted}"
-    );
-    let our_public = configure["ecdh_public"].as_str().unwrap();
-    assert_eq!(our_public.len(), 64);
-    assert_ne!(our_public, NODE_ECDH_PUBLIC);
-    // The node's side: its secret from the jwt action and our public key.
-    let node_secret: [u8; 32] = hex::decode(NODE_ECDH_SECRET).unwrap().try_into().unwrap();
-    let shared = ecdh_shared(&node_secret, our_public).expect("shared secret");
-    let decrypted = decrypt_private_key(encrypted, &shared).expect("the node decrypts the key");
-    assert_eq!(
-        pem::parse(&decrypted).unwrap().contents(),
-        pem::parse(&key_pem).unwrap().contents()
-    );
-    // A fresh pair per run: a second run sends another public key and ciphertext.
-    let again = harness(Mode::PkiJwt, "", &answer, &[]);
-    assert!(matches!(
-        again
-            .cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false)),
-        ProvisionOutcome::Provisioned { hold: true }
-    ));
-    assert_ne!(
-        again.node.data_of(CF)["ecdh_public"],
-        configure["ecdh_public"]
-    );
-    assert_ne!(again.node.data_of(CF)["key"], configure["key"]);
-}
-
-#[test]
-fn helper_metrics_count_as_go_does() {
-    // A helper that cannot be started counts a helper error; defer does not.
-    let h = harness(Mode::Plain, "", &json!({"defer": true}), &[]);
-    assert!(matches!(
-        h.cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false)),
-        ProvisionOutcome::Failed(_)
-    ));
-    assert_eq!(h.metrics.helper_errors.get(), 0);
-    assert_eq!(h.metrics.helper_time.get(&[]).1, 1);
-
-    let h = harness(Mode::Plain, "", &json!("not an object"), &[]);
-    match h
-        .cycle
-        .provision(&node_identity(), Source::Event, &Gate::new(false))
-    {
-        ProvisionOutcome::Failed(err) => assert!(
-            err.to_string()
-                .contains("cannot decode the output of helper"),
-            "{err}"
-        ),
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(h.metrics.helper_errors.get(), 1);
-
-    let h = harness(Mode::Plain, "", &json!({"shutdown": true}), &[]);
-    assert!(matches!(
-        h.cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false)),
-        ProvisionOutcome::ShutDown
-    ));
-    assert_eq!(h.metrics.helper_shutdown_requests.get(), 1);
-    assert_eq!(h.metrics.provisioned.get(), 1);
-}
-
-#[test]
-fn an_empty_configuration_fails_configure_as_one_rpc_error_without_a_request() {
-    // Go's `configure` fails every try with "empty configuration" before sending, so the
-    // call counts one rpc_errors{choria_provision#configure} (provisioner host/rpc.go).
-    let h = harness(Mode::Plain, "", &json!({"msg": "nothing to say"}), &[]);
-    let outcome = h
-        .cycle
-        .provision(&node_identity(), Source::Event, &Gate::new(false));
-    assert!(
-        check(&outcome, &Want::Failed("empty configuration")),
-        "{outcome:?}"
-    );
-    assert_eq!(h.node.calls(), [I], "nothing is sent to the node");
-    assert_eq!(h.metrics.rpc_errors.with_label_values(&[CF]).get(), 1);
-    assert_eq!(h.metrics.provisioned.get(), 0);
-    assert_eq!(h.metrics.helper_errors.get(), 0);
-}
-
-#[test]
-fn settings_a_feature_needs_are_checked_when_the_cycle_is_built() {
-    let expired_token = vector_file("generated/expired-chain-issuer-client.jwt");
-    let seed = vector_file("tokens/testdata/ed25519/other.seed");
-    // There but not a signing key (one not there is a warning: see
-    // `missing_key_files_start_with_a_warning_and_fail_each_node_until_they_appear`).
-    let not_a_seed = vector_file("tokens/testdata/rsa/signer-public.pem");
-    // (yaml, substring of the error). An unset key is the configuration's to refuse; a key
-    // file that does not load is refused when the cycle's settings are taken.
-    let cases: Vec<(String, &str)> = vec![
-        ("helper: /bin/true\nfeatures:\n  jwt: true\n".into(), "jwt_verify_cert must be set"),
-        // Hex digits are the key itself, too short here; a value naming no file is a
-        // warning instead (`missing_key_files_start_with_a_warning_and_fail_each_node`).
-        ("helper: /bin/true\nfeatures:\n  jwt: true\njwt_verify_cert: abcd\n".into(), "jwt_verify_cert"),
-        (format!("helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER}\n"), "jwt_signing_key must be set"),
-        (format!("helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER}\njwt_signing_key: {seed}\njwt_signing_token: {expired_token}\n"), "jwt_signing_key/jwt_signing_token"),
-        (format!("helper: /bin/true\nfeatures:\n  ed25519: true\njwt_verify_cert: {ORG_ISSUER}\njwt_signing_key: {not_a_seed}\n"), "jwt_signing_key/jwt_signing_token"),
-    ];
-    for (yaml, want) in cases {
-        let refused = match Config::parse(Path::new("/etc/p.yaml"), &yaml) {
-            Err(err) => err.to_string(),
-            Ok((config, _)) => match CycleSettings::new(&config) {
-                Ok(_) => panic!("{yaml}: accepted"),
-                Err(err) => err.to_string(),
-            },
-        };
-        assert!(refused.contains(want), "{yaml}: {refused}");
-        assert!(refused.contains("/etc/p.yaml"), "{yaml}: {refused}");
-    }
-}
-
-/// Go starts with a key file that is not there and reads it for each node: so do we, with a
-/// warning naming it at start; each node fails naming it until it appears, and the next node
-/// after that is provisioned, with no restart.
-#[test]
-fn missing_key_files_start_with_a_warning_and_fail_each_node_until_they_appear() {
-    for (mode, setting) in [
-        (Mode::Jwt, "jwt_verify_cert"),
-        (Mode::Ed25519, "jwt_signing_key"),
-        (Mode::Ed25519, "jwt_signing_token"),
-    ] {
-        let h = harness(mode, "", &configuration_answer(), &[]);
-        let later = tempfile::tempdir().expect("tempdir");
-        let missing = later.path().join("not-yet").join(setting);
-        let mut config = h.config.clone();
-        let present = match (setting, config.jwt.as_mut(), config.server_jwt.as_mut()) {
-            ("jwt_verify_cert", Some(jwt), _) => {
-                std::mem::replace(&mut jwt.verify_cert, missing.display().to_string()).into()
-            }
-            ("jwt_signing_key", _, Some(issuing)) => {
-                std::mem::replace(&mut issuing.signing_key, missing.clone())
-            }
-            (_, _, Some(issuing)) => issuing
-                .signing_token
-                .replace(missing.clone())
-                .expect("a chain token"),
-            _ => panic!("{setting}: not configured in {mode:?}"),
-        };
-        let settings = CycleSettings::new(&config).unwrap_or_else(|e| panic!("{setting}: {e}"));
-        let warnings = CycleSettings::missing_key_files(&config);
-        assert_eq!(warnings.len(), 1, "{setting}: {warnings:?}");
-        for needle in [
-            setting,
-            &missing.display().to_string(),
-            "no such file",
-            "read for each node",
-        ] {
-            assert!(
-                warnings[0].contains(needle),
-                "{setting}: {warnings:?} lacks {needle:?}"
-            );
-        }
-        let cycle = Cycle::new(settings, h.node.clone(), h.metrics.clone());
-        let outcome = cycle.provision(&node_identity(), Source::Event, &Gate::new(false));
-        match &outcome {
-            ProvisionOutcome::Failed(err) => {
-                let reason = err.to_string();
-                assert!(
-                    reason.contains(setting) || reason.contains("jwt_signing"),
-                    "{setting}: {reason}"
-                );
-            }
-            other => panic!("{setting}: {other:?} with the file missing"),
-        }
-        std::fs::create_dir_all(missing.parent().expect("a parent")).expect("mkdir");
-        std::fs::copy(&present, &missing).expect("the file appears");
-        assert!(
-            CycleSettings::missing_key_files(&config).is_empty(),
-            "{setting}"
-        );
-        let outcome = cycle.provision(&node_identity(), Source::Event, &Gate::new(false));
-        assert!(
-            matches!(outcome, ProvisionOutcome::Provisioned { .. }),
-            "{setting}: {outcome:?} once the file is there"
-        );
-    }
-    // A file that is there but unusable, and hex digits that are no key, are still refused.
-    let h = harness(Mode::Jwt, "", &configuration_answer(), &[]);
-    let junk = h._dir.path().join("junk.pem");
-    std::fs::write(&junk, "not a key\n").expect("junk");
-    for value in [junk.display().to_string(), "abcd".to_string()] {
-        let mut config = h.config.clone();
-        if let Some(jwt) = config.jwt.as_mut() {
-            jwt.verify_cert = value.clone();
-        }
-        let err = CycleSettings::new(&config).expect_err(&value).to_string();
-        assert!(err.contains("jwt_verify_cert"), "{value}: {err}");
-        assert!(
-            CycleSettings::missing_key_files(&config).is_empty(),
-            "{value}"
-        );
-    }
-}
-
-#[test]
-fn a_certificate_for_another_name_or_key_is_refused_before_configure() {
-    let key_pem = vector("tokens/testdata/rsa/signer-key.pem");
-    let for_key = |subject: &str| {
-        certificates::issue(
-            subject,
-            &[],
-            &certificates::rsa_key_public_key(&key_pem),
-            &[9],
-        )
-    };
-    // (mode, helper answer's extra keys, expected failure)
-    let cases: Vec<(Mode, Value, &str)> = vec![
-        (
-            Mode::Pki,
-            json!({"certificate": certificate_for_node_csr("CN=other.example.net", &[]), "ca": "CA"}),
-            "common name \"other.example.net\" does not match identity rip.mcollective",
-        ),
-        (
-            Mode::Pki,
-            json!({"certificate": certificate_for_node_csr("CN=rip.mcollective", &["x.denied"]), "ca": "CA"}),
-            "names x.denied, which matches denied certificate pattern",
-        ),
-        (
-            Mode::Pki,
-            json!({"certificate": for_key("CN=rip.mcollective"), "ca": "CA"}),
-            "does not pair with the key of the node's CSR",
-        ),
-        (
-            Mode::PkiJwt,
-            json!({"certificate": certificate_for_node_csr("CN=rip.mcollective", &[]), "ca": "CA", "key": key_pem}),
-            "does not pair with the key the helper returned",
-        ),
-        (
-            Mode::Pki,
-            json!({"certificate": "CERT", "ca": "CA"}),
-            "the helper's certificate is refused: the certificate has no CERTIFICATE PEM block",
-        ),
-        (
-            Mode::Pki,
-            json!({"key": key_pem}),
-            "features.jwt is needed to deliver keys",
-        ),
-    ];
-    for (mode, extra, want) in cases {
-        let h = harness(mode, "", &with(configuration_answer(), extra.clone()), &[]);
-        match h
-            .cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false))
-        {
-            ProvisionOutcome::Failed(err) => {
-                let reason = err.to_string();
-                assert!(reason.contains(want), "{extra}: {reason}");
-                assert!(reason.starts_with("rip.mcollective: "), "{reason}");
-            }
-            other => panic!("{extra}: {other:?}"),
-        }
-        assert!(
-            !h.node.calls().contains(&CF.to_string()),
-            "{extra}: configure was sent"
-        );
-        assert_eq!(h.metrics.helper_errors.get(), 0, "not a helper error");
-    }
-}
-
-/// Runs one cycle with an audit file and returns its one line.
-fn audited(h: Harness, found: Source) -> (ProvisionOutcome, Value, Arc<ScriptedNode>) {
-    let path = h._dir.path().join("audit.jsonl");
-    let log = Arc::new(crate::audit::AuditLog::open(&path).expect("audit file"));
-    let node = h.node.clone();
-    let cycle = h.cycle.with_audit(log, "prov1.example.net");
-    let outcome = cycle.provision(&node_identity(), found, &Gate::new(false));
-    let text = std::fs::read_to_string(&path).expect("audit file");
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 1, "one line per cycle: {text}");
-    (outcome, serde_json::from_str(lines[0]).expect("JSON"), node)
-}
-
-#[test]
-fn the_audit_line_says_what_was_done_and_what_was_delivered() {
-    use sha2::Digest;
-    let key_pem = vector("tokens/testdata/rsa/signer-key.pem");
-    let certificate = certificates::issue(
-        "CN=rip.mcollective",
-        &[],
-        &certificates::rsa_key_public_key(&key_pem),
-        &[0x01, 0xf0],
-    );
-    let answer = with(
-        configuration_answer(),
-        json!({"key": key_pem, "certificate": certificate, "ca": "CA", "ssldir": "/etc/choria/ssl"}),
-    );
-    let (outcome, line, node) = audited(harness(Mode::PkiJwt, "", &answer, &[]), Source::Event);
-    assert!(
-        matches!(outcome, ProvisionOutcome::Provisioned { hold: true }),
-        "{outcome:?}"
-    );
-    assert_eq!(line["identity"], IDENTITY);
-    assert_eq!(line["instance"]["identity"], "prov1.example.net");
-    assert_eq!(line["instance"]["leader"], Value::Null, "no election");
-    assert_eq!(line["found"], "event");
-    assert_eq!(line["outcome"], "provisioned");
-    assert_eq!(line["reason"], Value::Null);
-    let steps: Vec<(&str, u64, &str)> = line["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            (
-                s["step"].as_str().unwrap(),
-                s["tries"].as_u64().unwrap(),
-                s["result"].as_str().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        steps,
-        [
-            (J, 1, "ok"),
-            (I, 1, "ok"),
-            (C, 1, "ok"),
-            ("helper", 1, "exited with code 0"),
-            (CF, 1, "ok"),
-            (R, 1, "ok")
-        ]
-    );
-    let rpc_steps: Vec<String> = steps
-        .iter()
-        .filter(|s| s.0 != "helper")
-        .map(|s| s.0.to_string())
-        .collect();
-    assert_eq!(rpc_steps, node.calls(), "one step per RPC the node saw");
-    assert_eq!(line["helper"]["exit_code"], 0);
-    let der = pem::parse(&certificate).unwrap();
-    assert_eq!(
-        line["issued"]["certificate"]["sha256"],
-        hex::encode(sha2::Sha256::digest(der.contents()))
-    );
-    assert_eq!(line["issued"]["certificate"]["serial"], "01f0");
-    assert_eq!(line["issued"]["key_transported"], true);
-    assert_eq!(line["issued"]["server_jwt"], Value::Null);
-    // Never a key, a certificate or the token in the line.
-    let text = line.to_string();
-    for secret in ["PRIVATE KEY", "BEGIN", "s3cret"] {
-        assert!(!text.contains(secret), "{secret} in {text}");
-    }
-
-    // ed25519: the server JWT's id and expiry, as the node received them.
-    let (_, line, node) = audited(
-        harness(Mode::Ed25519, "", &configuration_answer(), &[]),
-        Source::Discovery,
-    );
-    assert_eq!(line["found"], "discovery");
-    let token = node.data_of(CF)["server_jwt"].as_str().unwrap().to_string();
-    let claims = choria_fleet_sim::node::claims_unverified(&token).expect("claims");
-    assert_eq!(line["issued"]["server_jwt"]["jti"], claims["jti"]);
-    assert_eq!(line["issued"]["server_jwt"]["expires_unix"], claims["exp"]);
-    assert!(!line.to_string().contains(&token), "the token itself");
-}
-
-#[test]
-fn the_audit_line_names_every_other_outcome() {
-    // (mode, helper answer, scripted overrides, outcome, reason substring, last step)
-    type Case = (
-        Mode,
-        Value,
-        Vec<(&'static str, Reply)>,
-        &'static str,
-        &'static str,
-        &'static str,
-    );
-    let cases: Vec<Case> = vec![
-        (
-            Mode::Plain,
-            json!({"defer": true, "msg": "not yet"}),
-            vec![],
-            "deferred",
-            "the helper deferred provisioning: not yet",
-            "helper",
-        ),
-        (
-            Mode::Plain,
-            json!({"shutdown": true, "msg": "gone"}),
-            vec![],
-            "shut_down",
-            "",
-            S,
-        ),
-        (
-            Mode::Plain,
-            configuration_answer(),
-            vec![(CF, Reply::Lock)],
-            "owned_elsewhere",
-            "another provisioner holds the node's provisioning lock",
-            CF,
-        ),
-        (
-            Mode::Plain,
-            configuration_answer(),
-            vec![(I, Reply::Timeout)],
-            "failed",
-            "rpcutil#inventory failed: no reply after 5 tries",
-            I,
-        ),
-        (
-            Mode::Plain,
-            json!("not an object"),
-            vec![],
-            "failed",
-            "cannot decode the output of helper",
-            "helper",
-        ),
-        (
-            Mode::Plain,
-            with(configuration_answer(), json!({"upgrade": "0.30.1"})),
-            vec![],
-            "upgraded",
-            "",
-            U,
-        ),
-    ];
-    for (mode, answer, overrides, outcome, reason, last) in cases {
-        let yaml = if outcome == "upgraded" {
-            "features:\n  upgrades: true\n"
-        } else {
-            ""
-        };
-        let (_, line, _) = audited(harness(mode, yaml, &answer, &overrides), Source::Event);
-        assert_eq!(line["outcome"], outcome, "{line}");
-        let got = line["reason"].as_str().unwrap_or("");
-        assert!(got.contains(reason), "{outcome}: {got}");
-        let steps = line["steps"].as_array().unwrap();
-        assert_eq!(steps.last().unwrap()["step"], last, "{outcome}: {line}");
-        if outcome == "upgraded" {
-            assert_eq!(line["issued"]["upgrade"], "0.30.1");
-        } else {
-            assert_eq!(line["issued"]["upgrade"], Value::Null);
-        }
-    }
-}
-
-/// Reports the node provisioned elsewhere once the scripted node has seen `after` calls.
-struct ReportedAfter {
-    node: Arc<ScriptedNode>,
-    after: usize,
-}
-
-impl super::ElsewhereReports for ReportedAfter {
-    fn reported_provisioned(&self, _identity: &Identity) -> bool {
-        self.node.calls().len() >= self.after
-    }
-}
-
-#[test]
-fn a_node_reported_provisioned_elsewhere_stops_the_cycle_before_its_next_step_but_never_our_restart(
-) {
-    // (reported after this many calls, the calls made, provisioned here?, helper ran?)
-    let cases: [(usize, &[&str], bool, bool); 3] = [
-        (0, &[], false, false),
-        (1, &[I], false, false),
-        // Our own configure makes the node announce it: our restart still goes out.
-        (2, &[I, CF, R], true, true),
-    ];
-    for (after, calls, provisioned, helper_ran) in cases {
-        let Harness {
-            _dir: _kept,
-            node,
-            metrics,
-            cycle,
-            ..
-        } = harness(Mode::Plain, "", &configuration_answer(), &[]);
-        let cycle = cycle.with_reports(Arc::new(ReportedAfter {
-            node: node.clone(),
-            after,
-        }));
-        let outcome = cycle.provision(&node_identity(), Source::Event, &Gate::new(false));
-        assert_eq!(node.calls(), calls.to_vec(), "reported after {after}");
-        if provisioned {
-            assert!(
-                matches!(outcome, ProvisionOutcome::Provisioned { hold: true }),
-                "{outcome:?}"
-            );
-        } else {
-            assert!(
-                matches!(outcome, ProvisionOutcome::ProvisionedElsewhere),
-                "after {after}: {outcome:?}"
-            );
-        }
-        assert_eq!(
-            metrics.helper_time.get(&[]).1 > 0,
-            helper_ran,
-            "after {after}: the helper is not asked about a node provisioned elsewhere"
-        );
-        assert_eq!(metrics.provision_errors.get(), 0);
-        for action in [I, CF, R] {
-            assert_eq!(metrics.rpc_errors.with_label_values(&[action]).get(), 0);
-        }
-    }
-}
-
-/// A reload swaps the live cycle: a node whose cycle started before it finishes on the cycle
-/// it took (its settings and generation), and the next node gets the replacement.
-#[test]
-fn a_reload_serves_the_next_node_while_a_running_cycle_keeps_what_it_started_with() {
-    use super::live::LiveCycle;
-    let h = harness(Mode::Plain, "", &configuration_answer(), &[]);
-    let path = h._dir.path().join("audit.jsonl");
-    let log = Arc::new(crate::audit::AuditLog::open(&path).expect("audit file"));
-    let live = LiveCycle::new(h.cycle.with_audit(log.clone(), "prov1.example.net"));
-    // A cycle that started before the reload holds this snapshot.
-    let running = live.current();
-    let renewed = running.renewed(
-        running.settings().clone(),
-        running.rpc(),
-        Some((log, "prov1.example.net")),
-        2,
-    );
-    let replaced = live.replace(renewed);
-    assert!(
-        Arc::ptr_eq(&replaced, &running),
-        "the old cycle is handed back"
-    );
-    assert_eq!(
-        Arc::strong_count(&running),
-        2,
-        "the running cycle still holds it"
-    );
-    drop(replaced);
-
-    let gate = Gate::new(false);
-    let first = running.provision(&node_identity(), Source::Event, &gate);
-    let next = live.provision(&node_identity(), Source::Event, &gate);
-    for outcome in [&first, &next] {
-        assert!(
-            matches!(outcome, ProvisionOutcome::Provisioned { hold: true }),
-            "{outcome:?}"
-        );
-    }
-    let text = std::fs::read_to_string(&path).expect("audit file");
-    let generations: Vec<u64> = text
-        .lines()
-        .map(|l| {
-            let line: Value = serde_json::from_str(l).expect("JSON");
-            line["instance"]["config_generation"]
-                .as_u64()
-                .expect("a generation")
-        })
-        .collect();
-    assert_eq!(generations, vec![1, 2], "{text}");
-}
-
-/// Each step logs the Go provisioner's line for it (through `go_log`), the node after Go's
-/// text: an operator's greps for Go's lines find ours.
-#[test]
-fn each_step_logs_gos_line_for_it_with_the_node_after_it() {
-    /// (case, mode, extra YAML, the helper's answer, overrides, lines the cycle must log)
-    type LoggedCase = (
-        &'static str,
-        Mode,
-        &'static str,
-        Value,
-        Vec<(&'static str, Reply)>,
-        Vec<String>,
-    );
-    let cases: Vec<LoggedCase> = vec![
-        (
-            "ed25519",
-            Mode::Ed25519,
-            "",
-            configuration_answer(),
-            vec![],
-            [
-                "Fetching JWT",
-                "Fetching ED25519 public key",
-                "Fetching Inventory",
-                "Configuring node",
-            ]
-            .iter()
-            .map(|text| format!("{text} ({IDENTITY})"))
-            .chain([format!("Restarting node ({IDENTITY})")])
-            .collect(),
-        ),
-        (
-            "shutdown",
-            Mode::Plain,
-            "",
-            json!({"shutdown": true, "msg": "decommissioned"}),
-            vec![(S, Reply::Status(1, "not in provisioning mode"))],
-            vec![
-                format!("Shutting down host based on helper output: decommissioned ({IDENTITY})"),
-                format!("Shutting down node ({IDENTITY})"),
-                format!("Could not shutdown {IDENTITY}: not in provisioning mode (1)"),
-            ],
-        ),
-        (
-            "upgrade",
-            Mode::Plain,
-            "features:\n  upgrades: true\n",
-            with(configuration_answer(), json!({"upgrade": "0.30.0"})),
-            vec![(U, Reply::Ok(json!({"message": "updated"})))],
-            vec![
-                format!("Will attempt version update from 0.29.4 to 0.30.0 ({IDENTITY}, upgrade)"),
-                format!("Updating node to 0.30.0 ({IDENTITY})"),
-                format!("Restart response: updated ({IDENTITY}, to release_update)"),
-            ],
-        ),
-    ];
-    for (name, mode, yaml, answer, overrides, want) in cases {
-        let h = harness(mode, yaml, &answer, &overrides);
-        let (outcome, lines) = crate::test_log::capture(|| {
-            h.cycle
-                .provision(&node_identity(), Source::Event, &Gate::new(false))
-        });
-        assert!(
-            !matches!(outcome, ProvisionOutcome::Failed(_)),
-            "{name}: {outcome:?}"
-        );
-        let texts: Vec<&str> = lines.iter().map(|line| line.text.as_str()).collect();
-        for line in &want {
-            assert!(
-                texts.contains(&line.as_str()),
-                "{name}: no {line:?} in {texts:#?}"
-            );
-        }
-    }
-    // The node's replies are quoted in Go's response lines.
-    let h = harness(Mode::Plain, "", &configuration_answer(), &[]);
-    let (_, lines) = crate::test_log::capture(|| {
-        h.cycle
-            .provision(&node_identity(), Source::Event, &Gate::new(false))
-    });
-    assert!(
-        lines.iter().any(|line| line.level == log::Level::Info
-            && line.text.starts_with("Configure response: ")
-            && line.text.ends_with(&format!("({IDENTITY})"))),
-        "{lines:#?}"
     );
 }

@@ -35,8 +35,9 @@ use choria_wire::identity::Identity;
 use choria_wire::text::escape;
 
 use super::helper::{CsrReply, Ed25519Reply, HelperInput, HelperOutput};
+use super::request::{configure_request, ConfigureFields};
 use super::version;
-use super::{configure_request, ConfigureFields, CycleSettings};
+use super::CycleSettings;
 
 /// What the cycle learned about one node before asking the helper.
 #[derive(Debug, Clone)]
@@ -490,7 +491,7 @@ pub fn load_issuer(
         &issuing.signing_key,
         issuing.signing_token.as_deref(),
         now_unix,
-        &super::read_file,
+        &super::settings::read_file,
     )
 }
 
