@@ -4,20 +4,19 @@
 //! Invariant: the finisher removes an identity only while the map still holds the very ticket
 //! it finishes, so a newer admission is never lost.
 
-use std::time::{Duration, Instant};
-
-use crossbeam_channel::{never, select, Receiver, TryRecvError};
+use crossbeam_channel::{select, Receiver, TryRecvError};
 
 use super::queue::Admissions;
 use super::tickets::{Stage, Start, Ticket};
 use super::Fleet;
 
 impl Fleet {
-    /// Pops the next ticket, waiting at most `timeout`.
-    pub fn next_ticket(&self, timeout: Duration) -> Option<Ticket> {
-        let deadline = Instant::now() + timeout;
+    /// Pops the next ticket, waiting at most `timeout` (the tests take tickets by hand).
+    #[cfg(test)]
+    pub(crate) fn next_ticket(&self, timeout: std::time::Duration) -> Option<Ticket> {
+        let deadline = std::time::Instant::now() + timeout;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
             self.queue_rx.recv_timeout(left).ok()?;
             if let Some(ticket) = self.take() {
                 return Some(ticket);
@@ -25,13 +24,8 @@ impl Fleet {
         }
     }
 
-    /// Pops the next ticket, waiting until one comes or the gate stops (`None`).
-    pub fn next_ticket_until_stopped(&self) -> Option<Ticket> {
-        self.next_ticket_until(&never())
-    }
-
-    /// As [`Fleet::next_ticket_until_stopped`], ending too (`None`) once `retire` has no
-    /// sender: a worker a reload retires.
+    /// Pops the next ticket, waiting until one comes or the gate stops (`None`), ending too
+    /// once `retire` has no sender: a worker a reload retires.
     pub(super) fn next_ticket_until(&self, retire: &Receiver<()>) -> Option<Ticket> {
         let stopped = self.gate.stopped();
         loop {

@@ -30,7 +30,9 @@
 //! if it still answers (its owner may have died mid-cycle).
 //!
 //! Invariant: `fleet` never touches the network; discovery and the provisioning cycle reach
-//! it through the [`Discover`] and [`ProvisionCycle`] traits, and time through a `Clock`.
+//! it through the [`Discover`] and [`ProvisionCycle`] traits. Admission, delays, lock windows
+//! and holds read time through a `Clock` (tests step it); the ticker's own period and sweep
+//! use `Instant::now()`.
 //!
 //! **Layout.** The core does no I/O (it waits only for the fleet's lock, and a worker taking a
 //! ticket for a doorbell): the tickets and their stages (`tickets`), the map and queues under
@@ -144,10 +146,6 @@ impl Fleet {
         let _ = self.wake_tx.try_send(());
     }
 
-    pub fn gate(&self) -> &Arc<Gate> {
-        &self.gate
-    }
-
     pub fn pause(&self) {
         self.gate.set_paused(true);
     }
@@ -174,17 +172,14 @@ impl Fleet {
         self.admissions.lock().waiting()
     }
 
-    /// The stage and ticket number of an identity, if known.
-    pub fn stage_of(&self, identity: &str) -> Option<(Stage, u64)> {
+    /// The stage and ticket number of an identity, if known (for the tests' assertions).
+    #[cfg(test)]
+    pub(crate) fn stage_of(&self, identity: &str) -> Option<(Stage, u64)> {
         self.admissions
             .lock()
             .entries
             .get(identity)
             .map(|e| (e.stage, e.number))
-    }
-
-    pub fn settings(&self) -> &FleetSettings {
-        &self.settings
     }
 
     /// Whether the admission lock can be taken within `limit` (the health monitor's check
