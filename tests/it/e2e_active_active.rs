@@ -19,6 +19,7 @@ use std::time::Duration;
 use choria_testkit::harness as support;
 
 use choria_fleet_sim::report::Report;
+use choria_testkit::sim_args::SimArgs;
 use serde_json::Value;
 use support::*;
 
@@ -28,7 +29,7 @@ const TOKEN: &str = "e2e-active-active";
 /// What a node answers a call when another caller holds its lock (go-choria provision agent).
 const LOCK_REFUSAL: &str = "Could not obtain provisioning lock";
 /// Bound on the fleet run (the simulator's own deadline) and on waiting for it.
-const FLEET_DEADLINE: &str = "420s";
+const FLEET_DEADLINE: Duration = Duration::from_secs(420);
 const FLEET_WAIT: Duration = Duration::from_secs(480);
 
 /// The file `instances` creates once every instance listens (see [`HELPER`]).
@@ -94,25 +95,14 @@ fn instances(world: &World, count: usize, extra_yaml: &str) -> Vec<Instance> {
 }
 
 fn run_fleet(world: &World, instances: &[Instance], nodes: usize) -> Report {
-    let nodes = nodes.to_string();
-    let sim = Sim::start(
-        world,
-        &[
-            "--nodes",
-            &nodes,
-            "--token",
-            TOKEN,
-            "--jwt-key",
-            &vector("provisioner/host/testdata/jwt-signer.pem"),
-            "--keygen-threads",
-            "0",
-            "--boot-spread",
-            "5s",
-            "--exit-when-done",
-            "--deadline",
-            FLEET_DEADLINE,
-        ],
-    );
+    let args = SimArgs::nodes(nodes)
+        .token(TOKEN)
+        .jwt_key(&vector("provisioner/host/testdata/jwt-signer.pem"))
+        .keygen_threads(0)
+        .boot_spread(Duration::from_secs(5))
+        .exit_when_done()
+        .deadline(FLEET_DEADLINE);
+    let sim = Sim::start(world, &args.as_args());
     sim.wait_within(FLEET_WAIT, || describe(instances))
 }
 
@@ -148,15 +138,12 @@ fn three_instances_share_a_discovered_fleet_whose_lock_is_taken_at_configure() {
     let sim = Sim::start_booted(
         &world,
         DISCOVERED,
-        &[
-            "--token",
-            TOKEN,
-            "--keygen-threads",
-            "0",
-            "--exit-when-done",
-            "--deadline",
-            FLEET_DEADLINE,
-        ],
+        &SimArgs::new()
+            .token(TOKEN)
+            .keygen_threads(0)
+            .exit_when_done()
+            .deadline(FLEET_DEADLINE)
+            .as_args(),
     );
     let instances = instances(&world, INSTANCES, "work_order: random\n");
     let report = sim.wait_within(FLEET_WAIT, || describe(&instances));

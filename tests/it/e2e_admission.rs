@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use choria_broker::connection::Connection;
 use choria_broker::discovery::DISCOVERY_SUBJECT;
 use choria_broker::testing::Inbox;
+use choria_testkit::sim_args::SimArgs;
 use choria_wire::lifecycle;
 use support::*;
 
@@ -167,13 +168,11 @@ fn a_thousand_silent_startup_events_do_not_delay_a_real_node() {
     let sim = Sim::start_booted(
         &world,
         1,
-        &[
-            "--keygen-threads",
-            "0",
-            "--exit-when-done",
-            "--deadline",
-            "140s",
-        ],
+        &SimArgs::new()
+            .keygen_threads(0)
+            .exit_when_done()
+            .deadline(Duration::from_secs(140))
+            .as_args(),
     );
     let booted = Instant::now();
     let metrics = provisioner.wait_metrics("the real node provisioned", |m| {
@@ -253,13 +252,11 @@ fn a_forger_of_provisioned_events_for_every_node_asked_stops_no_provisioning() {
     let sim = Sim::start_booted(
         &world,
         NODES,
-        &[
-            "--keygen-threads",
-            "0",
-            "--exit-when-done",
-            "--deadline",
-            "90s",
-        ],
+        &SimArgs::new()
+            .keygen_threads(0)
+            .exit_when_done()
+            .deadline(Duration::from_secs(90))
+            .as_args(),
     );
     // Two more rounds of startup events for every node, as the attack had.
     let announcer = raw_connection(&world, "startup-repeater");
@@ -333,13 +330,11 @@ fn provisioned_events_before_and_during_a_boot_delay_the_node_once() {
     let sim = Sim::start_booted(
         &world,
         1,
-        &[
-            "--keygen-threads",
-            "0",
-            "--exit-when-done",
-            "--deadline",
-            "90s",
-        ],
+        &SimArgs::new()
+            .keygen_threads(0)
+            .exit_when_done()
+            .deadline(Duration::from_secs(90))
+            .as_args(),
     );
     let booted = Instant::now();
     let report = sim.wait(&provisioner);

@@ -9,11 +9,13 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::time::Duration;
 
 use choria_testkit::harness as support;
 
 use choria_fleet_sim::node::NodeState;
 use choria_fleet_sim::report::{NodeReport, Report};
+use choria_testkit::sim_args::SimArgs;
 use serde_json::{json, Value};
 use support::*;
 
@@ -119,10 +121,13 @@ fn provisioned_lines(
     out
 }
 
-fn run_to_done(world: &World, provisioner: &Provisioner, args: &[&str]) -> Report {
-    let mut all = vec!["--token", TOKEN, "--exit-when-done", "--deadline", "140s"];
-    all.extend_from_slice(args);
-    let report = Sim::start(world, &all).wait(provisioner);
+fn run_to_done(world: &World, provisioner: &Provisioner, args: SimArgs) -> Report {
+    let all = SimArgs::new()
+        .token(TOKEN)
+        .exit_when_done()
+        .deadline(Duration::from_secs(140))
+        .and(&args);
+    let report = Sim::start(world, &all.as_args()).wait(provisioner);
     assert_eq!(report.exit_reason, "done", "{}", report.summary());
     assert_clean(&report);
     report
@@ -142,11 +147,7 @@ fn x509_lines_name_the_certificates_the_nodes_installed() {
     let audit = world.path("audit.jsonl");
     let provisioner =
         Provisioner::start(&world, setup(&helper, &audit, "features:\n  pki: true\n"));
-    let report = run_to_done(
-        &world,
-        &provisioner,
-        &["--nodes", "4", "--keygen-threads", "1"],
-    );
+    let report = run_to_done(&world, &provisioner, SimArgs::nodes(4).keygen_threads(1));
     provisioner.wait_idle("4 provisioned", |m| {
         m.get("choria_provisioner_provisioned") == 4.0
     });
@@ -194,14 +195,7 @@ fn key_transport_lines_say_the_key_went_with_the_certificate() {
     let report = run_to_done(
         &world,
         &provisioner,
-        &[
-            "--nodes",
-            "3",
-            "--jwt-key",
-            &jwt_key,
-            "--keygen-threads",
-            "1",
-        ],
+        SimArgs::nodes(3).jwt_key(&jwt_key).keygen_threads(1),
     );
     provisioner.wait_idle("3 provisioned", |m| {
         m.get("choria_provisioner_provisioned") == 3.0
@@ -234,19 +228,14 @@ fn ed25519_lines_of_nodes_found_by_discovery_name_the_tokens_the_nodes_hold() {
     let sim = Sim::start_booted(
         &world,
         4,
-        &[
-            "--token",
-            TOKEN,
-            "--jwt-key",
-            &vector("tokens/testdata/ed25519/signer.seed"),
-            "--org-issuer",
-            ORG_ISSUER,
-            "--keygen-threads",
-            "0",
-            "--exit-when-done",
-            "--deadline",
-            "140s",
-        ],
+        &SimArgs::new()
+            .token(TOKEN)
+            .jwt_key(&vector("tokens/testdata/ed25519/signer.seed"))
+            .org_issuer(ORG_ISSUER)
+            .keygen_threads(0)
+            .exit_when_done()
+            .deadline(Duration::from_secs(140))
+            .as_args(),
     );
     let audit = world.path("audit.jsonl");
     let provisioner = Provisioner::start(
@@ -315,22 +304,14 @@ fn deferred_shut_down_failed_and_upgraded_nodes_each_have_their_lines() {
     // Deferred and failed nodes never finish: stop the fleet once every cycle has ended.
     let sim = Sim::start(
         &world,
-        &[
-            "--nodes",
-            "6",
-            "--token",
-            TOKEN,
-            "--jwt-key",
-            &jwt_key,
-            "--jwt-claims",
-            r#"{"update":true}"#,
-            "--version",
-            "0.29.4",
-            "--keygen-threads",
-            "0",
-            "--deadline",
-            "140s",
-        ],
+        &SimArgs::nodes(6)
+            .token(TOKEN)
+            .jwt_key(&jwt_key)
+            .jwt_claims(r#"{"update":true}"#)
+            .version("0.29.4")
+            .keygen_threads(0)
+            .deadline(Duration::from_secs(140))
+            .as_args(),
     );
     // Provisioned: 2 plain, 1 shut down, the upgraded one twice (release_update, configure).
     provisioner.wait_idle("every cycle ended", |m| {
@@ -482,22 +463,15 @@ fn logrotate_with_the_shipped_stanza_loses_no_line_while_nodes_are_provisioned()
         "#!/bin/sh\ncat >/dev/null\necho '{\"configuration\":{\"plugin.choria.server.provision\":\"false\"}}'\n",
     );
     let provisioner = Provisioner::start(&world, setup(&helper, &audit, ""));
-    let nodes = NODES.to_string();
     let sim = Sim::start(
         &world,
-        &[
-            "--nodes",
-            &nodes,
-            "--token",
-            TOKEN,
-            "--boot-spread",
-            "10s",
-            "--keygen-threads",
-            "0",
-            "--exit-when-done",
-            "--deadline",
-            "140s",
-        ],
+        &SimArgs::nodes(NODES)
+            .token(TOKEN)
+            .boot_spread(Duration::from_secs(10))
+            .keygen_threads(0)
+            .exit_when_done()
+            .deadline(Duration::from_secs(140))
+            .as_args(),
     );
     // Twice: once the current file has some lines, rename it away while nodes keep coming.
     for _ in 0..2 {

@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use choria_broker::election::{BucketAdmin, DEFAULT_BUCKET};
 use choria_fleet_sim::report::Report;
+use choria_testkit::sim_args::SimArgs;
 use parking_lot::Mutex;
 use support::{
     actions_in_time_order, scrape_within, wait_for, Metrics, NodeAction, Provisioner,
@@ -47,11 +48,11 @@ const TTL: Duration = Duration::from_secs(5);
 /// The bucket's stream, whose Raft group must have a leader on the majority's side.
 const STREAM: &str = "KV_CHORIA_LEADER_ELECTION";
 /// The simulator's provisioning lock: shorter than a failover (go-choria's is 2 minutes).
-const LOCK_SECONDS: &str = "3";
+const LOCK_SECONDS: u64 = 3;
 /// Bound on a wait for something that takes a TTL or two.
 const PATIENCE: Duration = Duration::from_secs(60);
 /// Bound on waiting for a fleet: its own deadline and then some.
-const FLEET_DEADLINE: &str = "200s";
+const FLEET_DEADLINE: Duration = Duration::from_secs(200);
 const FLEET_WAIT: Duration = Duration::from_secs(240);
 /// How long the helper takes for a node named `behind*`.
 const HELPER_SECONDS: u64 = 4;
@@ -154,31 +155,22 @@ impl Stage {
         servers: &[usize],
         nodes: usize,
         per_connection: usize,
-        extra: &[&str],
+        extra: SimArgs,
     ) -> Sim {
         let brokers = servers
             .iter()
             .map(|s| self.url(*s))
             .collect::<Vec<_>>()
             .join(",");
-        let (nodes, per_connection) = (nodes.to_string(), per_connection.to_string());
-        let mut args = vec![
-            "--nodes",
-            nodes.as_str(),
-            "--prefix",
-            prefix,
-            "--nodes-per-connection",
-            per_connection.as_str(),
-            "--lock-seconds",
-            LOCK_SECONDS,
-            "--exit-when-done",
-            "--deadline",
-            FLEET_DEADLINE,
-            "--keygen-threads",
-            "0",
-        ];
-        args.extend_from_slice(extra);
-        Sim::start_named_on(&self.world, name, &brokers, &args)
+        let args = SimArgs::nodes(nodes)
+            .prefix(prefix)
+            .nodes_per_connection(per_connection)
+            .lock_seconds(LOCK_SECONDS)
+            .exit_when_done()
+            .deadline(FLEET_DEADLINE)
+            .keygen_threads(0)
+            .and(&extra);
+        Sim::start_named_on(&self.world, name, &brokers, &args.as_args())
     }
 
     /// Waits until `/routez` shows exactly the routes the cut links leave.
@@ -579,7 +571,14 @@ fn a_member_cut_from_the_other_two_with_the_leader_behind_it() {
         .collect();
     // The fleet boots on the majority's servers, spread over connections to both, through
     // the cut.
-    let fleet = stage.fleet_on("fleet", "node", &majority, 30, 5, &["--boot-spread", "30s"]);
+    let fleet = stage.fleet_on(
+        "fleet",
+        "node",
+        &majority,
+        30,
+        5,
+        SimArgs::new().boot_spread(Duration::from_secs(30)),
+    );
     wait_for(
         "the leader to provision a few nodes",
         PATIENCE,
@@ -588,7 +587,14 @@ fn a_member_cut_from_the_other_two_with_the_leader_behind_it() {
     );
     // Nodes on the leader's side, in its helper when the cut comes.
     const BEHIND: usize = 2;
-    let slow = stage.fleet_on("behind", "behind", &[behind], BEHIND, BEHIND, &[]);
+    let slow = stage.fleet_on(
+        "behind",
+        "behind",
+        &[behind],
+        BEHIND,
+        BEHIND,
+        SimArgs::new(),
+    );
     wait_for(
         "the leader to run the helper for the nodes on its side",
         PATIENCE,
@@ -787,7 +793,7 @@ fn the_fleets_server_cut_from_the_leaders_then_a_kill_and_a_freeze() {
         &[fleets_server],
         NODES,
         10,
-        &["--boot-spread", "40s"],
+        SimArgs::new().boot_spread(Duration::from_secs(40)),
     );
     wait_for(
         "the leader to provision a few nodes",
@@ -963,7 +969,7 @@ fn active_active_instances_through_two_cuts() {
         &[0, 1, 2],
         NODES,
         5,
-        &["--boot-spread", "30s"],
+        SimArgs::new().boot_spread(Duration::from_secs(30)),
     );
     let provisioned = |members: &[Provisioner]| -> f64 {
         members

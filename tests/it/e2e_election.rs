@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use choria_broker::election::{BucketAdmin, DEFAULT_BUCKET, DEFAULT_KEY};
 use choria_fleet_sim::report::Report;
+use choria_testkit::sim_args::{Fault as SimFault, SimArgs};
 use choria_testkit::PROVISIONING_ACCOUNTS_CONF;
 use support::{
     actions_in_time_order, caller_periods, scrape, unix_now, wait_for, Metrics, NodeAction,
@@ -35,11 +36,11 @@ use support::{
 const TTL: Duration = Duration::from_secs(5);
 /// The simulator's provisioning lock (go-choria's is 2 minutes): shorter than a failover,
 /// so a node the old leader held is free again by the time a new leader looks at it.
-const LOCK_SECONDS: &str = "3";
+const LOCK_SECONDS: u64 = 3;
 /// Bound on any wait for something that should take a TTL or two.
 const PATIENCE: Duration = Duration::from_secs(60);
 /// Bound on a whole fleet run.
-const FLEET_DEADLINE: &str = "150s";
+const FLEET_DEADLINE: Duration = Duration::from_secs(150);
 /// Bound on waiting for a fleet run to end: its own deadline and then some.
 const FLEET_WAIT: Duration = Duration::from_secs(200);
 
@@ -231,21 +232,14 @@ impl ElectionWorld {
 
     /// A `choria-fleet-sim` run of `nodes` with the short provisioning lock, ending by itself
     /// once every node is done (or at its deadline).
-    fn fleet(&self, nodes: usize, extra: &[&str]) -> Sim {
-        let nodes = nodes.to_string();
-        let mut args = vec![
-            "--nodes",
-            nodes.as_str(),
-            "--lock-seconds",
-            LOCK_SECONDS,
-            "--exit-when-done",
-            "--deadline",
-            FLEET_DEADLINE,
-            "--keygen-threads",
-            "0",
-        ];
-        args.extend_from_slice(extra);
-        Sim::start(&self.world, &args)
+    fn fleet(&self, nodes: usize, extra: SimArgs) -> Sim {
+        let args = SimArgs::nodes(nodes)
+            .lock_seconds(LOCK_SECONDS)
+            .exit_when_done()
+            .deadline(FLEET_DEADLINE)
+            .keygen_threads(0)
+            .and(&extra);
+        Sim::start(&self.world, &args.as_args())
     }
 }
 
@@ -431,7 +425,7 @@ fn assert_periods_do_not_overlap(report: &Report, context: &str) -> Vec<(String,
 /// Fleet size and boot spread: small, but spread so that nodes keep arriving while the
 /// leader changes.
 const NODES: usize = 12;
-const BOOT_SPREAD: &str = "12s";
+const BOOT_SPREAD: Duration = Duration::from_secs(12);
 
 /// What happens to the leader mid-run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -458,7 +452,7 @@ fn failover(account: Account, disruption: Disruption) {
     let mut cluster = Cluster::start(&stage, 3);
     let sampler = LeaderSampler::start(cluster.members.iter().map(|m| m.monitor_port).collect());
     let first = cluster.wait_for_one_leader("a first leader");
-    let fleet = stage.fleet(NODES, &["--boot-spread", BOOT_SPREAD]);
+    let fleet = stage.fleet(NODES, SimArgs::new().boot_spread(BOOT_SPREAD));
     wait_for(
         "the first leader to provision some nodes",
         PATIENCE,
@@ -627,7 +621,10 @@ fn a_leader_frozen_past_its_lease_sends_nothing_when_it_thaws() {
     // Spread so that a dozen nodes boot, and announce it, while the leader is frozen: their
     // startup events wait in its socket and reach it together the moment it thaws.
     const FROZEN_NODES: usize = 30;
-    let fleet = stage.fleet(FROZEN_NODES, &["--boot-spread", "20s"]);
+    let fleet = stage.fleet(
+        FROZEN_NODES,
+        SimArgs::new().boot_spread(Duration::from_secs(20)),
+    );
     wait_for(
         "the first leader to provision some nodes",
         PATIENCE,
@@ -720,22 +717,15 @@ fn twenty_kills_of_the_leader_through_one_run() {
         members: (0..3).map(|_| start_member(&stage)).collect(),
     };
     // Nodes keep booting through all the kills (each costs about a TTL).
-    let nodes = KILL_NODES.to_string();
     let fleet = Sim::start(
         &stage.world,
-        &[
-            "--nodes",
-            &nodes,
-            "--lock-seconds",
-            LOCK_SECONDS,
-            "--boot-spread",
-            "150s",
-            "--exit-when-done",
-            "--deadline",
-            "420s",
-            "--keygen-threads",
-            "0",
-        ],
+        &SimArgs::nodes(KILL_NODES)
+            .lock_seconds(LOCK_SECONDS)
+            .boot_spread(Duration::from_secs(150))
+            .exit_when_done()
+            .deadline(Duration::from_secs(420))
+            .keygen_threads(0)
+            .as_args(),
     );
     // A small xorshift seeded from the clock: random points, the seed printed to replay them.
     let seed = std::time::SystemTime::now()
@@ -834,7 +824,7 @@ fn a_lost_won_flap_during_slow_helpers_runs_each_nodes_helper_once() {
     );
     let mut cluster = Cluster::start_with(&stage, 1, "workers: 4\n", 1);
     cluster.wait_for_one_leader("the leader");
-    let fleet = stage.fleet(FLAP_NODES, &[]);
+    let fleet = stage.fleet(FLAP_NODES, SimArgs::new());
     let member = &cluster.members[0];
     wait_for(
         "every node's helper running",
@@ -907,7 +897,7 @@ fn two_instances_sharing_an_identity_one_refuses_to_campaign() {
         },
         || cluster.logs(),
     );
-    let fleet = stage.fleet(6, &[]);
+    let fleet = stage.fleet(6, SimArgs::new());
     let report = fleet.wait_within(FLEET_WAIT, || cluster.logs());
     let context = format!("twins\n{}", cluster.logs());
     assert_fleet_done_once(&report, 6, &context);
@@ -931,7 +921,10 @@ fn cluster_server_killed(the_leaders: bool) {
     let mut cluster = Cluster::start(&stage, 2);
     let sampler = LeaderSampler::start(cluster.members.iter().map(|m| m.monitor_port).collect());
     let first = cluster.wait_for_one_leader("a first leader");
-    let fleet = stage.fleet(CLUSTER_NODES, &["--boot-spread", "15s"]);
+    let fleet = stage.fleet(
+        CLUSTER_NODES,
+        SimArgs::new().boot_spread(Duration::from_secs(15)),
+    );
     wait_for(
         "the first leader to provision some nodes",
         PATIENCE,
@@ -1028,7 +1021,7 @@ fn missing_bucket(account: Account) {
         },
         String::new,
     );
-    let fleet = stage.fleet(3, &[]);
+    let fleet = stage.fleet(3, SimArgs::new());
     stage.create_bucket();
     wait_for(
         "the instance to win once the bucket exists",
@@ -1086,24 +1079,15 @@ fn a_killed_leaders_locked_nodes_are_picked_up_after_the_lock_expires() {
     );
     let mut cluster = Cluster::start_with(&stage, 3, &yaml, 5);
     let first = cluster.wait_for_one_leader("a first leader");
-    let nodes = LOCKED.to_string();
     let fleet = stage.fleet(
         LOCKED,
-        &[
-            "--slow",
-            "1",
-            "--slow-delay",
-            "1s",
-            "--jwt-key",
-            signer.to_str().expect("utf-8 path"),
+        SimArgs::new()
+            .fault(SimFault::Slow, 1.0)
+            .slow_delay(Duration::from_secs(1))
+            .jwt_key(signer.to_str().expect("utf-8 path"))
             // Outlasts the failover and the new leader's first look, by far.
-            "--lock-seconds",
-            "30",
-            "--progress",
-            "500ms",
-            "--nodes",
-            &nodes,
-        ],
+            .lock_seconds(30)
+            .progress(Duration::from_millis(500)),
     );
     // Every node must be in flight (its lock taken by this leader) before the kill.
     wait_for(

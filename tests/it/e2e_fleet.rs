@@ -3,6 +3,8 @@
 
 use choria_testkit::harness as support;
 
+use choria_testkit::sim_args::SimArgs;
+use std::time::Duration;
 use support::*;
 
 const NODES: usize = 200;
@@ -40,23 +42,13 @@ fn two_hundred_nodes_provision_completely_with_rs256_provisioning_jwts() {
             ..Default::default()
         },
     );
-    let nodes = NODES.to_string();
-    let sim = Sim::start(
-        &world,
-        &[
-            "--nodes",
-            &nodes,
-            "--token",
-            TOKEN,
-            "--jwt-key",
-            &vector("provisioner/host/testdata/jwt-signer.pem"),
-            "--keygen-threads",
-            "0",
-            "--exit-when-done",
-            "--deadline",
-            "140s",
-        ],
-    );
+    let args = SimArgs::nodes(NODES)
+        .token(TOKEN)
+        .jwt_key(&vector("provisioner/host/testdata/jwt-signer.pem"))
+        .keygen_threads(0)
+        .exit_when_done()
+        .deadline(Duration::from_secs(140));
+    let sim = Sim::start(&world, &args.as_args());
     let report = sim.wait(&provisioner);
 
     assert_eq!(report.exit_reason, "done", "{}", report.summary());

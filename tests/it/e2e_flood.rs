@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use choria_broker::connection::Connection;
 use choria_broker::listener::EVENT_MAX_BYTES;
 use choria_testkit::flood::{Flood, FloodPlan};
+use choria_testkit::sim_args::SimArgs;
 use choria_wire::lifecycle;
 use support::*;
 
@@ -88,15 +89,11 @@ fn a_node_booting_during_a_flood_of_1_mb_messages_is_provisioned_within_10_s_of_
 
     let sim = Sim::start(
         &world,
-        &[
-            "--nodes",
-            "1",
-            "--keygen-threads",
-            "0",
-            "--exit-when-done",
-            "--deadline",
-            "120s",
-        ],
+        &SimArgs::nodes(1)
+            .keygen_threads(0)
+            .exit_when_done()
+            .deadline(Duration::from_secs(120))
+            .as_args(),
     );
     let node = sim_identity(0);
     let heard = wait_for(

@@ -12,6 +12,8 @@ use choria_testkit::harness as support;
 use choria_fleet_sim::faults::{self, Fault};
 use choria_fleet_sim::options::FaultFractions;
 use choria_fleet_sim::report::{NodeReport, Report};
+use choria_testkit::sim_args::{Fault as SimFault, ForgeReply, SimArgs};
+use std::time::Duration;
 use support::*;
 
 const TOKEN: &str = "e2e-forgery";
@@ -53,28 +55,18 @@ fn victim_and_bystander(prefix: &str) -> (String, String) {
 }
 
 /// A two-node fleet named `prefix`, one node of it forged for as `forge` says.
-fn forged_fleet(world: &World, prefix: &str, forge: &[&str]) -> Sim {
+fn forged_fleet(world: &World, prefix: &str, forge: &SimArgs) -> Sim {
     let jwt_key = vector("provisioner/host/testdata/jwt-signer.pem");
-    let mut args = vec![
-        "--nodes",
-        "2",
-        "--prefix",
-        prefix,
-        "--token",
-        TOKEN,
-        "--jwt-key",
-        &jwt_key,
-        "--keygen-threads",
-        "0",
-        "--forged",
-        "0.5",
-        "--deadline",
-        "120s",
-        "--progress",
-        "200ms",
-    ];
-    args.extend_from_slice(forge);
-    Sim::start_named(world, prefix, &args)
+    let args = SimArgs::nodes(2)
+        .prefix(prefix)
+        .token(TOKEN)
+        .jwt_key(&jwt_key)
+        .keygen_threads(0)
+        .fault(SimFault::Forged, 0.5)
+        .deadline(Duration::from_secs(120))
+        .progress(Duration::from_millis(200))
+        .and(forge);
+    Sim::start_named(world, prefix, &args.as_args())
 }
 
 /// Waits (bounded) until the fleet's one unforged node is in service: it restarts 2 s after
@@ -131,8 +123,10 @@ fn assert_refused(report: &Report, victim: &str, action: &str, helper_inputs: &s
 #[test]
 fn a_forged_lock_refusal_to_inventory_fails_the_node_instead_of_leaving_it_to_an_owner() {
     let world = World::new();
-    #[rustfmt::skip]
-    let forge = ["--forge-actions", "inventory", "--forge-reply", "lock", "--victim-delay", "100ms"];
+    let forge = SimArgs::new()
+        .forge_actions("inventory")
+        .forge_reply(ForgeReply::Lock)
+        .victim_delay(Duration::from_millis(100));
     let metrics = victim_refused(&world, "", "lock", &forge, "rpcutil#inventory");
     assert_eq!(
         metrics.sum("choria_provisioner_lock_refusals"),
@@ -171,7 +165,7 @@ fn victim_refused(
     world: &World,
     features: &str,
     prefix: &str,
-    forge: &[&str],
+    forge: &SimArgs,
     action: &str,
 ) -> Metrics {
     let (provisioner, record) = provisioner_with(world, features);
@@ -213,8 +207,10 @@ fn forged_answers_racing_the_real_ones_never_reach_the_helper() {
         "features:\n  pki: true\n  jwt: true\njwt_verify_cert: {}\n",
         vector("provisioner/host/testdata/jwt-signer-public.pem")
     );
-    #[rustfmt::skip]
-    let forge = ["--forge-actions", "jwt,inventory,gencsr", "--forge-reply", "ok", "--victim-delay", "200ms"];
+    let forge = SimArgs::new()
+        .forge_actions("jwt,inventory,gencsr")
+        .forge_reply(ForgeReply::Ok)
+        .victim_delay(Duration::from_millis(200));
     // The first forged answer is `jwt`'s, and so the first conflict.
     victim_refused(&world, &pki_jwt, "race", &forge, "choria_provision#jwt");
 }
@@ -226,7 +222,9 @@ fn forged_answers_racing_the_real_ones_never_reach_the_helper() {
 #[test]
 fn a_forged_answer_following_the_real_one_within_the_window_never_reaches_the_helper() {
     let world = World::new();
-    #[rustfmt::skip]
-    let forge = ["--forge-actions", "inventory", "--forge-reply", "ok", "--forge-delay", "300ms"];
+    let forge = SimArgs::new()
+        .forge_actions("inventory")
+        .forge_reply(ForgeReply::Ok)
+        .forge_delay(Duration::from_millis(300));
     victim_refused(&world, "", "late", &forge, "rpcutil#inventory");
 }

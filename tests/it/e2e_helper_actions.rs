@@ -6,7 +6,9 @@
 use choria_testkit::harness as support;
 
 use choria_fleet_sim::node::NodeState;
+use choria_testkit::sim_args::SimArgs;
 use serde_json::json;
+use std::time::Duration;
 use support::*;
 
 const TOKEN: &str = "e2e-helper-actions";
@@ -29,19 +31,12 @@ fn setup(helper: &str, extra: &str) -> ProvisionerSetup {
     }
 }
 
-fn sim_args<'a>(nodes: &'a str, jwt_key: &'a str) -> Vec<&'a str> {
-    vec![
-        "--nodes",
-        nodes,
-        "--token",
-        TOKEN,
-        "--jwt-key",
-        jwt_key,
-        "--keygen-threads",
-        "0",
-        "--deadline",
-        "140s",
-    ]
+fn sim_args(nodes: usize, jwt_key: &str) -> SimArgs {
+    SimArgs::nodes(nodes)
+        .token(TOKEN)
+        .jwt_key(jwt_key)
+        .keygen_threads(0)
+        .deadline(Duration::from_secs(140))
 }
 
 #[test]
@@ -55,7 +50,7 @@ fn deferred_nodes_are_never_configured_and_count_as_errors() {
     let provisioner = Provisioner::start(&world, setup(&helper, ""));
     let jwt_key = vector("provisioner/host/testdata/jwt-signer.pem");
     // Deferred nodes never finish, so the simulator runs until we have seen every cycle end.
-    let sim = Sim::start(&world, &sim_args("5", &jwt_key));
+    let sim = Sim::start(&world, &sim_args(5, &jwt_key).as_args());
     let metrics = provisioner.wait_idle("3 provisioned and 2 deferred", |m| {
         m.get("choria_provisioner_provisioned") == 3.0
             && m.get("choria_provisioner_provision_errors") == 2.0
@@ -119,15 +114,11 @@ fn shutdown_upgrade_and_downgrade_as_the_helper_asks() {
         ),
     );
     let jwt_key = vector("provisioner/host/testdata/jwt-signer.pem");
-    let mut args = sim_args("6", &jwt_key);
-    args.extend([
-        "--jwt-claims",
-        r#"{"update":true}"#,
-        "--version",
-        "0.29.4",
-        "--exit-when-done",
-    ]);
-    let report = Sim::start(&world, &args).wait(&provisioner);
+    let args = sim_args(6, &jwt_key)
+        .jwt_claims(r#"{"update":true}"#)
+        .version("0.29.4")
+        .exit_when_done();
+    let report = Sim::start(&world, &args.as_args()).wait(&provisioner);
     assert_eq!(report.exit_reason, "done", "{}", report.summary());
     assert_clean(&report);
 

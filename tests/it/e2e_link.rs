@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use choria_broker::election::{BucketAdmin, DEFAULT_BUCKET};
 use choria_testkit::pki::TestPki;
+use choria_testkit::sim_args::SimArgs;
 use support::*;
 
 /// Long enough for the reconnect backoff to reach a gap of over a second (attempts at about
@@ -100,22 +101,15 @@ fn nodes_booted_after_each_way_the_broker_goes_are_provisioned(tls: bool) {
             }
         }
         let prefix = format!("{}-", event.name());
-        let nodes = NODES.to_string();
-        let deadline = format!("{}s", PROVISIONED_WITHIN.as_secs());
         let fleet = Sim::start_named(
             &world,
             event.name(),
-            &[
-                "--nodes",
-                &nodes,
-                "--prefix",
-                &prefix,
-                "--exit-when-done",
-                "--deadline",
-                &deadline,
-                "--keygen-threads",
-                "0",
-            ],
+            &SimArgs::nodes(NODES)
+                .prefix(&prefix)
+                .exit_when_done()
+                .deadline(PROVISIONED_WITHIN)
+                .keygen_threads(0)
+                .as_args(),
         );
         let booted = Instant::now();
         let report = fleet.wait_within(PROVISIONED_WITHIN + Duration::from_secs(30), || {
@@ -229,15 +223,11 @@ fn a_leader_on_a_broker_frozen_for_less_than_its_lease_keeps_leading_and_working
     world.broker.thaw();
     let fleet = Sim::start(
         &world,
-        &[
-            "--nodes",
-            &NODES.to_string(),
-            "--exit-when-done",
-            "--deadline",
-            "90s",
-            "--keygen-threads",
-            "0",
-        ],
+        &SimArgs::nodes(NODES)
+            .exit_when_done()
+            .deadline(Duration::from_secs(90))
+            .keygen_threads(0)
+            .as_args(),
     );
     let report = fleet.wait_within(PROVISIONED_WITHIN + Duration::from_secs(30), logs);
     let context = logs();

@@ -8,6 +8,9 @@
 use choria_testkit::harness as support;
 
 use std::collections::BTreeSet;
+use std::time::Duration;
+
+use choria_testkit::sim_args::{Fault, SimArgs};
 
 use support::*;
 
@@ -33,16 +36,12 @@ fn a_logfile_holds_one_logrus_json_object_per_line() {
     let sim = Sim::start_booted(
         &world,
         2,
-        &[
-            "--dead",
-            "0.5",
-            "--seed",
-            "1",
-            "--keygen-threads",
-            "0",
-            "--deadline",
-            "120s",
-        ],
+        &SimArgs::new()
+            .fault(Fault::Dead, 0.5)
+            .seed(1)
+            .keygen_threads(0)
+            .deadline(Duration::from_secs(120))
+            .as_args(),
     );
     provisioner.wait_idle("one provisioned and one failed", |m| {
         m.get("choria_provisioner_provisioned") == 1.0

@@ -18,6 +18,8 @@ use choria_testkit::harness as support;
 
 use choria_fleet_sim::faults::{assign, Fault};
 use choria_fleet_sim::options::FaultFractions;
+use choria_testkit::sim_args::{Fault as SimFault, SimArgs};
+use std::time::Duration;
 use support::*;
 
 const EARLY: usize = 3;
@@ -50,14 +52,11 @@ fn counters_mean_what_go_s_mean_over_two_discovery_cycles() {
         &world,
         &serde_json::json!({"brokers": world.broker.url(), "wait_for": release}),
     );
-    let common = [
-        "--keygen-threads",
-        "0",
-        "--deadline",
-        "280s",
-        "--exit-when-done",
-    ];
-    let early = Sim::start_booted_as(&world, "early", "early", EARLY, &common);
+    let common = SimArgs::new()
+        .keygen_threads(0)
+        .deadline(Duration::from_secs(280))
+        .exit_when_done();
+    let early = Sim::start_booted_as(&world, "early", "early", EARLY, &common.as_args());
 
     let provisioner = Provisioner::start(
         &world,
@@ -77,10 +76,11 @@ fn counters_mean_what_go_s_mean_over_two_discovery_cycles() {
     });
     assert_eq!(first.get("choria_provisioner_event_discovered"), 0.0);
 
-    let (seed, dead_arg) = (SEED.to_string(), DEAD_FRACTION.to_string());
-    let mut late_args = vec!["--seed", &seed, "--dead", &dead_arg];
-    late_args.extend_from_slice(&common);
-    let late = Sim::start_booted_as(&world, "late", "late", LATE, &late_args);
+    let late_args = SimArgs::new()
+        .seed(SEED)
+        .fault(SimFault::Dead, DEAD_FRACTION)
+        .and(&common);
+    let late = Sim::start_booted_as(&world, "late", "late", LATE, &late_args.as_args());
 
     // The dead nodes fail their first action after its five tries; the live ones wait in
     // the helper.

@@ -6,6 +6,8 @@
 use choria_testkit::harness as support;
 
 use choria_fleet_sim::report::Report;
+use choria_testkit::sim_args::SimArgs;
+use std::time::Duration;
 use support::*;
 
 const TOKEN: &str = "e2e-modes";
@@ -25,20 +27,14 @@ fn run_fleet(
     world: &World,
     provisioner: &Provisioner,
     nodes: usize,
-    sim_args: &[&str],
+    sim_args: SimArgs,
 ) -> (Report, Metrics) {
-    let count = nodes.to_string();
-    let mut args = vec![
-        "--nodes",
-        &count,
-        "--token",
-        TOKEN,
-        "--exit-when-done",
-        "--deadline",
-        "140s",
-    ];
-    args.extend_from_slice(sim_args);
-    let report = Sim::start(world, &args).wait(provisioner);
+    let args = SimArgs::nodes(nodes)
+        .token(TOKEN)
+        .exit_when_done()
+        .deadline(Duration::from_secs(140))
+        .and(&sim_args);
+    let report = Sim::start(world, &args.as_args()).wait(provisioner);
     assert_eq!(report.exit_reason, "done", "{}", report.summary());
     assert_clean(&report);
     assert_eq!(report.totals.in_service, nodes, "{}", report.summary());
@@ -131,14 +127,10 @@ fn ed25519_with_chain_issued_server_jwts() {
         &world,
         &provisioner,
         8,
-        &[
-            "--jwt-key",
-            &vector("tokens/testdata/ed25519/signer.seed"),
-            "--org-issuer",
-            ORG_ISSUER_PUBLIC,
-            "--keygen-threads",
-            "0",
-        ],
+        SimArgs::new()
+            .jwt_key(&vector("tokens/testdata/ed25519/signer.seed"))
+            .org_issuer(ORG_ISSUER_PUBLIC)
+            .keygen_threads(0),
     );
     assert_eq!(report.totals.server_jwt_checks_failed, 0);
     for node in &report.nodes {
@@ -195,7 +187,7 @@ fn pki_with_csrs_signed_by_the_sample_ca_helper() {
             ..Default::default()
         },
     );
-    let (report, _) = run_fleet(&world, &provisioner, 6, &["--keygen-threads", "1"]);
+    let (report, _) = run_fleet(&world, &provisioner, 6, SimArgs::new().keygen_threads(1));
     for node in &report.nodes {
         assert_eq!(
             calls(node),
@@ -243,12 +235,9 @@ fn pki_with_jwt_transports_the_helpers_private_key() {
         &world,
         &provisioner,
         4,
-        &[
-            "--jwt-key",
-            &vector("provisioner/host/testdata/jwt-signer.pem"),
-            "--keygen-threads",
-            "1",
-        ],
+        SimArgs::new()
+            .jwt_key(&vector("provisioner/host/testdata/jwt-signer.pem"))
+            .keygen_threads(1),
     );
     for node in &report.nodes {
         assert_eq!(

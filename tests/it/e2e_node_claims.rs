@@ -11,6 +11,7 @@ use choria_testkit::harness as support;
 use std::path::Path;
 
 use choria_fleet_sim::report::{NodeReport, Report};
+use choria_testkit::sim_args::{Fault, SimArgs};
 use support::*;
 
 /// A helper that signs the node's CSR as it is given with the test CA, copying the CSR's
@@ -99,9 +100,9 @@ fn run_to_the_end(
     world: &World,
     provisioner: &Provisioner,
     nodes: usize,
-    args: &[&str],
+    args: SimArgs,
 ) -> (Report, Metrics) {
-    let sim = Sim::start_booted(world, nodes, args);
+    let sim = Sim::start_booted(world, nodes, &args.as_args());
     let metrics = provisioner.wait_idle("every cycle ended", |m| {
         m.get("choria_provisioner_provisioned") + m.get("choria_provisioner_provision_errors")
             == nodes as f64
@@ -142,7 +143,9 @@ fn a_two_block_csr_never_gets_the_privileged_name_signed() {
         &world,
         &provisioner,
         2,
-        &["--csr-extra-block", "0.5", "--keygen-threads", "1"],
+        SimArgs::new()
+            .fault(Fault::CsrExtraBlock, 0.5)
+            .keygen_threads(1),
     );
     let log = provisioner.log();
     let (attackers, healthy): (Vec<_>, Vec<_>) = report
@@ -201,7 +204,8 @@ fn denied_names_in_capitals_or_with_a_root_dot_and_ip_sans_are_refused() {
             ..Default::default()
         },
     );
-    let (report, metrics) = run_to_the_end(&world, &provisioner, 4, &["--keygen-threads", "1"]);
+    let (report, metrics) =
+        run_to_the_end(&world, &provisioner, 4, SimArgs::new().keygen_threads(1));
     let log = provisioner.log();
     let node = |n: usize| {
         report
@@ -251,13 +255,12 @@ fn look_alike_identities_are_refused_and_counted_and_a_real_node_is_provisioned(
             "a character outside printable ASCII",
         ),
     ];
+    let no_keys = SimArgs::new().keygen_threads(0);
     let fleets: Vec<Sim> = look_alikes
         .iter()
-        .map(|(name, prefix, _)| {
-            Sim::start_booted_as(&world, name, prefix, 1, &["--keygen-threads", "0"])
-        })
+        .map(|(name, prefix, _)| Sim::start_booted_as(&world, name, prefix, 1, &no_keys.as_args()))
         .collect();
-    let real = Sim::start_booted_as(&world, "real", "node", 1, &["--keygen-threads", "0"]);
+    let real = Sim::start_booted_as(&world, "real", "node", 1, &no_keys.as_args());
     let events = look_alikes.len() as f64;
     let metrics = provisioner.wait_idle("the real node provisioned", |m| {
         m.get("choria_provisioner_provisioned") == 1.0
@@ -317,14 +320,10 @@ fn a_small_order_ed25519_key_gets_no_server_jwt() {
         &world,
         &provisioner,
         2,
-        &[
-            "--jwt-key",
-            &seed,
-            "--weak-key",
-            "0.5",
-            "--keygen-threads",
-            "0",
-        ],
+        SimArgs::new()
+            .jwt_key(&seed)
+            .fault(Fault::WeakKey, 0.5)
+            .keygen_threads(0),
     );
     let log = provisioner.log();
     for node in &report.nodes {
@@ -388,7 +387,8 @@ printf '{{"defer":false,"configuration":{{"identity":"%s","plugin.choria.server.
             ..Default::default()
         },
     );
-    let (report, metrics) = run_to_the_end(&world, &provisioner, 2, &["--keygen-threads", "0"]);
+    let (report, metrics) =
+        run_to_the_end(&world, &provisioner, 2, SimArgs::new().keygen_threads(0));
     kill_recorded(&jobs);
     for node in &report.nodes {
         assert_provisioned_once(node);

@@ -6,6 +6,8 @@
 
 use choria_testkit::harness as support;
 
+use choria_testkit::sim_args::SimArgs;
+use std::time::Duration;
 use support::*;
 
 const NODES: usize = 200;
@@ -56,19 +58,13 @@ fn persistent_helpers_provision_a_fleet_and_a_wrong_id_fails_only_its_node() {
             ..Default::default()
         },
     );
-    let nodes = NODES.to_string();
     let sim = Sim::start(
         &world,
-        &[
-            "--nodes",
-            &nodes,
-            "--token",
-            TOKEN,
-            "--keygen-threads",
-            "0",
-            "--deadline",
-            "280s",
-        ],
+        &SimArgs::nodes(NODES)
+            .token(TOKEN)
+            .keygen_threads(0)
+            .deadline(Duration::from_secs(280))
+            .as_args(),
     );
     let n = NODES as f64;
     // Idle: every provisioned node held for release_delay (longer than its restart), so in

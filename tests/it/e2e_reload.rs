@@ -6,10 +6,12 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use choria_fleet_sim::node::NodeState;
 use choria_fleet_sim::report::Report;
 use choria_testkit::harness as support;
+use choria_testkit::sim_args::SimArgs;
 use serde_json::{json, Value};
 use support::*;
 
@@ -48,7 +50,11 @@ fn run_fleet(world: &World, provisioner: &Provisioner, name: &str, prefix: &str)
         name,
         prefix,
         3,
-        &["--token", TOKEN, "--exit-when-done", "--deadline", "120s"],
+        &SimArgs::new()
+            .token(TOKEN)
+            .exit_when_done()
+            .deadline(Duration::from_secs(120))
+            .as_args(),
     );
     let report = sim.wait(provisioner);
     assert_eq!(report.exit_reason, "done", "{}", report.summary());
@@ -239,22 +245,15 @@ fn ten_reloads_during_a_two_thousand_node_run_lose_and_duplicate_nothing() {
             ..Default::default()
         },
     );
-    let nodes = NODES.to_string();
     let sim = Sim::start(
         &world,
-        &[
-            "--nodes",
-            &nodes,
-            "--token",
-            TOKEN,
-            "--keygen-threads",
-            "0",
-            "--boot-spread",
-            "20s",
-            "--exit-when-done",
-            "--deadline",
-            "280s",
-        ],
+        &SimArgs::nodes(NODES)
+            .token(TOKEN)
+            .keygen_threads(0)
+            .boot_spread(Duration::from_secs(20))
+            .exit_when_done()
+            .deadline(Duration::from_secs(280))
+            .as_args(),
     );
     for reload in 1..=RELOADS {
         // Spread over the run: the next reload once the next share is provisioned.
@@ -358,7 +357,7 @@ fn helpers_start_with_no_signal_blocked() {
             ..Default::default()
         },
     );
-    let sim = Sim::start_booted(&world, 1, &["--token", TOKEN]);
+    let sim = Sim::start_booted(&world, 1, &SimArgs::new().token(TOKEN).as_args());
     let line = wait_for(
         "the helper's mask",
         std::time::Duration::from_secs(60),

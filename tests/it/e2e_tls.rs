@@ -27,6 +27,7 @@ use choria_broker::connection::ConnectSettings;
 use choria_broker::connection::{Connection, Subscription};
 use choria_fleet_sim::node::NodeState;
 use choria_fleet_sim::report::Report;
+use choria_testkit::sim_args::SimArgs;
 use choria_testkit::{free_port, NatsServer};
 use rsa::pkcs8::DecodePublicKey;
 use rsa::{Pkcs1v15Sign, RsaPublicKey};
@@ -553,8 +554,14 @@ fn provisions_a_fleet_over_mutual_tls_with_signed_requests() {
         child: Command::new(choria_testkit::binary("choria-fleet-sim"))
             .arg("--broker")
             .arg(broker.url())
-            .args(["--nodes", &NODES.to_string(), "--token", TOKEN])
-            .args(["--exit-when-done", "--deadline", "80s", "--report"])
+            .args(
+                SimArgs::nodes(NODES)
+                    .token(TOKEN)
+                    .exit_when_done()
+                    .deadline(Duration::from_secs(80))
+                    .as_args(),
+            )
+            .arg("--report")
             .arg(&report_path)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&sim_out).expect("sim stdout file"))

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use choria_broker::connection::Connection;
 use choria_broker::discovery::DISCOVERY_SUBJECT;
 use choria_broker::listener::EVENT_MAX_BYTES;
+use choria_testkit::sim_args::SimArgs;
 use choria_wire::lifecycle;
 use choria_wire::v1::server::{self, IncomingRequest};
 use support::*;
@@ -343,15 +344,11 @@ fn hostile_identities_are_refused_and_a_real_node_is_provisioned_meanwhile() {
     announce(0);
     let sim = Sim::start(
         &world,
-        &[
-            "--nodes",
-            "1",
-            "--keygen-threads",
-            "0",
-            "--exit-when-done",
-            "--deadline",
-            "120s",
-        ],
+        &SimArgs::nodes(1)
+            .keygen_threads(0)
+            .exit_when_done()
+            .deadline(Duration::from_secs(120))
+            .as_args(),
     );
     announce(1);
 
@@ -601,21 +598,14 @@ json.dump(reply, sys.stdout)
 
 /// Runs `nodes` simulated nodes with `sim_args` to completion against `provisioner`; every one
 /// provisioned once.
-fn provision_fleet(world: &World, provisioner: &Provisioner, nodes: usize, sim_args: &[&str]) {
-    let count = nodes.to_string();
-    let mut args = vec![
-        "--nodes",
-        count.as_str(),
-        "--token",
-        SECRET_TOKEN,
-        "--keygen-threads",
-        "0",
-        "--exit-when-done",
-        "--deadline",
-        "140s",
-    ];
-    args.extend_from_slice(sim_args);
-    let report = Sim::start(world, &args).wait(provisioner);
+fn provision_fleet(world: &World, provisioner: &Provisioner, nodes: usize, sim_args: SimArgs) {
+    let args = SimArgs::nodes(nodes)
+        .token(SECRET_TOKEN)
+        .keygen_threads(0)
+        .exit_when_done()
+        .deadline(Duration::from_secs(140))
+        .and(&sim_args);
+    let report = Sim::start(world, &args.as_args()).wait(provisioner);
     assert_clean(&report);
     for node in &report.nodes {
         assert_provisioned_once(node);
@@ -660,7 +650,7 @@ fn full_runs_at_debug_level_log_no_secret() {
             ..Default::default()
         },
     );
-    provision_fleet(&world, &provisioner, 2, &[]);
+    provision_fleet(&world, &provisioner, 2, SimArgs::new());
     logs.push_str(&provisioner.logs());
     provisioner.stop();
     logs.push_str(&provisioner_log(&world));
@@ -689,7 +679,9 @@ fn full_runs_at_debug_level_log_no_secret() {
         &world,
         &provisioner,
         3,
-        &["--jwt-key", &node_seed, "--org-issuer", ORG_ISSUER_PUBLIC],
+        SimArgs::new()
+            .jwt_key(&node_seed)
+            .org_issuer(ORG_ISSUER_PUBLIC),
     );
     logs.push_str(&provisioner.logs());
     provisioner.stop();
@@ -768,16 +760,11 @@ fn a_forged_reply_racing_the_real_one_stops_the_cycle_before_configure() {
     );
     let sim = Sim::start(
         &world,
-        &[
-            "--nodes",
-            "2",
-            "--keygen-threads",
-            "0",
-            "--deadline",
-            "120s",
-            "--progress",
-            "200ms",
-        ],
+        &SimArgs::nodes(2)
+            .keygen_threads(0)
+            .deadline(Duration::from_secs(120))
+            .progress(Duration::from_millis(200))
+            .as_args(),
     );
     let metrics =
         provisioner.wait_metrics("the forged node refused and the other provisioned", |m| {

@@ -23,6 +23,7 @@ use choria_fleet_sim::node::NodeState;
 use choria_fleet_sim::report::{NodeReport, Report};
 use choria_fleet_sim::tokens::{new_seed, org_issued_client_jwt, ClientJwtSpec};
 use choria_testkit::relay::RelayRules;
+use choria_testkit::sim_args::{Fault as SimFault, SimArgs};
 use choria_testkit::PROVISIONING_ACCOUNTS_CONF;
 use support::*;
 
@@ -132,21 +133,14 @@ impl OrgIssuer {
     }
 
     /// `choria-fleet-sim --protocol v2` arguments with this issuer.
-    fn sim_args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
-        let mut args = vec![
-            "--protocol",
-            "v2",
-            "--token",
-            TOKEN,
-            "--jwt-key",
-            &self.issuer_seed,
-            "--org-issuer",
-            &self.issuer_public,
-            "--keygen-threads",
-            "0",
-        ];
-        args.extend_from_slice(extra);
-        args
+    fn sim_args(&self, extra: SimArgs) -> SimArgs {
+        SimArgs::new()
+            .protocol_v2()
+            .token(TOKEN)
+            .jwt_key(&self.issuer_seed)
+            .org_issuer(&self.issuer_public)
+            .keygen_threads(0)
+            .and(&extra)
     }
 }
 
@@ -191,31 +185,17 @@ fn five_hundred_v2_nodes_with_faults_over_a_broker_demanding_user_password_and_t
             "workers: 16\nrelease_delay: 10s\n",
         ),
     );
-    let nodes = NODES.to_string();
-    let sim = Sim::start(
-        &world,
-        &org.sim_args(&[
-            "--nodes",
-            &nodes,
-            "--boot-spread",
-            "5s",
-            "--seed",
-            "11",
-            "--dead",
-            "0.01",
-            "--bad-hash",
-            "0.01",
-            "--malformed",
-            "0.01",
-            "--slow",
-            "0.01",
-            "--slow-delay",
-            "1s",
-            "--exit-when-done",
-            "--deadline",
-            "420s",
-        ]),
-    );
+    let args = SimArgs::nodes(NODES)
+        .boot_spread(Duration::from_secs(5))
+        .seed(11)
+        .fault(SimFault::Dead, 0.01)
+        .fault(SimFault::BadHash, 0.01)
+        .fault(SimFault::Malformed, 0.01)
+        .fault(SimFault::Slow, 0.01)
+        .slow_delay(Duration::from_secs(1))
+        .exit_when_done()
+        .deadline(Duration::from_secs(420));
+    let sim = Sim::start(&world, &org.sim_args(args).as_args());
     let report = sim.wait_within(Duration::from_secs(480), || provisioner.logs());
 
     // Every request passed the nodes' checks: schemas, caller JWT, signature, caller id.
@@ -335,7 +315,12 @@ fn a_v1_provisioner_hints_at_v2_nodes_which_drop_its_requests() {
         },
     );
     let nodes = NODES.to_string();
-    let sim = Sim::start_booted(&world, NODES, &org.sim_args(&["--deadline", "120s"]));
+    let sim = Sim::start_booted(
+        &world,
+        NODES,
+        &org.sim_args(SimArgs::new().deadline(Duration::from_secs(120)))
+            .as_args(),
+    );
     let hints = (0..NODES)
         .map(|i| {
             format!(
@@ -528,21 +513,12 @@ fn a_standby_takes_over_a_v2_fleet_after_the_leader_is_killed() {
         || leader_of(&members),
         String::new,
     );
-    let nodes = NODES.to_string();
-    let sim = Sim::start(
-        &world,
-        &org.sim_args(&[
-            "--nodes",
-            &nodes,
-            "--boot-spread",
-            "10s",
-            "--lock-seconds",
-            "3",
-            "--exit-when-done",
-            "--deadline",
-            "200s",
-        ]),
-    );
+    let args = SimArgs::nodes(NODES)
+        .boot_spread(Duration::from_secs(10))
+        .lock_seconds(3)
+        .exit_when_done()
+        .deadline(Duration::from_secs(200));
+    let sim = Sim::start(&world, &org.sim_args(args).as_args());
     wait_for(
         "the first leader to provision some nodes",
         PATIENCE,
@@ -605,7 +581,12 @@ fn a_reload_rotates_the_server_jwt_signing_key_from_the_next_node_on() {
             name,
             prefix,
             2,
-            &org.sim_args(&["--exit-when-done", "--deadline", "120s"]),
+            &org.sim_args(
+                SimArgs::new()
+                    .exit_when_done()
+                    .deadline(Duration::from_secs(120)),
+            )
+            .as_args(),
         );
         let report = sim.wait(&provisioner);
         assert_eq!(report.exit_reason, "done", "{}", report.summary());

@@ -24,6 +24,7 @@ use choria_broker::observe::Counts;
 use choria_fleet_sim::faults::{self, Fault};
 use choria_fleet_sim::options::FaultFractions;
 use choria_fleet_sim::Report;
+use choria_testkit::sim_args::{Fault as SimFault, SimArgs};
 use choria_testkit::NatsServer;
 use choria_wire::identity::Identity;
 use choria_wire::v1::server::{self, IncomingRequest};
@@ -33,17 +34,14 @@ const PROVISIONER: &str = "provisioner.test";
 
 /// Starts `nodes` simulated servers and returns once each has announced its boot, so the
 /// broker routes the ping to it.
-fn start_sim(world: &World, nodes: usize, extra: &[&str]) -> Sim {
-    let mut args = vec![
+fn start_sim(world: &World, nodes: usize, extra: SimArgs) -> Sim {
+    let args = SimArgs::new()
         // Discovery needs no RSA keys.
-        "--keygen-threads",
-        "0",
+        .keygen_threads(0)
         // A safety net should this test die without stopping it.
-        "--deadline",
-        "300s",
-    ];
-    args.extend_from_slice(extra);
-    Sim::start_booted(world, nodes, &args)
+        .deadline(Duration::from_secs(300))
+        .and(&extra);
+    Sim::start_booted(world, nodes, &args.as_args())
 }
 
 /// Pings answered per node, by identity, from the simulator's report.
@@ -81,11 +79,11 @@ fn one_cycle_finds_a_thousand_simulated_nodes_and_loses_none() {
         dead: 10.0 / 1010.0,
         ..Default::default()
     };
-    let (seed_arg, dead_arg) = (seed.to_string(), fractions.dead.to_string());
-    #[rustfmt::skip]
-    let sim = start_sim(&world, nodes, &[
-        "--nodes-per-connection", "250", "--seed", &seed_arg, "--dead", &dead_arg,
-    ]);
+    let extra = SimArgs::new()
+        .nodes_per_connection(250)
+        .seed(seed)
+        .fault(SimFault::Dead, fractions.dead);
+    let sim = start_sim(&world, nodes, extra);
     let assigned = faults::assign(nodes, &fractions, seed);
     let answering: BTreeSet<String> = (0..nodes)
         .filter(|i| assigned[*i] != Some(Fault::Dead))
@@ -121,7 +119,7 @@ fn nothing_is_sent_while_the_gate_is_closed() {
     let server = &world.broker;
     let metrics = Arc::new(Counts::default());
     let (discovery, conn) = discovery(server, &metrics);
-    let sim = start_sim(&world, 2, &[]);
+    let sim = start_sim(&world, 2, SimArgs::new());
 
     let stopping = Gate::new(false);
     stopping.stop();
@@ -295,7 +293,7 @@ fn a_named_round_asks_and_finds_only_the_nodes_it_names() {
     let world = World::new();
     let metrics = Arc::new(Counts::default());
     let (discovery, conn) = discovery(&world.broker, &metrics);
-    let sim = start_sim(&world, 6, &[]);
+    let sim = start_sim(&world, 6, SimArgs::new());
     // A forger answering every ping for a node it was not asked about, and for a named one.
     let forger = start_rack(
         &world.broker.url(),

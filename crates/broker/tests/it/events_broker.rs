@@ -17,6 +17,7 @@ use choria_broker::connection::Connection;
 use choria_broker::gate::Gate;
 use choria_broker::listener::{EventListener, MALFORMED_EVENT};
 use choria_broker::observe::Counts;
+use choria_testkit::sim_args::SimArgs;
 use choria_testkit::NatsServer;
 use choria_wire::lifecycle;
 use support::{insecure_settings, sim_identity, Sim, World};
@@ -52,16 +53,13 @@ fn startup_subject() -> String {
 /// The fleet simulator, its nodes booting in provisioning mode and announcing it with a
 /// CloudEvents startup event, component `provision_mode_server` (go-choria server/lifecycle.go).
 fn start_sim(world: &World, nodes: usize) -> Sim {
-    let nodes_arg = nodes.to_string();
-    #[rustfmt::skip]
-    let args = [
-        "--nodes", &nodes_arg,
+    let args = SimArgs::nodes(nodes)
         // Boots spread out, as a fleet powering on; no RSA keys needed.
-        "--boot-spread", "500ms", "--keygen-threads", "0",
+        .boot_spread(Duration::from_millis(500))
+        .keygen_threads(0)
         // A safety net should this test die without stopping it.
-        "--deadline", "300s",
-    ];
-    Sim::start(world, &args)
+        .deadline(Duration::from_secs(300));
+    Sim::start(world, &args.as_args())
 }
 
 /// Up to `count` admissions, each waited for at most `WAIT`.

@@ -26,6 +26,7 @@ use choria_crypto::{ed25519, jwt};
 use choria_fleet_sim::faults::{self, Fault};
 use choria_fleet_sim::options::FaultFractions;
 use choria_fleet_sim::Report;
+use choria_testkit::sim_args::{Fault as SimFault, ForgeReply, SimArgs};
 use choria_testkit::NatsServer;
 use choria_wire::v1::server::{self, IncomingRequest};
 use support::{insecure_settings, sim_identity, unix_now, Answer, Responder, Sim, World};
@@ -61,23 +62,18 @@ fn connect(server: &NatsServer, identity: &str) -> Connection {
 /// Starts `nodes` simulated servers and returns once each has announced its boot, so the
 /// broker routes requests to it; also the public half of the ed25519 key that signs the
 /// nodes' provisioning JWT.
-fn start_sim(world: &World, nodes: usize, extra: &[&str]) -> (Sim, String) {
+fn start_sim(world: &World, nodes: usize, extra: SimArgs) -> (Sim, String) {
     let seed: [u8; 32] = rand::random();
     let seed_file = world.write("jwt-signer.seed", &hex::encode(seed));
-    let mut args = vec![
-        "--token",
-        TOKEN,
-        "--jwt-key",
-        &seed_file,
+    let args = SimArgs::new()
+        .token(TOKEN)
+        .jwt_key(&seed_file)
         // No RSA keys: no case here gets as far as generating a CSR.
-        "--keygen-threads",
-        "0",
+        .keygen_threads(0)
         // A safety net should this test die without stopping it.
-        "--deadline",
-        "300s",
-    ];
-    args.extend_from_slice(extra);
-    let sim = Sim::start_booted(world, nodes, &args);
+        .deadline(Duration::from_secs(300))
+        .and(&extra);
+    let sim = Sim::start_booted(world, nodes, &args.as_args());
     (sim, ed25519::public_key_hex_from_seed(&seed))
 }
 
@@ -130,7 +126,7 @@ impl TryWait {
 }
 
 /// The slow nodes' reply delay: past a short try, well inside a long one.
-const SLOW_DELAY: &str = "1500ms";
+const SLOW_DELAY: Duration = Duration::from_millis(1500);
 const SEED: u64 = 7;
 const NODES: usize = 16;
 
@@ -189,20 +185,16 @@ fn check_ok_data(name: &str, action: &str, data: &Value, jwt_signer_public: &str
 fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
     let world = World::new();
     let server = &world.broker;
-    let fraction = |f: f64| f.to_string();
-    let (dead, slow, malformed_f, bad_hash, foreign_lock) = (
-        fraction(fractions().dead),
-        fraction(fractions().slow),
-        fraction(fractions().malformed),
-        fraction(fractions().bad_hash),
-        fraction(fractions().foreign_lock),
-    );
-    let seed = SEED.to_string();
-    #[rustfmt::skip]
-    let (sim, jwt_signer_public) = start_sim(&world, NODES, &[
-        "--seed", &seed, "--slow-delay", SLOW_DELAY, "--dead", &dead, "--slow", &slow,
-        "--malformed", &malformed_f, "--bad-hash", &bad_hash, "--foreign-lock", &foreign_lock,
-    ]);
+    let f = fractions();
+    let extra = SimArgs::new()
+        .seed(SEED)
+        .slow_delay(SLOW_DELAY)
+        .fault(SimFault::Dead, f.dead)
+        .fault(SimFault::Slow, f.slow)
+        .fault(SimFault::Malformed, f.malformed)
+        .fault(SimFault::BadHash, f.bad_hash)
+        .fault(SimFault::ForeignLock, f.foreign_lock);
+    let (sim, jwt_signer_public) = start_sim(&world, NODES, extra);
     // The simulator picks faulty nodes with this very function: each case takes the next
     // unused node of its kind.
     let mut nodes_of: BTreeMap<Option<Fault>, Vec<String>> = BTreeMap::new();
@@ -387,9 +379,9 @@ fn directed_rpc_outcomes_tries_and_metrics_against_the_simulator() {
 fn a_closed_gate_stops_tries_before_sending_and_while_waiting() {
     let world = World::new();
     let server = &world.broker;
-    let seed = SEED.to_string();
     // Two nodes, one of them dead.
-    let (sim, _) = start_sim(&world, 2, &["--seed", &seed, "--dead", "0.5"]);
+    let extra = SimArgs::new().seed(SEED).fault(SimFault::Dead, 0.5);
+    let (sim, _) = start_sim(&world, 2, extra);
     let assigned = faults::assign(
         2,
         &FaultFractions {
@@ -920,11 +912,12 @@ fn data_for(action: &Action, identity: &str) -> Value {
 fn a_forged_lock_refusal_racing_the_real_reply_is_a_conflict_on_every_action() {
     let world = World::new();
     let nodes = Action::ALL.len();
-    #[rustfmt::skip]
-    let (sim, _) = start_sim(&world, nodes, &[
-        "--forged", "1", "--forge-reply", "lock", "--victim-delay", "200ms",
-        "--forge-actions", "inventory,jwt,gen25519,gencsr,configure,restart,shutdown,release_update",
-    ]);
+    let extra = SimArgs::new()
+        .fault(SimFault::Forged, 1.0)
+        .forge_reply(ForgeReply::Lock)
+        .victim_delay(Duration::from_millis(200))
+        .forge_actions("inventory,jwt,gen25519,gencsr,configure,restart,shutdown,release_update");
+    let (sim, _) = start_sim(&world, nodes, extra);
     let conn = connect(&world.broker, PROVISIONER);
     let results: Vec<(&Action, String, RpcOutcome, u32, Arc<Counts>)> =
         std::thread::scope(|scope| {
@@ -1023,10 +1016,11 @@ fn a_refusal_stands_only_after_the_window_and_a_late_one_is_a_conflict() {
     let conn = connect(&world.broker, PROVISIONER);
     let metrics = Arc::new(Counts::default());
     let rpc = RpcClient::new(conn.clone(), metrics.clone()).with_reply_grace(grace);
-    #[rustfmt::skip]
-    let (slow_node, _) = start_sim(&world, 1, &[
-        "--forged", "1", "--forge-actions", "jwt", "--victim-delay", "2s",
-    ]);
+    let extra = SimArgs::new()
+        .fault(SimFault::Forged, 1.0)
+        .forge_actions("jwt")
+        .victim_delay(Duration::from_secs(2));
+    let (slow_node, _) = start_sim(&world, 1, extra);
     let started = Instant::now();
     let outcome = rpc.call(
         &id(&sim_identity(0)),
@@ -1043,10 +1037,11 @@ fn a_refusal_stands_only_after_the_window_and_a_late_one_is_a_conflict() {
     let conn = connect(&world.broker, PROVISIONER);
     let rpc =
         RpcClient::new(conn.clone(), metrics.clone()).with_reply_grace(Duration::from_secs(5));
-    #[rustfmt::skip]
-    let (fleet, _) = start_sim(&world, 1, &[
-        "--forged", "1", "--forge-actions", "jwt", "--forge-delay", "300ms",
-    ]);
+    let extra = SimArgs::new()
+        .fault(SimFault::Forged, 1.0)
+        .forge_actions("jwt")
+        .forge_delay(Duration::from_millis(300));
+    let (fleet, _) = start_sim(&world, 1, extra);
     let node = id(&sim_identity(0));
     let watch = rpc.watch(&node);
     let outcome = rpc.call(
