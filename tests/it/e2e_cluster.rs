@@ -34,13 +34,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::shared::is_working_leader;
 use choria_broker::election::{BucketAdmin, DEFAULT_BUCKET};
 use choria_fleet_sim::report::Report;
 use choria_testkit::sim_args::SimArgs;
 use parking_lot::Mutex;
 use support::{
-    actions_in_time_order, scrape_within, wait_for, Metrics, NodeAction, Provisioner,
-    ProvisionerSetup, Sim, World,
+    actions_in_time_order, scrape_within, wait_for, NodeAction, Provisioner, ProvisionerSetup, Sim,
+    World,
 };
 
 /// The election bucket's max age (Go's minimum is 4 s).
@@ -200,12 +201,6 @@ impl Stage {
             },
         );
     }
-}
-
-/// Elected and resumed: the instance works.
-fn is_working_leader(metrics: &Metrics) -> bool {
-    metrics.total("choria_election_leader") == Some(1.0)
-        && metrics.total("choria_provisioner_paused") == Some(0.0)
 }
 
 /// Samples each instance's `/metrics` every 50 ms, one thread per instance (a frozen one

@@ -23,13 +23,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::shared::is_working_leader;
 use choria_broker::election::{BucketAdmin, DEFAULT_BUCKET, DEFAULT_KEY};
 use choria_fleet_sim::report::Report;
 use choria_testkit::sim_args::{Fault as SimFault, SimArgs};
 use choria_testkit::PROVISIONING_ACCOUNTS_CONF;
 use support::{
-    actions_in_time_order, caller_periods, scrape, unix_now, wait_for, Metrics, NodeAction,
-    Provisioner, ProvisionerSetup, Sim, World,
+    actions_in_time_order, caller_periods, scrape, unix_now, wait_for, NodeAction, Provisioner,
+    ProvisionerSetup, Sim, World,
 };
 
 /// The election bucket's max age: short, so failovers are quick (Go's minimum is 4 s).
@@ -241,12 +242,6 @@ impl ElectionWorld {
             .and(&extra);
         Sim::start(&self.world, &args.as_args())
     }
-}
-
-/// Working leader: elected (`choria_election_leader` 1) and resumed (`paused` 0).
-fn is_working_leader(metrics: &Metrics) -> bool {
-    metrics.total("choria_election_leader") == Some(1.0)
-        && metrics.total("choria_provisioner_paused") == Some(0.0)
 }
 
 fn is_paused(member: &Provisioner) -> bool {

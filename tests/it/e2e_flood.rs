@@ -9,6 +9,7 @@ use choria_testkit::harness as support;
 
 use std::time::{Duration, Instant};
 
+use crate::shared::rss_kib;
 use choria_broker::connection::Connection;
 use choria_broker::listener::EVENT_MAX_BYTES;
 use choria_testkit::flood::{Flood, FloodPlan};
@@ -22,17 +23,6 @@ input=$(cat)
 identity=$(printf '%s' "$input" | sed -n 's/.*"identity":"\([^"]*\)".*/\1/p')
 printf '{"defer":false,"configuration":{"identity":"%s","plugin.choria.server.provision":"false"}}\n' "$identity"
 "#;
-
-/// The daemon's resident memory, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kib| kib.parse().ok())
-        .unwrap_or(0)
-}
 
 /// How much the daemon's memory may grow during the flood (the bench's goal: a peak under
 /// 128 MiB from a start of about 10 MiB).

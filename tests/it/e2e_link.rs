@@ -19,6 +19,7 @@ use choria_testkit::harness as support;
 
 use std::time::{Duration, Instant};
 
+use crate::shared::is_working_leader;
 use choria_broker::election::{BucketAdmin, DEFAULT_BUCKET};
 use choria_testkit::pki::TestPki;
 use choria_testkit::sim_args::SimArgs;
@@ -157,12 +158,6 @@ const ELECTION_TTL: Duration = Duration::from_secs(10);
 /// Less than the lease that follows a keep-alive (7.5 s), with room for the next one's
 /// interval (up to 0.75 s) and a loaded box.
 const ELECTION_FREEZE: Duration = Duration::from_secs(4);
-
-/// Working leader: elected and resumed.
-fn is_working_leader(metrics: &Metrics) -> bool {
-    metrics.total("choria_election_leader") == Some(1.0)
-        && metrics.total("choria_provisioner_paused") == Some(0.0)
-}
 
 /// A broker frozen (SIGSTOP) for less than the leader's lease: the keep-alive in flight is
 /// answered after the thaw, and the leader keeps leading and working (nodes booted after the

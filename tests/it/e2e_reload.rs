@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::shared::sighup;
 use choria_fleet_sim::node::NodeState;
 use choria_fleet_sim::report::Report;
 use choria_testkit::harness as support;
@@ -27,12 +28,6 @@ fn rewrite(world: &World, provisioner: &Provisioner, from: &str, to: &str) {
     let text = std::fs::read_to_string(&path).expect("the config reads");
     assert!(text.contains(from), "{from:?} is not in\n{text}");
     std::fs::write(&path, text.replacen(from, to, 1)).expect("the config writes");
-}
-
-fn sighup(provisioner: &Provisioner) {
-    // SAFETY: kill(2) with the pid of our own child, which is running.
-    let rc = unsafe { libc::kill(provisioner.pid() as libc::pid_t, libc::SIGHUP) };
-    assert_eq!(rc, 0, "kill -HUP");
 }
 
 /// SIGHUP, then waits until the daemon has counted `ok` and `invalid` reloads in all.

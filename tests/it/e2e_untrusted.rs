@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::shared::{rss_kib, running};
 use choria_broker::connection::Connection;
 use choria_broker::discovery::DISCOVERY_SUBJECT;
 use choria_broker::listener::EVENT_MAX_BYTES;
@@ -443,17 +444,6 @@ fn provisioner_log(world: &World) -> String {
     choria_testkit::harness::json_log_text(&raw)
 }
 
-/// The daemon's resident memory, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kib| kib.parse().ok())
-        .unwrap_or(0)
-}
-
 const FLOOD: usize = 1_000_000;
 /// How much the daemon's memory may grow during a flood.
 const RSS_GROWTH_KIB: u64 = 64 * 1024;
@@ -807,12 +797,6 @@ fn a_forged_reply_racing_the_real_one_stops_the_cycle_before_configure() {
         "{log}"
     );
     provisioner.stop();
-}
-
-/// Whether `pid` still runs (gone, or a zombie waiting for init to reap it, does not).
-fn running(pid: i32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    !stat.is_empty() && !stat.contains(") Z ")
 }
 
 /// Kills a helper's process group if a failed test left it running (cleanup only).

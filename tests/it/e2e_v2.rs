@@ -627,11 +627,7 @@ fn a_reload_rotates_the_server_jwt_signing_key_from_the_next_node_on() {
         );
     assert!(text.contains(&rotated_seed) && text.contains(&rotated_jwt));
     std::fs::write(&config, text).expect("the config writes");
-    // SAFETY: kill(2) with the pid of our own child, which is running.
-    assert_eq!(
-        unsafe { libc::kill(provisioner.pid() as libc::pid_t, libc::SIGHUP) },
-        0
-    );
+    crate::shared::sighup(&provisioner);
     provisioner.wait_metrics("the reload", |m| {
         m.get("choria_provisioner_reloads{result=\"ok\"}") == 1.0
             && m.get("choria_provisioner_config_generation") == 2.0

@@ -10,6 +10,8 @@ use serde_json::Value;
 
 use choria_testkit::harness::{make_ca, project_file, shell_quote, vector};
 
+use crate::shared::running;
+
 /// The Organization Issuer of the vectors (`tokens/testdata/ed25519/signer.seed`).
 const ORG_ISSUER: &str = "3899a8bb4b6e6e09c91c27f28f086f0b40f1d3091a8c83c07320bc6cfdf67730";
 const IDENTITY: &str = "n1.example.net";
@@ -645,12 +647,6 @@ fn wait<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Whether `pid` still runs (gone, or a zombie waiting for init to reap it, does not).
-fn running(pid: i32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    !stat.is_empty() && !stat.contains(") Z ")
 }
 
 #[test]

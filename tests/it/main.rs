@@ -3,6 +3,7 @@
 //! One integration-test binary for the crate: each file here was its own binary, linked
 //! separately; as modules they link once. A module keeps its old file's name, so a test's
 //! path (`<module>::<test>`) is what it was, and `cargo test --test it <module>` runs one.
+//! `shared` is no test file: it holds set-up steps more than one module takes.
 
 mod check_config;
 mod cli_binary;
@@ -30,4 +31,5 @@ mod e2e_untrusted;
 mod e2e_v2;
 mod helper_test_cmd;
 mod logging_binary;
+mod shared;
 mod startup_checks;

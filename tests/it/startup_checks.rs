@@ -4,8 +4,8 @@
 //! code and a line naming the file. Each wait is bounded; a daemon still running at the bound
 //! (retrying the broker, the file never reported) fails the test and is killed.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use choria_testkit::harness::{kill_and_reap, wait_exit};
@@ -13,9 +13,9 @@ use choria_testkit::harness::{kill_and_reap, wait_exit};
 /// Far beyond what a start that fails at once takes, however loaded the machine.
 const START_LIMIT: Duration = Duration::from_secs(30);
 
-/// Runs `run` in `dir` with `yaml` and `extra` arguments against a broker that is down.
-/// Returns the exit code and stderr, or `None` if the daemon was still running at the bound.
-fn run_with_broker_down(dir: &Path, yaml: &str, extra: &[&str]) -> Option<(i32, String)> {
+/// Starts `run` in `dir` with `yaml` and `extra` arguments against a broker that is down
+/// (a port nothing listens on); returns the daemon and the file its stderr goes to.
+fn spawn_with_broker_down(dir: &Path, yaml: &str, extra: &[&str]) -> (Child, PathBuf) {
     std::fs::write(dir.join("p.yaml"), yaml).unwrap();
     std::fs::write(
         dir.join("c.cfg"),
@@ -23,7 +23,7 @@ fn run_with_broker_down(dir: &Path, yaml: &str, extra: &[&str]) -> Option<(i32, 
     )
     .unwrap();
     let stderr_path = dir.join("stderr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_choria-provisioner"))
+    let child = Command::new(env!("CARGO_BIN_EXE_choria-provisioner"))
         .args(["run", "--config", "p.yaml", "--choria-config", "c.cfg"])
         .args(extra)
         .current_dir(dir)
@@ -33,6 +33,13 @@ fn run_with_broker_down(dir: &Path, yaml: &str, extra: &[&str]) -> Option<(i32, 
         .stderr(std::fs::File::create(&stderr_path).unwrap())
         .spawn()
         .expect("the binary starts");
+    (child, stderr_path)
+}
+
+/// Runs `run` in `dir` with `yaml` and `extra` arguments against a broker that is down.
+/// Returns the exit code and stderr, or `None` if the daemon was still running at the bound.
+fn run_with_broker_down(dir: &Path, yaml: &str, extra: &[&str]) -> Option<(i32, String)> {
+    let (mut child, stderr_path) = spawn_with_broker_down(dir, yaml, extra);
     let status = wait_exit(&mut child, START_LIMIT);
     kill_and_reap(&mut child);
     let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
@@ -95,22 +102,7 @@ enum Start {
 /// Runs `run` in `dir` with `yaml` and the broker down, until it exits or its stderr holds
 /// `needle` while it runs; bounded by [`START_LIMIT`].
 fn start_with_broker_down(dir: &Path, yaml: &str, needle: &str) -> Option<Start> {
-    std::fs::write(dir.join("p.yaml"), yaml).unwrap();
-    std::fs::write(
-        dir.join("c.cfg"),
-        "plugin.choria.middleware_hosts = nats://127.0.0.1:1\n",
-    )
-    .unwrap();
-    let stderr_path = dir.join("stderr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_choria-provisioner"))
-        .args(["run", "--config", "p.yaml", "--choria-config", "c.cfg"])
-        .current_dir(dir)
-        .env("HOME", dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .expect("the binary starts");
+    let (mut child, stderr_path) = spawn_with_broker_down(dir, yaml, &[]);
     let deadline = std::time::Instant::now() + START_LIMIT;
     let started = loop {
         let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();

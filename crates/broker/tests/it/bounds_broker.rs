@@ -19,9 +19,10 @@ use choria_broker::listener::{EventListener, DROPPED_EVENT, EVENT_MAX_BYTES, MAL
 use choria_broker::observe::Counts;
 use choria_broker::rpc::{Action, NodeRpc, RpcClient, RpcOutcome};
 use choria_testkit::NatsServer;
+
+use crate::shared::ok_reply;
 use choria_wire::identity::Identity;
 use choria_wire::lifecycle;
-use choria_wire::v1::server::{self, IncomingRequest};
 use support::{insecure_settings, unix_now, Answer, Responder};
 
 const COMPONENT: &str = "provision_mode_server";
@@ -199,25 +200,6 @@ fn the_twin_watch_drops_and_counts_oversized_announcements_and_still_hears_a_twi
     watch.stop();
     other.close();
     ours.close();
-}
-
-fn action_of(request: &IncomingRequest) -> String {
-    serde_json::from_slice::<Value>(&request.payload)
-        .ok()
-        .and_then(|body| body.get("action").and_then(Value::as_str).map(String::from))
-        .unwrap_or_default()
-}
-
-/// A well-formed OK reply to `request` from `identity` carrying `data`.
-fn ok_reply(request: &IncomingRequest, identity: &str, data: &Value) -> Vec<u8> {
-    let body = server::encode_rpc_reply(&action_of(request), 0, "OK", data);
-    server::encode_reply(
-        &request.request_id,
-        identity,
-        &request.agent,
-        &body,
-        unix_now(),
-    )
 }
 
 /// An inventory whose facts make its reply about `bytes` long (plain letters need no escaping,

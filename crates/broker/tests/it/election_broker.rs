@@ -130,6 +130,22 @@ impl Cluster {
         }
     }
 
+    /// A cluster on `account` with the election bucket made.
+    fn with_bucket(account: Account) -> Cluster {
+        let cluster = Cluster::start(account);
+        cluster.create_bucket();
+        cluster
+    }
+
+    /// As [`Cluster::with_bucket`], with `members` members started.
+    fn with_members(account: Account, members: usize) -> Cluster {
+        let mut cluster = Cluster::with_bucket(account);
+        for _ in 0..members {
+            cluster.add_member();
+        }
+        cluster
+    }
+
     fn admin(&self) -> BucketAdmin {
         BucketAdmin::connect(
             &self.server.url(),
@@ -333,11 +349,7 @@ fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) 
 }
 
 fn three_members_elect_one_and_hand_over_on_stop(account: Account) {
-    let mut cluster = Cluster::start(account);
-    cluster.create_bucket();
-    for _ in 0..3 {
-        cluster.add_member();
-    }
+    let mut cluster = Cluster::with_members(account, 3);
     let leader = cluster.wait_for_leader(None, "a first leader");
     // Let the leader keep the key for a while (20 keep-alives, several seconds) and check
     // nobody else takes it meanwhile.
@@ -402,11 +414,7 @@ fn three_members_elect_one_and_hand_over_on_stop_provisioning_account() {
 }
 
 fn crashed_leader_is_replaced_after_ttl(account: Account) {
-    let mut cluster = Cluster::start(account);
-    cluster.create_bucket();
-    for _ in 0..3 {
-        cluster.add_member();
-    }
+    let mut cluster = Cluster::with_members(account, 3);
     let leader = cluster.wait_for_leader(None, "a first leader");
     cluster.sever_member(leader);
     let successor = cluster.wait_for_leader(Some(leader), "a successor after a crash");
@@ -445,11 +453,7 @@ enum Disruption {
 }
 
 fn disruption_makes_the_leader_stand_down(account: Account, disruption: Disruption) {
-    let mut cluster = Cluster::start(account);
-    cluster.create_bucket();
-    for _ in 0..2 {
-        cluster.add_member();
-    }
+    let cluster = Cluster::with_members(account, 2);
     let leader = cluster.wait_for_leader(None, "a first leader");
     // Counted before the disruption: a member may win again within the poll that sees the
     // leader stand down, and that win is the new term too.
@@ -504,11 +508,7 @@ fn overwrite_by_a_stranger_makes_the_leader_stand_down_provisioning_account() {
 }
 
 fn broker_restart_reestablishes_one_leader(account: Account) {
-    let mut cluster = Cluster::start(account);
-    cluster.create_bucket();
-    for _ in 0..3 {
-        cluster.add_member();
-    }
+    let mut cluster = Cluster::with_members(account, 3);
     let leader = cluster.wait_for_leader(None, "a first leader");
     // Down for longer than a keep-alive interval plus the write timeout (0.75 + 1.25 s), so the
     // leader's keep-alive cannot get through and it must stand down.
@@ -620,8 +620,7 @@ fn a_bucket_with_an_unusable_ttl_is_reported_not_used() {
 
 #[test]
 fn no_event_is_dropped_while_the_daemon_is_slow_to_take_it() {
-    let cluster = Cluster::start(Account::Plain);
-    cluster.create_bucket();
+    let cluster = Cluster::with_bucket(Account::Plain);
     let identity = "slow-reader.example.net";
     let conn = connect_member(&cluster.server.url(), None, identity).expect("member connects");
     // A rendezvous channel read late: every event waits for its reader.
@@ -659,8 +658,7 @@ fn no_event_is_dropped_while_the_daemon_is_slow_to_take_it() {
 /// `CLOCK_BOOTTIME` moves while a process is stopped.
 #[test]
 fn a_leader_frozen_past_its_lease_is_fenced_before_anyone_hears() {
-    let cluster = Cluster::start(Account::Plain);
-    cluster.create_bucket();
+    let cluster = Cluster::with_bucket(Account::Plain);
     let identity = "frozen.example.net";
     let conn = connect_member(&cluster.server.url(), None, identity).expect("member connects");
     let clock = Arc::new(ManualBootClock::default());
@@ -740,8 +738,7 @@ fn start_twin(cluster: &Cluster, identity: &str) -> Twin {
 /// it never wins meanwhile. Once the leader is gone (and a few TTLs have passed without a
 /// write of the identity) it campaigns again and leads.
 fn instances_sharing_an_identity(account: Account, leader_leaves: bool) {
-    let cluster = Cluster::start(account);
-    cluster.create_bucket();
+    let cluster = Cluster::with_bucket(account);
     let identity = "twin.example.net";
     let mut pair = vec![
         start_twin(&cluster, identity),
@@ -809,8 +806,7 @@ fn instances_sharing_an_identity_provisioning_account() {
 // The spy is the plain `nats` client the connection wraps.
 #[allow(deprecated)]
 fn standbys_send_no_create_while_the_key_is_held(account: Account) {
-    let mut cluster = Cluster::start(account);
-    cluster.create_bucket();
+    let mut cluster = Cluster::with_bucket(account);
     let spy = match account.admin_credentials() {
         None => nats::connect(cluster.server.url()),
         Some((user, password)) => {

@@ -28,6 +28,8 @@ use choria_fleet_sim::options::FaultFractions;
 use choria_fleet_sim::Report;
 use choria_testkit::sim_args::{Fault as SimFault, ForgeReply, SimArgs};
 use choria_testkit::NatsServer;
+
+use crate::shared::ok_reply;
 use choria_wire::v1::server::{self, IncomingRequest};
 use support::{insecure_settings, sim_identity, unix_now, Answer, Responder, Sim, World};
 
@@ -472,25 +474,6 @@ fn start_node(url: &str, identity: &str, answer: Answer) -> Responder {
         identity,
         &format!("provisioning.node.{identity}"),
         answer,
-    )
-}
-
-fn action_of(request: &IncomingRequest) -> String {
-    serde_json::from_slice::<Value>(&request.payload)
-        .ok()
-        .and_then(|body| body.get("action").and_then(Value::as_str).map(String::from))
-        .unwrap_or_default()
-}
-
-/// A node's OK reply, as `identity`.
-fn ok_reply(request: &IncomingRequest, identity: &str, data: &Value) -> Vec<u8> {
-    let body = server::encode_rpc_reply(&action_of(request), 0, "OK", data);
-    server::encode_reply(
-        &request.request_id,
-        identity,
-        &request.agent,
-        &body,
-        unix_now(),
     )
 }
 
