@@ -20,6 +20,15 @@ pub enum Fault {
     WrongCn,
     /// gen25519 returns a signature that does not verify (`--bad-signature`).
     BadSignature,
+    /// gencsr returns its CSR relabelled, then a second CSR for a privileged name
+    /// (`--csr-extra-block`).
+    CsrExtraBlock,
+    /// gen25519 returns a small-order key and the signature that verifies for it
+    /// (`--weak-key`).
+    WeakKey,
+    /// A forger answers the node's requests before it does (`--forged`; see
+    /// [`SimArgs::forge_actions`]).
+    Forged,
 }
 
 impl Fault {
@@ -32,22 +41,38 @@ impl Fault {
             Fault::ForeignLock => "--foreign-lock",
             Fault::WrongCn => "--wrong-cn",
             Fault::BadSignature => "--bad-signature",
+            Fault::CsrExtraBlock => "--csr-extra-block",
+            Fault::WeakKey => "--weak-key",
+            Fault::Forged => "--forged",
         }
     }
 }
 
+/// What a forged reply says (`--forge-reply`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForgeReply {
+    /// go-choria's lock refusal, status 1 (`lock`).
+    Lock,
+    /// Status 0 with the forger's own data (`ok`).
+    Ok,
+}
+
 /// The simulator's arguments besides `--broker` and `--report`, which the harness adds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SimArgs {
     args: Vec<String>,
 }
 
 impl SimArgs {
+    /// No arguments yet: the extra arguments of [`crate::harness::Sim::start_booted`], which
+    /// gives `--nodes` and `--prefix` itself.
+    pub fn new() -> SimArgs {
+        SimArgs::default()
+    }
+
     /// A fleet of `nodes` nodes.
     pub fn nodes(nodes: usize) -> SimArgs {
-        SimArgs {
-            args: vec!["--nodes".into(), nodes.to_string()],
-        }
+        SimArgs::new().with("--nodes", nodes.to_string())
     }
 
     fn with(mut self, flag: &str, value: String) -> SimArgs {
@@ -101,9 +126,74 @@ impl SimArgs {
         self.with("--deadline", duration(deadline))
     }
 
+    /// The nodes are `<prefix><n>.sim.example.net` (`--prefix`).
+    pub fn prefix(self, prefix: &str) -> SimArgs {
+        self.with("--prefix", prefix.into())
+    }
+
+    /// How many nodes share one broker connection (`--nodes-per-connection`).
+    pub fn nodes_per_connection(self, nodes: usize) -> SimArgs {
+        self.with("--nodes-per-connection", nodes.to_string())
+    }
+
+    /// How long a node's provisioning lock lasts, in seconds (`--lock-seconds`).
+    pub fn lock_seconds(self, seconds: u64) -> SimArgs {
+        self.with("--lock-seconds", seconds.to_string())
+    }
+
+    /// Extra claims (a JSON object) in the provisioning JWTs (`--jwt-claims`).
+    pub fn jwt_claims(self, json: &str) -> SimArgs {
+        self.with("--jwt-claims", json.into())
+    }
+
+    /// The Choria version the nodes report (`--version`).
+    pub fn version(self, version: &str) -> SimArgs {
+        self.with("--version", version.into())
+    }
+
+    /// Protocol v2 nodes (`--protocol v2`): they need a JWT key of the Org Issuer.
+    pub fn protocol_v2(self) -> SimArgs {
+        self.with("--protocol", "v2".into())
+    }
+
+    /// A progress line on the simulator's stderr this often (`--progress`).
+    pub fn progress(self, every: Duration) -> SimArgs {
+        self.with("--progress", duration(every))
+    }
+
+    /// The actions a forger answers, comma-separated (`--forge-actions`).
+    pub fn forge_actions(self, actions: &str) -> SimArgs {
+        self.with("--forge-actions", actions.into())
+    }
+
+    /// What the forger answers (`--forge-reply`).
+    pub fn forge_reply(self, reply: ForgeReply) -> SimArgs {
+        let reply = match reply {
+            ForgeReply::Lock => "lock",
+            ForgeReply::Ok => "ok",
+        };
+        self.with("--forge-reply", reply.into())
+    }
+
+    /// How long the forger waits before it answers (`--forge-delay`).
+    pub fn forge_delay(self, delay: Duration) -> SimArgs {
+        self.with("--forge-delay", duration(delay))
+    }
+
+    /// How much later the forged nodes' own replies leave (`--victim-delay`).
+    pub fn victim_delay(self, delay: Duration) -> SimArgs {
+        self.with("--victim-delay", duration(delay))
+    }
+
     /// Exit once every node is done (`--exit-when-done`).
     pub fn exit_when_done(mut self) -> SimArgs {
         self.args.push("--exit-when-done".into());
+        self
+    }
+
+    /// These flags, then those of `more` (a later flag overrides an earlier one).
+    pub fn and(mut self, more: &SimArgs) -> SimArgs {
+        self.args.extend(more.args.iter().cloned());
         self
     }
 
@@ -154,6 +244,34 @@ mod tests {
                 "--deadline",
                 "170s",
                 "--exit-when-done"
+            ]
+        );
+    }
+
+    #[test]
+    fn new_starts_empty_for_a_booted_fleet() {
+        let args = SimArgs::new()
+            .prefix("p")
+            .lock_seconds(3)
+            .fault(Fault::Forged, 0.5)
+            .forge_reply(ForgeReply::Lock)
+            .progress(Duration::from_millis(200))
+            .protocol_v2();
+        assert_eq!(
+            args.as_args(),
+            [
+                "--prefix",
+                "p",
+                "--lock-seconds",
+                "3",
+                "--forged",
+                "0.5",
+                "--forge-reply",
+                "lock",
+                "--progress",
+                "200ms",
+                "--protocol",
+                "v2"
             ]
         );
     }

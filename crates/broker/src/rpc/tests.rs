@@ -1,6 +1,6 @@
 //! Tests of the RPC's parts that need no broker: the actions, the lock refusal, the screen
 //! and the watch's window. The calls themselves are tested against `nats-server` in
-//! tests/rpc_broker.rs.
+//! tests/it/rpc_broker.rs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

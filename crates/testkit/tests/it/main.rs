@@ -1,0 +1,8 @@
+//! choria-testkit's integration tests: the harness's provisioner start and the relay.
+//!
+//! One integration-test binary for the crate: each file here was its own binary, linked
+//! separately; as modules they link once. A module keeps its old file's name, so a test's
+//! path (`<module>::<test>`) is what it was, and `cargo test --test it <module>` runs one.
+
+mod provisioner_start;
+mod relay;
