@@ -46,9 +46,13 @@ pub fn free_port() -> std::io::Result<u16> {
 
 /// A private, empty directory under the system temp dir.
 pub fn temp_dir(prefix: &str) -> std::io::Result<PathBuf> {
+    // One test binary per crate runs every module's tests in one process: the counter keeps
+    // two threads asking in the same nanosecond apart.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let unique = format!(
-        "{prefix}-{}-{}",
+        "{prefix}-{}-{}-{}",
         std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
