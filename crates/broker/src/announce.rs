@@ -11,7 +11,7 @@
 //!
 //! Nodes may publish on `choria.lifecycle.>` too, so the watch is bounded in bytes like the
 //! lifecycle listener: an announcement above [`listener::EVENT_MAX_BYTES`] is dropped unread,
-//! at most [`PENDING_BYTES`] wait to be read, and what is dropped is counted
+//! at most `PENDING_BYTES` wait to be read, and what is dropped is counted
 //! (`dropped{kind="announcement"}`) and logged (rate-limited).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +39,7 @@ const PENDING_LIMIT: usize = 1_000;
 
 /// Bytes the announcements waiting for the watch may hold: 64 of the largest event read, far
 /// more than the provisioners of a site start at once.
-pub const PENDING_BYTES: usize = 64 * listener::EVENT_MAX_BYTES;
+pub(crate) const PENDING_BYTES: usize = 64 * listener::EVENT_MAX_BYTES;
 
 /// `dropped{kind}` for announcements beyond the watch's bounds.
 pub const DROPPED_ANNOUNCEMENT: &str = "announcement";

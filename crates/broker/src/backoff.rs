@@ -8,13 +8,13 @@ use std::time::Duration;
 use rand::Rng;
 
 /// The FiveSec steps in milliseconds; the last one repeats.
-pub const FIVE_SEC_STEPS_MS: [u64; 11] = [
+pub(crate) const FIVE_SEC_STEPS_MS: [u64; 11] = [
     500, 750, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 4500, 5000,
 ];
 
 /// The FiveSec pause of `step` (Go's `Policy.Duration(n)`), jittered as Go does to a uniform
 /// value in `[ms/2, ms/2 + ms)`.
-pub fn five_sec(step: usize, rng: &mut impl Rng) -> Duration {
+pub(crate) fn five_sec(step: usize, rng: &mut impl Rng) -> Duration {
     let ms = FIVE_SEC_STEPS_MS[step.min(FIVE_SEC_STEPS_MS.len() - 1)];
     Duration::from_millis(ms / 2 + rng.gen_range(0..ms))
 }
@@ -23,7 +23,7 @@ pub fn five_sec(step: usize, rng: &mut impl Rng) -> Duration {
 /// sleeps `Millis[n]` after try n: the first retry waits 750 ms, not 500 (go-choria
 /// backoff/backoff.go, For). RPC tries (provisioner host/rpc.go, rpcWrapper) and first
 /// connection attempts (go-choria choria/connection.go, Connect) both go through `For`.
-pub fn after_try(try_number: u32, rng: &mut impl Rng) -> Duration {
+pub(crate) fn after_try(try_number: u32, rng: &mut impl Rng) -> Duration {
     five_sec(try_number as usize, rng)
 }
 

@@ -134,7 +134,7 @@ impl BootInstant {
     }
 
     /// Time since boot, for log lines.
-    pub fn since_boot(self) -> Duration {
+    pub(crate) fn since_boot(self) -> Duration {
         self.0
     }
 }

@@ -14,7 +14,7 @@
 //! connection's dispatcher thread before they are queued: a reply whose sender is missing or
 //! not a valid identity is counted and dropped there, a sender already seen this round is
 //! dropped, and only new identities are queued. What a round holds is bounded in count
-//! ([`MAX_SENDERS`]) and in bytes ([`MAX_SENDER_BYTES`] of identity text), never in "replies
+//! (`MAX_SENDERS`) and in bytes (`MAX_SENDER_BYTES` of identity text), never in "replies
 //! times the broker's maximum payload"; senders beyond are dropped and counted
 //! (`dropped{kind="discovery_reply"}`), and found by a later round or their startup event.
 //!
@@ -47,15 +47,15 @@ use crate::observe::Observer;
 pub const DISCOVERY_SUBJECT: &str = "provisioning.broadcast.agent.discovery";
 
 /// How long after the last reply the window stays open (Go's `SlidingWindow`).
-pub const SLIDING_WINDOW: Duration = Duration::from_millis(300);
+pub(crate) const SLIDING_WINDOW: Duration = Duration::from_millis(300);
 
 /// The Go provisioner's hard end of a discovery window, whatever `discovery_timeout` says.
-pub const GO_DISCOVERY_CAP: Duration = Duration::from_secs(2);
+pub(crate) const GO_DISCOVERY_CAP: Duration = Duration::from_secs(2);
 
 /// When a discovery window that began at `start` ends: `last_reply` + 300 ms once a reply
 /// came, else `discovery_timeout` after the start; never past `start` + `cap` (Go's
 /// [`GO_DISCOVERY_CAP`] unless a test lifts it).
-pub fn window_end(
+pub(crate) fn window_end(
     start: Instant,
     discovery_timeout: Duration,
     cap: Duration,
@@ -70,10 +70,10 @@ pub fn window_end(
 }
 
 /// Distinct senders one round takes (the queue's bound too): a large fleet answering at once.
-pub const MAX_SENDERS: usize = 100_000;
+pub(crate) const MAX_SENDERS: usize = 100_000;
 
 /// Bytes of identity text one round takes: 100,000 names of 80 bytes.
-pub const MAX_SENDER_BYTES: usize = 8 * 1024 * 1024;
+pub(crate) const MAX_SENDER_BYTES: usize = 8 * 1024 * 1024;
 
 /// `malformed_messages{kind}` for a discovery reply without a readable sender.
 pub const MALFORMED_DISCOVERY_REPLY: &str = "discovery_reply";
@@ -95,7 +95,7 @@ pub const MAX_NAMED_BYTES: usize = 32 * 1024;
 /// Whether go-choria reads `name` in an identity filter as a regular expression (it begins
 /// and ends with `/`: go-choria filter/identity/identity.go, match): such a name would widen
 /// the ping to every node it matches, so it is never put in a filter.
-pub fn reads_as_pattern(name: &str) -> bool {
+pub(crate) fn reads_as_pattern(name: &str) -> bool {
     name.starts_with('/') && name.ends_with('/')
 }
 
@@ -201,7 +201,7 @@ impl Discovery {
 
     /// One discovery naming `names` in its identity filter: those of them that answered
     /// before every one had or the cap passed, each also given to `answered` as it came.
-    /// Names that go-choria would read as a pattern ([`reads_as_pattern`]) are left out of the
+    /// Names that go-choria would read as a pattern (`reads_as_pattern`) are left out of the
     /// filter, so they never answer. Not one of Go's discovery cycles (`discover_cycles` does
     /// not count it).
     pub fn discover_named(
@@ -303,7 +303,7 @@ impl Discovery {
 }
 
 /// `dropped{kind}` for discovery replies beyond a round's bounds.
-pub const DROPPED_DISCOVERY_REPLY: &str = "discovery_reply";
+pub(crate) const DROPPED_DISCOVERY_REPLY: &str = "discovery_reply";
 
 /// The screen of one round's replies, run on the dispatcher thread: the senders seen so far
 /// and the bytes of their names.

@@ -33,7 +33,7 @@ use crate::clock::{BootClock, BootInstant};
 use crate::observe::Observer;
 
 /// A message that is never sent: the channels of this module signal by disconnecting.
-pub type Never = Infallible;
+pub(crate) type Never = Infallible;
 
 /// Why an action was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +137,7 @@ impl Gate {
     }
 
     /// A gate fenced by a leader's lease on `clock`: paused, and holding no lease, until the
-    /// election grants one ([`Gate::extend_lease`]) and the daemon resumes it.
+    /// election grants one (`Gate::extend_lease`) and the daemon resumes it.
     pub fn leased(clock: Arc<dyn BootClock>) -> Gate {
         Gate::build(
             true,
@@ -192,13 +192,13 @@ impl Gate {
     }
 
     /// The lease's clock, for the election that grants it; `None` on a gate without one.
-    pub fn lease_clock(&self) -> Option<Arc<dyn BootClock>> {
+    pub(crate) fn lease_clock(&self) -> Option<Arc<dyn BootClock>> {
         self.lease.as_ref().map(|lease| lease.clock.clone())
     }
 
     /// Lets actions start until `until` (the election, after each successful keep-alive).
     /// A no-op on a gate without a lease.
-    pub fn extend_lease(&self, until: BootInstant) {
+    pub(crate) fn extend_lease(&self, until: BootInstant) {
         if let Some(lease) = &self.lease {
             // Never 0, which means "no lease".
             let nanos = u64::try_from(until.since_boot().as_nanos())
@@ -210,7 +210,7 @@ impl Gate {
 
     /// The lease is over (lost, overdue or given up): closes the gate at once, so nothing
     /// starts and every waiting action ends, before the election tells the daemon.
-    pub fn end_lease(&self) {
+    pub(crate) fn end_lease(&self) {
         let mut signals = self.signals.lock();
         if let Some(lease) = &self.lease {
             lease.until_nanos.store(0, Ordering::SeqCst);

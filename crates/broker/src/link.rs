@@ -5,7 +5,7 @@
 //! The same idea as the gate ([`crate::gate`]): a signal is a channel nobody sends on. While
 //! the link is up one sender lives; losing the link drops it, which wakes every receiver of
 //! that connected period at once. While it is down another sender lives, dropped by the
-//! reconnect. Each period gets fresh channels, so a [`LinkWatch`] taken before a drop stays
+//! reconnect. Each period gets fresh channels, so a `LinkWatch` taken before a drop stays
 //! "lost" even after the link is back: the request it guards went out on the old link.
 //!
 //! The `nats` crate reports both edges through its disconnect and reconnect callbacks.
@@ -14,8 +14,8 @@
 //! never delivered to us, and nodes come back on the broker over the following seconds, on
 //! their own schedules. [`Rediscovery`] asks for a discovery at once after a reconnect and once
 //! more a few seconds later, spaced so a flapping link does not broadcast to the whole fleet
-//! at every flap; and for [`FLEET_RETURN`] after a reconnect a request that gets no answer is
-//! sent again sooner than its try's timeout ([`Link::reconnected_within`]).
+//! at every flap; and for `FLEET_RETURN` after a reconnect a request that gets no answer is
+//! sent again sooner than its try's timeout (`Link::reconnected_within`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
@@ -161,18 +161,18 @@ impl Link {
 
 /// One request's view of the link, taken before it was published.
 #[derive(Debug, Clone)]
-pub struct LinkWatch {
+pub(crate) struct LinkWatch {
     lost: Receiver<Never>,
 }
 
 impl LinkWatch {
     /// Disconnects once the link this watch was taken on has dropped.
-    pub fn lost(&self) -> &Receiver<Never> {
+    pub(crate) fn lost(&self) -> &Receiver<Never> {
         &self.lost
     }
 
     /// Whether the link dropped since this watch was taken (even if it is back now).
-    pub fn is_lost(&self) -> bool {
+    pub(crate) fn is_lost(&self) -> bool {
         matches!(self.lost.try_recv(), Err(TryRecvError::Disconnected))
     }
 }
@@ -188,7 +188,7 @@ pub const REDISCOVERY_FOLLOW_UP: Duration = Duration::from_secs(5);
 /// How long after a reconnect the fleet may still be reconnecting: a request that gets no
 /// answer in that time may have gone to a node not back on the broker yet, so the RPC client
 /// sends it again on the FiveSec steps instead of waiting out the try.
-pub const FLEET_RETURN: Duration = Duration::from_secs(10);
+pub(crate) const FLEET_RETURN: Duration = Duration::from_secs(10);
 
 /// When reconnects ask for a discovery: at once (unless the last ask was within the gap, then
 /// at its end), and once more [`REDISCOVERY_FOLLOW_UP`] later; reconnects meanwhile are served

@@ -15,7 +15,7 @@
 //! before anything reads it: one above [`EVENT_MAX_BYTES`] is dropped by the `nats` crate's
 //! reader unread, never queued and never parsed, and counted
 //! (`dropped{kind="lifecycle_event"}`); what waits to be read is bounded by
-//! [`EVENT_PENDING_BYTES`] and [`EVENT_PENDING_LIMIT`].
+//! `EVENT_PENDING_BYTES` and `EVENT_PENDING_LIMIT`.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -36,14 +36,14 @@ use crate::observe::Observer;
 pub const MALFORMED_EVENT: &str = "lifecycle_event";
 
 /// `malformed_messages{kind}` for a startup event whose identity is not valid.
-pub const MALFORMED_EVENT_IDENTITY: &str = "event_identity";
+pub(crate) const MALFORMED_EVENT_IDENTITY: &str = "event_identity";
 
 /// How long `start` waits for the broker to confirm the subscription.
 const SUBSCRIBE_CONFIRM_LIMIT: Duration = Duration::from_secs(5);
 
 /// Events the `nats` crate may hold before the listener reads them; beyond, a flood is
 /// dropped and counted (`dropped{kind="lifecycle_event"}`) instead of growing memory.
-pub const EVENT_PENDING_LIMIT: usize = 10_000;
+pub(crate) const EVENT_PENDING_LIMIT: usize = 10_000;
 
 /// The largest event read, in bytes. A real startup event is a few hundred bytes: go-choria's
 /// CloudEvents form (server/lifecycle.go) of a node named in 17 bytes is about 430, and with
@@ -54,7 +54,7 @@ pub const EVENT_MAX_BYTES: usize = 4 * 1024;
 
 /// Bytes the events waiting for the listener may hold: about 9,000 real ones, a fleet
 /// booting at once, read in microseconds each.
-pub const EVENT_PENDING_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const EVENT_PENDING_BYTES: usize = 4 * 1024 * 1024;
 
 /// `dropped{kind}` for events beyond a bound (their size, or what waits to be read).
 pub const DROPPED_EVENT: &str = "lifecycle_event";

@@ -3,10 +3,10 @@
 //!
 //! Every such line has a `kind` (a fixed name: `startup`, `event_identity`, `work_queue_full`,
 //! ...) and a `key` (usually the node's identity, as it claimed it). Per window of
-//! [`WINDOW`], a kind logs each key at most [`PER_KEY`] times and at most [`PER_KIND`] lines in
+//! `WINDOW`, a kind logs each key at most `PER_KEY` times and at most `PER_KIND` lines in
 //! all; the rest are counted, and once the window is over one summary line says how many lines
 //! of that kind were left out. Memory is bounded: keys are remembered as 64-bit hashes, at most
-//! [`MAX_KEYS`] per kind and window; a key beyond that counts against the kind's budget only.
+//! `MAX_KEYS` per kind and window; a key beyond that counts against the kind's budget only.
 //!
 //! The daemon uses the one [`global`] limiter; tests make their own.
 
@@ -19,16 +19,16 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 /// How long one window lasts.
-pub const WINDOW: Duration = Duration::from_secs(10);
+pub(crate) const WINDOW: Duration = Duration::from_secs(10);
 
 /// Lines per key, kind and window.
-pub const PER_KEY: u32 = 1;
+pub(crate) const PER_KEY: u32 = 1;
 
 /// Lines per kind and window, whatever the keys.
-pub const PER_KIND: u32 = 50;
+pub(crate) const PER_KIND: u32 = 50;
 
 /// Keys remembered per kind and window.
-pub const MAX_KEYS: usize = 4096;
+pub(crate) const MAX_KEYS: usize = 4096;
 
 /// The limiter shared by the whole process.
 pub fn global() -> &'static LogLimiter {

@@ -35,11 +35,6 @@ pub trait Observer: Send + Sync {
     fn paused(&self, _paused: bool) {}
 }
 
-/// An observer that ignores everything.
-pub struct NoObserver;
-
-impl Observer for NoObserver {}
-
 /// An observer that counts every report by name, for tests and tools: `malformed:<kind>`,
 /// `dropped:<kind>` (the sum of the counts), `reply_conflict:<action>`,
 /// `rpc_error:<action>`, `rpc_disconnect:<action>`, `rpc_time:<action>` (tries timed),

@@ -33,7 +33,7 @@ const CACHE: usize = 64;
 type Verified = (u64, Result<ClientClaims, String>);
 
 /// The caller checks of one fleet, with the Organization Issuer's key.
-pub struct CallerChecks {
+pub(crate) struct CallerChecks {
     issuer: VerifyKey,
     /// JWT text → (the second it was verified in, the outcome); verified again each second
     /// so expiry is noticed.
@@ -41,7 +41,7 @@ pub struct CallerChecks {
 }
 
 impl CallerChecks {
-    pub fn new(issuer: VerifyKey) -> CallerChecks {
+    pub(crate) fn new(issuer: VerifyKey) -> CallerChecks {
         CallerChecks {
             issuer,
             verified: Mutex::new(HashMap::new()),
@@ -65,7 +65,7 @@ impl CallerChecks {
     }
 
     /// Every check above, in order; the first failure is the reason.
-    pub fn check(&self, request: &IncomingRequest, now_unix: u64) -> Result<(), String> {
+    pub(crate) fn check(&self, request: &IncomingRequest, now_unix: u64) -> Result<(), String> {
         let claims = self.caller_claims(&request.caller_jwt, now_unix)?;
         if !claims.provisioner {
             return Err(format!(

@@ -171,7 +171,7 @@ fn schema_errors(schema: &JSONSchema, instance: &Value) -> Result<(), String> {
 
 impl Schemas {
     /// The vendored upstream schemas of `protocol`.
-    pub fn vendored(protocol: WireProtocol) -> Result<Schemas, SchemaError> {
+    pub(crate) fn vendored(protocol: WireProtocol) -> Result<Schemas, SchemaError> {
         let (secure, request) = match protocol {
             WireProtocol::V1 => (V1_SECURE_REQUEST, V1_REQUEST),
             WireProtocol::V2 => (V2_SECURE_REQUEST, V2_REQUEST),
@@ -190,11 +190,11 @@ impl Schemas {
         })
     }
 
-    pub fn check_secure_request(&self, secure_request: &Value) -> Result<(), Drop> {
+    pub(crate) fn check_secure_request(&self, secure_request: &Value) -> Result<(), Drop> {
         schema_errors(&self.secure_request, secure_request).map_err(Drop::SecureRequestSchema)
     }
 
-    pub fn check_request(&self, request: &Value) -> Result<(), Drop> {
+    pub(crate) fn check_request(&self, request: &Value) -> Result<(), Drop> {
         schema_errors(&self.request, request).map_err(Drop::RequestSchema)
     }
 }
@@ -203,7 +203,7 @@ impl Schemas {
 /// `io.choria.protocol.v2.transport` when its provisioning JWT has `v2: true` (the server's
 /// first check; go-choria protocol/protocol.go, VersionFromJSON, then a constructor that
 /// refuses the other version).
-pub fn check_transport(bytes: &[u8], protocol: WireProtocol) -> Result<(), Drop> {
+pub(crate) fn check_transport(bytes: &[u8], protocol: WireProtocol) -> Result<(), Drop> {
     let (expected, jwt) = match protocol {
         WireProtocol::V1 => ("choria:transport:1", "lacks"),
         WireProtocol::V2 => (TRANSPORT_V2, "has"),
@@ -220,7 +220,7 @@ pub fn check_transport(bytes: &[u8], protocol: WireProtocol) -> Result<(), Drop>
     }
 }
 
-pub fn check_collective(collective: &str) -> Result<(), Drop> {
+pub(crate) fn check_collective(collective: &str) -> Result<(), Drop> {
     if collective == COLLECTIVE {
         Ok(())
     } else {
@@ -229,7 +229,7 @@ pub fn check_collective(collective: &str) -> Result<(), Drop> {
 }
 
 /// Strict on both sides: `now - ttl < time < now + ttl`, as a Go server checks.
-pub fn check_time(time: i64, ttl: i64, now: i64) -> Result<(), Drop> {
+pub(crate) fn check_time(time: i64, ttl: i64, now: i64) -> Result<(), Drop> {
     if time > now - ttl && time < now + ttl {
         Ok(())
     } else {
@@ -239,7 +239,7 @@ pub fn check_time(time: i64, ttl: i64, now: i64) -> Result<(), Drop> {
 
 /// v2: the same strict window in nanoseconds (go-choria message/message.go, ValidateTTL on the
 /// request's `time.Unix(0, time)`).
-pub fn check_time_nanos(time: i64, ttl: i64, now: i64) -> Result<(), Drop> {
+pub(crate) fn check_time_nanos(time: i64, ttl: i64, now: i64) -> Result<(), Drop> {
     let span = ttl.saturating_mul(1_000_000_000);
     if time > now.saturating_sub(span) && time < now.saturating_add(span) {
         Ok(())
@@ -248,7 +248,7 @@ pub fn check_time_nanos(time: i64, ttl: i64, now: i64) -> Result<(), Drop> {
     }
 }
 
-pub fn check_agent(agent: &str) -> Result<(), Drop> {
+pub(crate) fn check_agent(agent: &str) -> Result<(), Drop> {
     if LOADED_AGENTS.contains(&agent) {
         Ok(())
     } else {
@@ -316,7 +316,7 @@ fn fact_matches(facts: &serde_json::Map<String, Value>, fact: &Value) -> Result<
 /// filter does not match skips the request with a debug line and no reply (server/processor.go,
 /// handleRawMessage), so a discovery naming some nodes is, to the rest, no message at all (a
 /// filter it cannot read is left to [`check_filter`] to report).
-pub fn names_only_others(filter: &Value, identity: &str) -> bool {
+pub(crate) fn names_only_others(filter: &Value, identity: &str) -> bool {
     let identities = strings(filter, "identity");
     !identities.is_empty()
         && identities
@@ -327,7 +327,7 @@ pub fn names_only_others(filter: &Value, identity: &str) -> bool {
 /// go-choria `Filter.MatchServerRequest` (protocol/filter.go) for one node: every non-empty
 /// category must pass. Identity is OR; agent, class and fact are AND. Compound filters are not
 /// simulated, so a non-empty compound filter is a drop.
-pub fn check_filter(
+pub(crate) fn check_filter(
     filter: &Value,
     identity: &str,
     facts: &serde_json::Map<String, Value>,

@@ -4,14 +4,14 @@
 //! encoder, so the provisioner's parser is tested against a second reading of go-choria's
 //! `lifecycle` package rather than against itself.
 
-use serde_json::{json, Map, Value};
+use serde_json::json;
 
 /// The component of a server in provisioning mode.
-pub const COMPONENT: &str = "provision_mode_server";
+pub(crate) const COMPONENT: &str = "provision_mode_server";
 
 /// One event: its kind, and the fields it carries beyond the common ones.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Event {
+pub(crate) enum Event {
     Startup {
         version: String,
     },
@@ -24,7 +24,7 @@ pub enum Event {
 }
 
 impl Event {
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Event::Startup { .. } => "startup",
             Event::Shutdown => "shutdown",
@@ -33,12 +33,12 @@ impl Event {
         }
     }
 
-    pub fn subject(&self) -> String {
+    pub(crate) fn subject(&self) -> String {
         format!("choria.lifecycle.event.{}.{COMPONENT}", self.kind())
     }
 
     /// The CloudEvents JSON bytes, keys in Go's struct order.
-    pub fn encode(&self, identity: &str, timestamp: i64) -> Vec<u8> {
+    pub(crate) fn encode(&self, identity: &str, timestamp: i64) -> Vec<u8> {
         let id = uuid_v4();
         let protocol = format!("io.choria.lifecycle.v1.{}", self.kind());
         // Go struct order: protocol, id, identity, component, timestamp, then the extras.
@@ -79,16 +79,17 @@ impl Event {
 use choria_wire::lifecycle::new_event_id as uuid_v4;
 use choria_wire::time::rfc3339_utc;
 
-/// Parses an encoded event back (for tests): (outer, inner).
-pub fn decode(bytes: &[u8]) -> Option<(Map<String, Value>, Map<String, Value>)> {
-    let outer: Map<String, Value> = serde_json::from_slice(bytes).ok()?;
-    let inner = outer.get("data")?.as_object()?.clone();
-    Some((outer, inner))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Map, Value};
+
+    /// Parses an encoded event back: (outer, inner).
+    fn decode(bytes: &[u8]) -> Option<(Map<String, Value>, Map<String, Value>)> {
+        let outer: Map<String, Value> = serde_json::from_slice(bytes).ok()?;
+        let inner = outer.get("data")?.as_object()?.clone();
+        Some((outer, inner))
+    }
 
     #[test]
     fn rfc3339_known_values() {

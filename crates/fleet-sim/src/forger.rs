@@ -22,13 +22,13 @@ use crate::options::{ForgeOptions, ForgeReply};
 
 /// go-choria's lock refusal text (providers/agent/mcorpc/golang/provision/provision.go,
 /// LockedError), which a forger copies word for word.
-pub const LOCKED_ERROR: &str = "Could not obtain provisioning lock";
+pub(crate) const LOCKED_ERROR: &str = "Could not obtain provisioning lock";
 
 /// The facts a forged inventory claims, so a test can tell it from the node's.
-pub const FORGED_FACTS: &str = "forged";
+pub(crate) const FORGED_FACTS: &str = "forged";
 
 /// The forger's settings and keys.
-pub struct Forger {
+pub(crate) struct Forger {
     options: ForgeOptions,
     x25519_public: String,
     ed25519: ed25519_dalek::SigningKey,
@@ -39,7 +39,7 @@ pub struct Forger {
 impl Forger {
     /// A forger with fresh keys; its RSA key is made now if it is to forge CSRs, so its
     /// first forgery is as quick as the rest.
-    pub fn new(options: ForgeOptions) -> Forger {
+    pub(crate) fn new(options: ForgeOptions) -> Forger {
         let (_, x25519_public) = keys::generate_x25519();
         let (ed25519, _) = keys::generate_ed25519();
         let forger = Forger {
@@ -60,22 +60,28 @@ impl Forger {
     }
 
     /// Whether the forger answers `label` (`agent#action`).
-    pub fn forges(&self, label: &str) -> bool {
+    pub(crate) fn forges(&self, label: &str) -> bool {
         self.options.actions.iter().any(|a| a == label)
     }
 
     /// Whether its answer to `label` is made of the node's own inventory.
-    pub fn needs_inventory(&self, label: &str) -> bool {
+    pub(crate) fn needs_inventory(&self, label: &str) -> bool {
         self.options.reply == ForgeReply::Ok && label == "rpcutil#inventory"
     }
 
-    pub fn options(&self) -> &ForgeOptions {
+    pub(crate) fn options(&self) -> &ForgeOptions {
         &self.options
     }
 
     /// Its answer to `action` (`agent#action`) with the request's `data`, in the name of a
     /// node whose real inventory is `inventory`.
-    pub fn answer(&self, env: &Env, label: &str, data: &Value, inventory: Value) -> RpcAnswer {
+    pub(crate) fn answer(
+        &self,
+        env: &Env,
+        label: &str,
+        data: &Value,
+        inventory: Value,
+    ) -> RpcAnswer {
         let action = label.split_once('#').map_or(label, |(_, a)| a).to_string();
         if self.options.reply == ForgeReply::Lock {
             return RpcAnswer {

@@ -22,7 +22,7 @@ use x509_cert::der::EncodePem;
 use x509_cert::name::Name;
 
 #[derive(Debug)]
-pub enum KeyError {
+pub(crate) enum KeyError {
     Generate(String),
     Subject { subject: String, why: String },
     Csr(String),
@@ -44,7 +44,7 @@ impl fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
-pub fn generate_rsa() -> Result<RsaPrivateKey, KeyError> {
+pub(crate) fn generate_rsa() -> Result<RsaPrivateKey, KeyError> {
     RsaPrivateKey::new(&mut rand::rngs::OsRng, 2048).map_err(|e| KeyError::Generate(e.to_string()))
 }
 
@@ -66,7 +66,7 @@ fn escape_rdn(value: &str) -> String {
 /// The subject fields `gencsr` uses; `ST` is accepted by Go but ignored (csr_action.go), so it
 /// is not here.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct CsrSubject {
+pub(crate) struct CsrSubject {
     pub cn: String,
     pub c: String,
     pub l: String,
@@ -76,12 +76,12 @@ pub struct CsrSubject {
 
 /// The reply fields of `gencsr`: the CSR PEM, and the public key as Go sends it: PKCS#1
 /// RSAPublicKey DER under a `PUBLIC KEY` label (a Go quirk of csr_action.go).
-pub struct Csr {
+pub(crate) struct Csr {
     pub csr_pem: String,
     pub public_key_pem: String,
 }
 
-pub fn make_csr(key: &RsaPrivateKey, subject: &CsrSubject) -> Result<Csr, KeyError> {
+pub(crate) fn make_csr(key: &RsaPrivateKey, subject: &CsrSubject) -> Result<Csr, KeyError> {
     let mut parts = Vec::new();
     for (attr, value) in [
         ("CN", &subject.cn),
@@ -125,7 +125,7 @@ pub fn make_csr(key: &RsaPrivateKey, subject: &CsrSubject) -> Result<Csr, KeyErr
 /// `CN=<cn>,CN=evil.privileged.mcollective` in RFC 4514 text (so `cn` is the last CN in the
 /// DER, the one Go compares) with the SAN `DNS:broker.example.net`: what `openssl x509 -req`
 /// reads, as the first block labelled as a request, and signs.
-pub fn csr_with_extra_block(
+pub(crate) fn csr_with_extra_block(
     key: &RsaPrivateKey,
     valid: &str,
     cn: &str,
@@ -157,7 +157,7 @@ pub fn csr_with_extra_block(
 }
 
 /// Parses a decrypted transported key (PKCS#1 `RSA PRIVATE KEY`, or PKCS#8) as RSA.
-pub fn parse_rsa_private(pem_text: &str) -> Result<RsaPrivateKey, KeyError> {
+pub(crate) fn parse_rsa_private(pem_text: &str) -> Result<RsaPrivateKey, KeyError> {
     RsaPrivateKey::from_pkcs1_pem(pem_text)
         .or_else(|_| RsaPrivateKey::from_pkcs8_pem(pem_text))
         .map_err(|e| KeyError::NotRsa(e.to_string()))
@@ -166,7 +166,7 @@ pub fn parse_rsa_private(pem_text: &str) -> Result<RsaPrivateKey, KeyError> {
 /// The first certificate of a PEM text as an auditor names it: (SHA-256 of its DER as
 /// lowercase hex, its serial as lowercase hex of the minimal big-endian bytes, as openssl
 /// prints it).
-pub fn certificate_fingerprint(pem_text: &str) -> Result<(String, String), KeyError> {
+pub(crate) fn certificate_fingerprint(pem_text: &str) -> Result<(String, String), KeyError> {
     use sha2::Digest;
     use x509_cert::der::DecodePem;
     use x509_cert::der::Encode;
@@ -188,7 +188,7 @@ pub fn certificate_fingerprint(pem_text: &str) -> Result<(String, String), KeyEr
 
 /// The RSA public key of the first certificate in a PEM text (what a transported key must pair
 /// with: the node installs both side by side).
-pub fn certificate_rsa_public(pem_text: &str) -> Result<RsaPublicKey, KeyError> {
+pub(crate) fn certificate_rsa_public(pem_text: &str) -> Result<RsaPublicKey, KeyError> {
     use rsa::pkcs8::DecodePublicKey;
     use x509_cert::der::{DecodePem, Encode};
     let cert = x509_cert::Certificate::from_pem(pem_text.trim_start().as_bytes())
@@ -203,14 +203,14 @@ pub fn certificate_rsa_public(pem_text: &str) -> Result<RsaPublicKey, KeyError> 
 }
 
 /// A fresh ed25519 identity for `gen25519`: (signing key, lowercase hex public key).
-pub fn generate_ed25519() -> (ed25519_dalek::SigningKey, String) {
+pub(crate) fn generate_ed25519() -> (ed25519_dalek::SigningKey, String) {
     let key = ed25519_dalek::SigningKey::generate(&mut rand::rngs::OsRng);
     let public_hex = hex::encode(key.verifying_key().to_bytes());
     (key, public_hex)
 }
 
 /// Signs the raw nonce string bytes, not hex-decoded (as ed25519_action.go), as lowercase hex.
-pub fn sign_nonce(key: &ed25519_dalek::SigningKey, nonce: &str) -> String {
+pub(crate) fn sign_nonce(key: &ed25519_dalek::SigningKey, nonce: &str) -> String {
     use ed25519_dalek::Signer;
     hex::encode(key.sign(nonce.as_bytes()).to_bytes())
 }
@@ -218,7 +218,7 @@ pub fn sign_nonce(key: &ed25519_dalek::SigningKey, nonce: &str) -> String {
 /// A fresh X25519 pair for the `jwt` action: (32 secret bytes, lowercase hex public key).
 /// The secret is 32 random bytes; clamping happens inside the scalar multiplication (as
 /// go-choria choria/ecdh.go, ECDHKeyPair).
-pub fn generate_x25519() -> ([u8; 32], String) {
+pub(crate) fn generate_x25519() -> ([u8; 32], String) {
     let secret = x25519_dalek::StaticSecret::random_from_rng(rand::rngs::OsRng);
     let public = x25519_dalek::PublicKey::from(&secret);
     (secret.to_bytes(), hex::encode(public.as_bytes()))
@@ -227,7 +227,7 @@ pub fn generate_x25519() -> ([u8; 32], String) {
 /// RSA keys made ahead of time on named threads, at most `budget` in all. The threads start
 /// at the first `take`, so a fleet that never sees `gencsr` (ed25519, jwt-only) spends no CPU
 /// on keys.
-pub struct KeyPool {
+pub(crate) struct KeyPool {
     ready: Receiver<RsaPrivateKey>,
     stop: Arc<AtomicBool>,
     threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
@@ -237,7 +237,7 @@ pub struct KeyPool {
 }
 
 impl KeyPool {
-    pub fn start(threads: usize, budget: usize) -> std::io::Result<KeyPool> {
+    pub(crate) fn start(threads: usize, budget: usize) -> std::io::Result<KeyPool> {
         let (tx, rx) = bounded::<RsaPrivateKey>(64);
         Ok(KeyPool {
             ready: rx,
@@ -273,7 +273,7 @@ impl KeyPool {
     }
 
     /// A key from the pool, or a fresh one made now.
-    pub fn take(&self) -> Result<RsaPrivateKey, KeyError> {
+    pub(crate) fn take(&self) -> Result<RsaPrivateKey, KeyError> {
         self.start_threads();
         match self.ready.try_recv() {
             Ok(key) => Ok(key),
@@ -285,7 +285,7 @@ impl KeyPool {
     }
 
     /// Stops and joins the keygen threads (each notices within one key plus 200 ms).
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
         let handles: Vec<_> = self.threads.lock().drain(..).collect();
         for handle in handles {

@@ -12,20 +12,20 @@
 //! - `wire`: the broker connections, over `choria-broker`'s `Connection` (the simulator never
 //!   touches `nats` itself); `runner`: threads and dispatch.
 
-pub mod caller_check;
+mod caller_check;
 pub mod check;
 pub mod client_jwt_check;
-pub mod events;
+mod events;
 pub mod faults;
-pub mod forger;
-pub mod keys;
+mod forger;
+mod keys;
 pub mod node;
 pub mod options;
 pub mod report;
-pub mod runner;
+mod runner;
 pub mod server_jwt_check;
 pub mod tokens;
-pub mod wire;
+mod wire;
 
 pub use options::{parse, Options, Parsed, HELP};
 pub use report::Report;

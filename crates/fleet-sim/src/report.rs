@@ -68,7 +68,7 @@ pub struct Report {
 }
 
 impl Totals {
-    pub fn from_nodes(nodes: &[NodeReport]) -> Totals {
+    pub(crate) fn from_nodes(nodes: &[NodeReport]) -> Totals {
         let mut t = Totals {
             nodes: nodes.len(),
             ..Default::default()

@@ -47,7 +47,7 @@ pub fn verify_server_jwt(
 /// the required claims and the KSUID time, `issexp`, the org's signature over
 /// `<id>.<chain issuer key>` and the chain issuer's over `<jti>.<org signature>`. Shared by
 /// the server and client token verifiers.
-pub fn chain_issuer_key(
+pub(crate) fn chain_issuer_key(
     claims: &Map<String, Value>,
     chain_data: &str,
     org_issuer: &VerifyKey,

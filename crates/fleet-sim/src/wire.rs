@@ -16,7 +16,7 @@ use choria_broker::testing;
 /// else the raw provisioning JWT as the auth token (go-choria
 /// `providers/provtarget/...`, `choria/connection.go`).
 #[derive(Clone, Debug, Default)]
-pub enum Auth {
+pub(crate) enum Auth {
     #[default]
     None,
     Token(String),
@@ -48,7 +48,7 @@ impl std::error::Error for WireError {}
 
 /// Where a subscription's messages go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     /// A broadcast agent subject: every node on this connection.
     Broadcast,
     /// One node's subject; the global node index.
@@ -59,23 +59,27 @@ pub enum Route {
 
 /// The publishing half of one connection.
 #[derive(Clone)]
-pub struct Link {
+pub(crate) struct Link {
     conn: Connection,
 }
 
 /// The receiving half of one connection.
-pub struct Inbox {
+pub(crate) struct Inbox {
     subs: testing::Inbox<Route>,
 }
 
 /// One message received.
-pub struct Inbound {
+pub(crate) struct Inbound {
     pub route: Route,
     pub subject: String,
     pub data: Vec<u8>,
 }
 
-pub fn connect(urls: &[String], name: &str, auth: &Auth) -> Result<(Link, Inbox), WireError> {
+pub(crate) fn connect(
+    urls: &[String],
+    name: &str,
+    auth: &Auth,
+) -> Result<(Link, Inbox), WireError> {
     let mut settings = ConnectSettings::insecure("", name, Duration::from_secs(2));
     settings.urls = urls.to_vec();
     match auth {
@@ -109,7 +113,7 @@ pub fn connect(urls: &[String], name: &str, auth: &Auth) -> Result<(Link, Inbox)
 }
 
 impl Link {
-    pub fn publish(&self, subject: &str, payload: &[u8]) -> Result<(), WireError> {
+    pub(crate) fn publish(&self, subject: &str, payload: &[u8]) -> Result<(), WireError> {
         self.conn
             .publish(subject, payload)
             .map_err(|e| WireError::Publish {
@@ -119,20 +123,25 @@ impl Link {
     }
 
     /// Waits (bounded) until the broker has seen everything sent so far.
-    pub fn flush(&self, limit: Duration) -> Result<(), WireError> {
+    pub(crate) fn flush(&self, limit: Duration) -> Result<(), WireError> {
         self.conn.flush(limit).map_err(|e| WireError::Publish {
             subject: "(flush)".into(),
             why: e.to_string(),
         })
     }
 
-    pub fn close(self) {
+    pub(crate) fn close(self) {
         self.conn.close();
     }
 }
 
 impl Inbox {
-    pub fn subscribe(&mut self, link: &Link, subject: &str, route: Route) -> Result<(), WireError> {
+    pub(crate) fn subscribe(
+        &mut self,
+        link: &Link,
+        subject: &str,
+        route: Route,
+    ) -> Result<(), WireError> {
         self.subs
             .subscribe(&link.conn, subject, route)
             .map_err(|e| WireError::Subscribe {
@@ -142,7 +151,7 @@ impl Inbox {
     }
 
     /// The next message on any subscription, waiting at most `limit`.
-    pub fn next(&self, limit: Duration) -> Option<Inbound> {
+    pub(crate) fn next(&self, limit: Duration) -> Option<Inbound> {
         self.subs.next(limit).map(|inbound| Inbound {
             route: inbound.tag,
             subject: inbound.subject,

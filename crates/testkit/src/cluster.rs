@@ -23,14 +23,14 @@ use crate::netns::{Network, NetworkError};
 use crate::{http_get, NatsCluster, NatsServer};
 
 /// The ports each server uses on its own host (a namespace of its own, so always free).
-pub const CLIENT_PORT: u16 = 14222;
-pub const ROUTE_PORT: u16 = 16222;
-pub const MONITOR_PORT: u16 = 18222;
+pub(crate) const CLIENT_PORT: u16 = 14222;
+pub(crate) const ROUTE_PORT: u16 = 16222;
+pub(crate) const MONITOR_PORT: u16 = 18222;
 /// How often a server pings an idle route (and client): a cut route is closed after two
 /// unanswered pings, about three intervals.
-pub const ROUTE_PING: &str = "2s";
+pub(crate) const ROUTE_PING: &str = "2s";
 /// The network host the test and its clients live on.
-pub const CLIENT_HOST: usize = 0;
+pub(crate) const CLIENT_HOST: usize = 0;
 
 fn io(err: NetworkError) -> std::io::Error {
     err.into()
@@ -41,7 +41,10 @@ impl NatsCluster {
     /// JetStream and `extra_conf` added to each configuration; the calling thread moves into
     /// the client host (it moves back when the cluster's network is dropped, after the
     /// servers). Needs root and iproute2.
-    pub fn start_partitionable(size: usize, extra_conf: &str) -> std::io::Result<NatsCluster> {
+    pub(crate) fn start_partitionable(
+        size: usize,
+        extra_conf: &str,
+    ) -> std::io::Result<NatsCluster> {
         let mut network = Network::new().map_err(io)?;
         let client = network.add_host("client").map_err(io)?;
         debug_assert_eq!(client, CLIENT_HOST);
@@ -94,14 +97,16 @@ impl NatsCluster {
     }
 
     /// The route links of a partitionable cluster (an error for a loopback one).
-    pub fn links(&mut self) -> std::io::Result<&mut RouteLinks> {
+    #[cfg(test)]
+    fn links(&mut self) -> std::io::Result<&mut RouteLinks> {
         self.network.as_mut().ok_or_else(|| {
             std::io::Error::other("a loopback cluster cannot be cut: use start_partitionable")
         })
     }
 
     /// The server names `index` holds a route to (see [`route_peers`]).
-    pub fn route_peers(&self, index: usize) -> std::io::Result<BTreeSet<String>> {
+    #[cfg(test)]
+    fn route_peers(&self, index: usize) -> std::io::Result<BTreeSet<String>> {
         route_peers(&self.monitors, index)
     }
 }
@@ -120,7 +125,7 @@ impl RouteLinks {
     }
 
     /// Joins servers `a` and `b` again.
-    pub fn heal(&mut self, a: usize, b: usize) -> std::io::Result<()> {
+    pub(crate) fn heal(&mut self, a: usize, b: usize) -> std::io::Result<()> {
         self.network.heal(a + 1, b + 1).map_err(io)
     }
 
@@ -147,11 +152,6 @@ impl RouteLinks {
     /// Whether the route link between `a` and `b` is cut now.
     pub fn is_cut(&self, a: usize, b: usize) -> bool {
         self.network.is_cut(a + 1, b + 1)
-    }
-
-    /// The namespace server `index` runs in (for `ip netns exec`).
-    pub fn netns(&self, index: usize) -> &str {
-        &self.network.host(index + 1).netns
     }
 }
 
@@ -195,15 +195,6 @@ pub fn stream_leader(monitor: SocketAddr, stream: &str) -> Option<String> {
         .flatten()
         .find(|detail| detail["name"] == stream)
         .and_then(|detail| detail["cluster"]["leader"].as_str())
-        .filter(|leader| !leader.is_empty())
-        .map(str::to_string)
-}
-
-/// Who the server monitored at `monitor` says leads the JetStream meta group (`/jsz`).
-pub fn meta_leader(monitor: SocketAddr) -> Option<String> {
-    let jsz = json(monitor, "/jsz").ok()?;
-    jsz["meta_cluster"]["leader"]
-        .as_str()
         .filter(|leader| !leader.is_empty())
         .map(str::to_string)
 }

@@ -161,7 +161,7 @@ fn flood_one(plan: &FloodPlan, connection: usize, stop: &AtomicBool) -> FloodSen
 /// A valid startup event of `identity` from `component` in the Choria format, padded to
 /// `size` bytes with a field the parser ignores (as small as the event itself when `size` is
 /// below that).
-pub fn padded_event(identity: &str, component: &str, size: usize) -> Vec<u8> {
+pub(crate) fn padded_event(identity: &str, component: &str, size: usize) -> Vec<u8> {
     let event = lifecycle::encode_choria_event("startup", identity, component, Some("0.30.2"), 1);
     // `{"protocol":...}` becomes `{"pad":"ppp…","protocol":...}`.
     let overhead = r#""pad":"","#.len();

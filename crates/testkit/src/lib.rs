@@ -12,7 +12,7 @@ pub mod certificates;
 pub mod cluster;
 pub mod flood;
 pub mod harness;
-pub mod netns;
+pub(crate) mod netns;
 pub mod pki;
 pub mod relay;
 pub mod sim_args;
@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The `nats-server` binary: `$NATS_SERVER`, else the first found on `PATH` or in `/usr/sbin`.
-pub fn nats_server_binary() -> Option<PathBuf> {
+pub(crate) fn nats_server_binary() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("NATS_SERVER") {
         return Some(PathBuf::from(path));
     }
@@ -271,7 +271,7 @@ impl Drop for NatsServer {
 /// stops and starts them one by one. On loopback ([`NatsCluster::start`]), or each on a host of
 /// its own in a [`netns::Network`] so a test can cut routes ([`NatsCluster::start_partitionable`]
 /// and the rest in `cluster.rs`).
-pub struct NatsCluster {
+pub(crate) struct NatsCluster {
     pub servers: Vec<NatsServer>,
     /// Each server's monitoring address (`/connz` says who is connected where, `/routez` which
     /// routes it holds, `/jsz` who leads each stream).
@@ -283,7 +283,7 @@ pub struct NatsCluster {
 impl NatsCluster {
     /// `size` servers named `n0`, `n1`, ... routed to each other on loopback, with
     /// `extra_conf` added to each configuration.
-    pub fn start(size: usize, extra_conf: &str) -> std::io::Result<NatsCluster> {
+    pub(crate) fn start(size: usize, extra_conf: &str) -> std::io::Result<NatsCluster> {
         let route_ports: Vec<u16> = (0..size).map(|_| free_port()).collect::<Result<_, _>>()?;
         let monitor_ports: Vec<u16> = (0..size).map(|_| free_port()).collect::<Result<_, _>>()?;
         let routes = route_ports
@@ -309,28 +309,10 @@ impl NatsCluster {
             network: None,
         })
     }
-
-    /// Every server's client URL, comma-separated (`plugin.choria.middleware_hosts`,
-    /// `choria-fleet-sim --broker`).
-    pub fn urls(&self) -> String {
-        self.servers
-            .iter()
-            .map(NatsServer::url)
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// The index of the running server that holds a client connection named `name`, from
-    /// each server's `/connz`.
-    pub fn server_of_client(&self, name: &str) -> Option<usize> {
-        (0..self.servers.len()).find(|index| {
-            self.servers[*index].pid().is_some() && has_client(self.monitors[*index], name)
-        })
-    }
 }
 
 /// Whether the server monitored on `monitor` holds a client connection named `name`.
-pub fn has_client(monitor: SocketAddr, name: &str) -> bool {
+pub(crate) fn has_client(monitor: SocketAddr, name: &str) -> bool {
     http_get(monitor, "/connz?limit=4096").is_ok_and(|body| {
         serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|connz| {
             connz["connections"]
@@ -393,7 +375,7 @@ pub fn wait_for_port(port: u16, limit: Duration) -> std::io::Result<()> {
 }
 
 /// Waits until something accepts TCP connections on `addr`.
-pub fn wait_for_addr(addr: SocketAddr, limit: Duration) -> std::io::Result<()> {
+pub(crate) fn wait_for_addr(addr: SocketAddr, limit: Duration) -> std::io::Result<()> {
     let deadline = Instant::now() + limit;
     loop {
         if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
@@ -417,7 +399,7 @@ pub fn vector_path(relative: &str) -> PathBuf {
 }
 
 /// The workspace's top directory (where `etc/`, `scripts/` and `Cargo.toml` are).
-pub fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
@@ -459,7 +441,7 @@ pub fn binary(name: &str) -> PathBuf {
 /// cargo writes beside it (`<name>.d`: every file the build read, this workspace's and its
 /// dependencies'). Nothing when there is no such file. A dep-info written in another checkout
 /// (a copied `target/`) names that checkout's paths; they are read as this one's.
-pub fn newer_sources(binary: &Path) -> Vec<PathBuf> {
+pub(crate) fn newer_sources(binary: &Path) -> Vec<PathBuf> {
     let Ok(built) = std::fs::metadata(binary).and_then(|m| m.modified()) else {
         return Vec::new();
     };

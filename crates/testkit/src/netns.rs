@@ -50,7 +50,7 @@ static NETWORKS: AtomicUsize = AtomicUsize::new(0);
 
 /// One host of a [`Network`]: its namespace and its address.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Host {
+pub(crate) struct Host {
     /// The name it was given (`client`, `n0`, ...).
     pub name: String,
     /// Its namespace (`chtk-<pid>-<n>-<name>`).
@@ -68,7 +68,7 @@ struct Pair {
 }
 
 /// Namespaces made for one test; see the module documentation.
-pub struct Network {
+pub(crate) struct Network {
     /// `chtk-<pid>-<n>-`.
     prefix: String,
     hosts: Vec<Host>,
@@ -81,7 +81,7 @@ pub struct Network {
 
 /// Why a network could not be made or changed: the command and what it said.
 #[derive(Debug)]
-pub struct NetworkError(pub String);
+pub(crate) struct NetworkError(pub String);
 
 impl std::fmt::Display for NetworkError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -163,7 +163,7 @@ fn set_netns(ns: &File, what: &str) -> Result<(), NetworkError> {
 
 impl Network {
     /// An empty network with a name of its own; first deletes what killed test processes left.
-    pub fn new() -> Result<Network, NetworkError> {
+    pub(crate) fn new() -> Result<Network, NetworkError> {
         sweep_orphans();
         let serial = NETWORKS.fetch_add(1, Ordering::SeqCst);
         Ok(Network {
@@ -176,7 +176,7 @@ impl Network {
     }
 
     /// A new host: its namespace, its loopback up with its address. Returns its index.
-    pub fn add_host(&mut self, name: &str) -> Result<usize, NetworkError> {
+    pub(crate) fn add_host(&mut self, name: &str) -> Result<usize, NetworkError> {
         if self.hosts.len() >= MAX_HOSTS {
             return Err(NetworkError(format!(
                 "a network holds at most {MAX_HOSTS} hosts"
@@ -203,10 +203,11 @@ impl Network {
         Ok(index)
     }
 
-    pub fn host(&self, index: usize) -> &Host {
+    pub(crate) fn host(&self, index: usize) -> &Host {
         &self.hosts[index]
     }
 
+    #[cfg(test)]
     pub fn hosts(&self) -> &[Host] {
         &self.hosts
     }
@@ -217,7 +218,7 @@ impl Network {
     }
 
     /// Joins two hosts with a veth pair and a route each way.
-    pub fn connect(&mut self, a: usize, b: usize) -> Result<(), NetworkError> {
+    pub(crate) fn connect(&mut self, a: usize, b: usize) -> Result<(), NetworkError> {
         if a == b || a >= self.hosts.len() || b >= self.hosts.len() {
             return Err(NetworkError(format!("cannot join hosts {a} and {b}")));
         }
@@ -251,7 +252,7 @@ impl Network {
 
     /// Sets both ends of the pair between `a` and `b` down: nothing passes until
     /// [`Network::heal`]. Connections across it see silence, not a reset.
-    pub fn cut(&mut self, a: usize, b: usize) -> Result<(), NetworkError> {
+    pub(crate) fn cut(&mut self, a: usize, b: usize) -> Result<(), NetworkError> {
         let pair = self
             .pair(a, b)
             .ok_or_else(|| NetworkError(format!("hosts {a} and {b} are not joined")))?;
@@ -270,7 +271,7 @@ impl Network {
     }
 
     /// Sets both ends up again and puts back the route each way (going down removed them).
-    pub fn heal(&mut self, a: usize, b: usize) -> Result<(), NetworkError> {
+    pub(crate) fn heal(&mut self, a: usize, b: usize) -> Result<(), NetworkError> {
         let pair = self
             .pair(a, b)
             .ok_or_else(|| NetworkError(format!("hosts {a} and {b} are not joined")))?;
@@ -295,13 +296,14 @@ impl Network {
     }
 
     /// Whether the pair between `a` and `b` is cut now.
-    pub fn is_cut(&self, a: usize, b: usize) -> bool {
+    pub(crate) fn is_cut(&self, a: usize, b: usize) -> bool {
         self.pair(a, b).is_some_and(|p| self.pairs[p].cut)
     }
 
     /// `program` to be run on host `on`: `ip netns exec <netns> <program>`. iproute2 execs the
     /// program, so the child's pid is the program's own.
-    pub fn command(&self, on: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    #[cfg(test)]
+    pub(crate) fn command(&self, on: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut command = Command::new("ip");
         command
             .args(["netns", "exec", &self.hosts[on].netns])
@@ -312,7 +314,7 @@ impl Network {
     /// Moves the calling thread into host `index`: from now on its sockets and every process
     /// or thread it starts live there. The network moves it back when dropped, or on
     /// [`Network::leave`].
-    pub fn enter(&mut self, index: usize) -> Result<(), NetworkError> {
+    pub(crate) fn enter(&mut self, index: usize) -> Result<(), NetworkError> {
         let target_path = format!("{NETNS_DIR}/{}", self.hosts[index].netns);
         let target = File::open(&target_path)
             .map_err(|err| NetworkError(format!("opening {target_path}: {err}")))?;
@@ -331,7 +333,7 @@ impl Network {
     }
 
     /// Moves the thread that entered back to its own namespace.
-    pub fn leave(&mut self) -> Result<(), NetworkError> {
+    pub(crate) fn leave(&mut self) -> Result<(), NetworkError> {
         let Some(home) = self.home.take() else {
             return Ok(());
         };

@@ -26,7 +26,7 @@ impl Connection {
     /// The broker URL to record as our `seen-by` hop (go-choria protocol/v1/transport.go,
     /// RecordNetworkHop): known only when one broker is configured, since the crate does not say
     /// which of several it picked.
-    pub fn seen_by_url(&self) -> Option<&str> {
+    pub(crate) fn seen_by_url(&self) -> Option<&str> {
         match self.inner.settings.urls.as_slice() {
             [only] => Some(only.as_str()),
             _ => None,

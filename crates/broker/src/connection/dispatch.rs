@@ -31,7 +31,8 @@ impl Connection {
     }
 
     /// Replies dropped because their caller's channel was full, since start.
-    pub fn overflowed_replies(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn overflowed_replies(&self) -> u64 {
         self.inner.overflowed_replies.load(Ordering::Relaxed)
     }
 }
@@ -64,7 +65,7 @@ pub(super) enum Routed {
 /// crate's channels are unbounded otherwise): a discovery round of [`crate::discovery::MAX_SENDERS`]
 /// nodes. The dispatcher screens a message in microseconds; [`REPLY_PENDING_BYTES`] binds first
 /// for any reply above 670 bytes.
-pub const REPLY_PENDING_LIMIT: usize = 100_000;
+pub(crate) const REPLY_PENDING_LIMIT: usize = 100_000;
 
 /// Bytes a reply subscription's pending messages may hold (from the crate's reader to the
 /// dispatcher, which screens them one at a time): a 50,000-node discovery round whole, as the
@@ -94,7 +95,7 @@ pub(super) fn bound_replies(sub: &nats::Subscription, max_reply_size: usize) {
 }
 
 /// `dropped{kind}` for replies beyond a subscription's pending limit or a request's queue.
-pub const DROPPED_REPLY: &str = "reply";
+pub(crate) const DROPPED_REPLY: &str = "reply";
 
 fn report_dropped(inner: &Inner, kind: &str, count: u64) {
     if count == 0 {

@@ -18,7 +18,7 @@
 //! The vendored crate is patched (`vendor/nats/PATCHED.md`) so the link notices every way it
 //! ends: a TLS close, an EOF or a reset at once, a broker that stops answering within two of
 //! go-choria's 30 s PING intervals ([`PING_INTERVAL`]), and each connection attempt gives up
-//! after [`CONNECT_LIMIT`]. [`Connection::reconnects`] tells the daemon when the link is back.
+//! after `CONNECT_LIMIT`. [`Connection::reconnects`] tells the daemon when the link is back.
 //!
 //! Besides routed replies the connection offers plain subscriptions, a multi-subscription
 //! `Inbox` (in `testing`: the simulator's many per-node subjects), and
@@ -32,7 +32,7 @@
 //! [`REPLY_PENDING_BYTES`], and a reply above `max_reply_size` ([`Connection::limit_replies`])
 //! is never read: its request learns that one was dropped ([`ReplyWaiter::oversized`]), so the
 //! caller's error can name the limit. A plain subscription holds at most
-//! [`SUBSCRIPTION_PENDING_BYTES`] unless its owner bounds it tighter
+//! `SUBSCRIPTION_PENDING_BYTES` unless its owner bounds it tighter
 //! ([`Subscription::limit_bytes`]).
 //!
 //! The `nats` crate marks every item deprecated in 0.26; that lint is allowed in this crate
@@ -72,15 +72,14 @@ use crate::link::Link;
 use crate::observe::Observer;
 
 pub use codec::Outgoing;
-pub use dispatch::{
-    DEFAULT_MAX_REPLY_SIZE, DROPPED_REPLY, REPLY_PENDING_BYTES, REPLY_PENDING_LIMIT,
-};
+pub use dispatch::{DEFAULT_MAX_REPLY_SIZE, REPLY_PENDING_BYTES};
 pub use error::{ConnectionError, RequestError};
-pub use options::{ConnectOptions, ConnectSettings, CONNECT_LIMIT, PING_INTERVAL};
-pub use request::{Answer, Next, Oversized, PendingRequest, ReplyWaiter};
-pub use subject::{check_subject, reply_prefix};
+pub use options::{ConnectOptions, ConnectSettings, PING_INTERVAL};
+pub use request::{Answer, Next, Oversized, ReplyWaiter};
+pub(crate) use subject::check_subject;
+pub use subject::reply_prefix;
 pub(crate) use subscription::Received;
-pub use subscription::{Subscription, SUBSCRIPTION_PENDING_BYTES};
+pub use subscription::Subscription;
 pub use tls::{Tls, TlsFiles};
 
 use dispatch::{bound_replies, dispatch_replies, Route};
@@ -326,7 +325,7 @@ impl Connection {
 
     /// Whether the link came back after a drop less than `window` ago (the fleet may still be
     /// reconnecting: see [`crate::link::FLEET_RETURN`]).
-    pub fn reconnected_within(&self, window: Duration) -> bool {
+    pub(crate) fn reconnected_within(&self, window: Duration) -> bool {
         self.inner.link.reconnected_within(window)
     }
 
@@ -342,7 +341,7 @@ impl Connection {
     /// guards closes: a request sent while the link is down would only sit in the crate's
     /// buffer for a dead link. [`Next::Reply`] means go ahead: the link is up, or the
     /// connection is closed, which the send itself reports.
-    pub fn wait_until_up(&self, deadline: Instant, watch: &Watch) -> Next<()> {
+    pub(crate) fn wait_until_up(&self, deadline: Instant, watch: &Watch) -> Next<()> {
         let back = self.inner.link.back_signal();
         if self.inner.closing.load(Ordering::SeqCst) {
             return Next::Reply(());

@@ -25,7 +25,7 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// (go-choria's is `plugin.choria.network.connect_timeout`, 2 s by default, which we do not
 /// read; this leaves room for a loaded broker). Without it an attempt on a broker that accepts
 /// but does not answer waits until it does.
-pub const CONNECT_LIMIT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_LIMIT: Duration = Duration::from_secs(5);
 
 /// What a connection connects and signs with. The daemon builds it from `choria.cfg` and its
 /// own settings; tests, benches and the simulator build it directly.

@@ -30,7 +30,7 @@ impl Connection {
     /// what keeps junk from filling the bounded queue and pushing the real reply out: the
     /// screen checks (and counts, and logs) whatever it refuses, and can keep state across the
     /// replies of its request.
-    pub fn expect_screened<T, F>(
+    pub(crate) fn expect_screened<T, F>(
         &self,
         request_id: &str,
         capacity: usize,
@@ -124,7 +124,7 @@ impl Connection {
     /// [`PendingRequest`] its one answer arrives on, for a caller that waits in its own
     /// `select!` and decides itself what a dropped link means (the election's keep-alive
     /// waits as long as its lease lasts). Refused, with nothing sent, while the link is down.
-    pub fn send_request(
+    pub(crate) fn send_request(
         &self,
         subject: &str,
         headers: &[(&str, &str)],
@@ -229,24 +229,24 @@ impl fmt::Display for Oversized {
 
 /// A request sent by [`Connection::send_request`], still registered for its answer (dropping
 /// it unregisters).
-pub struct PendingRequest {
+pub(crate) struct PendingRequest {
     waiter: ReplyWaiter<Answer>,
 }
 
 impl PendingRequest {
     /// Where the one answer arrives.
-    pub fn answers(&self) -> &Receiver<Answer> {
+    pub(crate) fn answers(&self) -> &Receiver<Answer> {
         &self.waiter.replies
     }
 
     /// Whether the link the request went out on has dropped since (its answer may still come
     /// if the request waited in the crate's reconnect buffer and went out after the reconnect).
-    pub fn link_lost(&self) -> bool {
+    pub(crate) fn link_lost(&self) -> bool {
         self.waiter.link_lost()
     }
 }
 
-/// The answer to a [`PendingRequest`].
+/// The answer to a `PendingRequest`.
 pub struct Answer(Delivery);
 
 impl Answer {
@@ -260,7 +260,7 @@ impl Answer {
     }
 }
 
-/// What [`ReplyWaiter::next_before`] waited for.
+/// What `ReplyWaiter::next_before` waited for.
 #[derive(Debug, PartialEq)]
 pub enum Next<T = Vec<u8>> {
     /// A reply (what the screen made of it).
@@ -274,7 +274,7 @@ pub enum Next<T = Vec<u8>> {
 }
 
 /// Replies to one request id, as registered by [`Connection::expect_replies`] (transport
-/// bytes) or [`Connection::expect_screened`] (what the screen made of them).
+/// bytes) or `Connection::expect_screened` (what the screen made of them).
 pub struct ReplyWaiter<T = Vec<u8>> {
     inner: Arc<Inner>,
     request_id: String,
@@ -306,7 +306,7 @@ impl<T> ReplyWaiter<T> {
     /// closes first or the link the request went out on drops. A closed gate wins over a
     /// reply that arrives with it: once paused or stopping, no reply is acted on. A reply
     /// already queued wins over the drop.
-    pub fn next_before(&self, deadline: Instant, watch: &Watch) -> Next<T> {
+    pub(crate) fn next_before(&self, deadline: Instant, watch: &Watch) -> Next<T> {
         let timer = crossbeam_channel::at(deadline);
         select! {
             recv(self.replies) -> delivery => match delivery {

@@ -24,7 +24,7 @@ impl Connection {
 /// as commands on our connection; a wildcard in a published subject would reach every node.
 /// Subjects built from node identities are safe by construction (`choria_wire::identity`);
 /// this catches every other way in.
-pub fn check_subject(subject: &str, wildcards: bool) -> Result<(), ConnectionError> {
+pub(crate) fn check_subject(subject: &str, wildcards: bool) -> Result<(), ConnectionError> {
     let bad = |reason: &'static str| ConnectionError::BadSubject {
         subject: choria_wire::text::escape(subject).to_string(),
         reason,

@@ -11,11 +11,11 @@ use super::{check_subject, Connection, ConnectionError};
 
 /// Bytes a plain subscription's pending messages may hold by default
 /// ([`Connection::subscribe`]).
-pub const SUBSCRIPTION_PENDING_BYTES: usize = 8 * 1024 * 1024;
+pub(crate) const SUBSCRIPTION_PENDING_BYTES: usize = 8 * 1024 * 1024;
 
 impl Connection {
     /// A plain subscription (no queue group), its messages holding at most
-    /// [`SUBSCRIPTION_PENDING_BYTES`] until [`Subscription::limit_bytes`] says otherwise.
+    /// `SUBSCRIPTION_PENDING_BYTES` until [`Subscription::limit_bytes`] says otherwise.
     pub fn subscribe(&self, subject: &str) -> Result<Subscription, ConnectionError> {
         let sub = self.subscribe_raw(subject)?;
         sub.set_pending_bytes_limit(SUBSCRIPTION_PENDING_BYTES);
@@ -82,7 +82,7 @@ impl Subscription {
 
     /// Bounds the messages the `nats` crate holds for this subscription (unbounded
     /// otherwise); more are dropped and counted in [`Subscription::dropped`].
-    pub fn limit_pending(&self, messages: usize) {
+    pub(crate) fn limit_pending(&self, messages: usize) {
         self.sub.set_message_limits(messages);
     }
 
@@ -95,7 +95,7 @@ impl Subscription {
     /// the consumer drops them (more are dropped and counted in [`Subscription::dropped`]),
     /// and, with `max_message`, each message: a larger one is dropped unread before it is
     /// queued, counted in [`Subscription::oversized`], and a notice of it queued in its place
-    /// (see [`Received`]).
+    /// (see `Received`).
     pub fn limit_bytes(&self, pending: usize, max_message: Option<usize>) {
         self.sub.set_pending_bytes_limit(pending);
         if let Some(max) = max_message {
@@ -104,7 +104,8 @@ impl Subscription {
     }
 
     /// Bytes the subscription's queued and undropped messages hold now.
-    pub fn pending_bytes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pending_bytes(&self) -> usize {
         self.sub.pending_bytes()
     }
 

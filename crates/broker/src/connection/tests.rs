@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use choria_wire::v1::{self, COLLECTIVE};
 use choria_wire::v2;
 
+use super::dispatch::REPLY_PENDING_LIMIT;
 use super::options::reconnect_delay;
 use super::*;
 

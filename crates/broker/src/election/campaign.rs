@@ -24,7 +24,7 @@ pub(super) const WON_COOL_DOWN: Duration = Duration::from_millis(200);
 
 /// How much earlier than the key could expire our lease ends: beyond the write timeout
 /// already taken off, room for the broker's and our clocks to disagree by a little.
-pub const LEASE_MARGIN: Duration = Duration::from_millis(500);
+pub(crate) const LEASE_MARGIN: Duration = Duration::from_millis(500);
 
 /// A repeated complaint is logged again at most this often.
 pub(super) const COMPLAINT_REPEAT: Duration = Duration::from_secs(60);
@@ -36,7 +36,7 @@ pub fn write_timeout(ttl: Duration, cap: Duration) -> Duration {
 }
 
 /// How long after a successful keep-alive was sent the leader may act: TTL − write timeout −
-/// [`LEASE_MARGIN`]. The key lives a TTL from the broker's receipt of the write, which is
+/// `LEASE_MARGIN`. The key lives a TTL from the broker's receipt of the write, which is
 /// after the send, so the lease always ends before the key can expire, however late the
 /// answer came (it is counted from the send, never from the answer). The write timeout is
 /// no longer how long a keep-alive waits (it waits as long as the lease lasts) but stays in

@@ -158,7 +158,7 @@ pub fn parse_pub_ack(subject: &str, expected: u64, body: &[u8]) -> Result<u64, E
 
 /// The messages on `key` from a STREAM.INFO reply asked with `subjects_filter`: the server
 /// lists the subjects that match with their counts, and none when nothing matches.
-pub fn parse_key_messages(
+pub(crate) fn parse_key_messages(
     bucket: &str,
     subject: &str,
     key: &str,

@@ -23,10 +23,10 @@
 //!
 //! The leader's lease is enforced where work happens: on a gate given to
 //! [`Election::start_fenced`], every successful keep-alive extends the gate's lease to the
-//! write's send time + TTL − write timeout − [`LEASE_MARGIN`], measured on `CLOCK_BOOTTIME`,
+//! write's send time + TTL − write timeout − `LEASE_MARGIN`, measured on `CLOCK_BOOTTIME`,
 //! so a leader frozen longer than that (SIGSTOP, a VM pause) sends nothing when it thaws,
 //! whichever of its threads wakes first. When leadership ends the election closes the gate
-//! itself ([`Gate::end_lease`]) before it announces [`ElectionEvent::Lost`].
+//! itself (`Gate::end_lease`) before it announces [`ElectionEvent::Lost`].
 //!
 //! Instances must not share an identity: a node's provisioning lock is keyed on the caller's
 //! identity, so a leader taking over from a twin would pass every lock the twin holds. The
@@ -74,11 +74,10 @@ use crate::observe::Observer;
 
 #[cfg(feature = "test-support")]
 pub use admin::{connect_member, BucketAdmin};
-pub use campaign::{lease_length, write_timeout, LEASE_MARGIN};
+pub use campaign::{lease_length, write_timeout};
 pub use error::ElectionError;
 pub use kv::{
-    parse_key_messages, parse_last_entry, parse_pub_ack, parse_stream_info, validate_ttl,
-    BucketConfig, LastEntry,
+    parse_last_entry, parse_pub_ack, parse_stream_info, validate_ttl, BucketConfig, LastEntry,
 };
 
 // The submodules share their crate-private items through this module.
@@ -152,7 +151,7 @@ impl ElectionSettings {
 
     /// The subject we write to. Like nats.go, a non-default prefix is put in front of the KV
     /// subject (nats.go kv.go); the broker imports both forms into the provisioning account.
-    pub fn write_subject(&self) -> String {
+    pub(crate) fn write_subject(&self) -> String {
         if self.prefix() == PLAIN_API_PREFIX {
             self.stored_key_subject()
         } else {

@@ -82,7 +82,7 @@ pub(super) type Watching = Mutex<HashMap<Identity, Arc<WatchShared>>>;
 
 impl ReplyWatch {
     /// A watch that holds nothing, with no window, for a client that keeps no requests open.
-    pub fn unwatched() -> ReplyWatch {
+    pub(crate) fn unwatched() -> ReplyWatch {
         ReplyWatch::unregistered(Duration::ZERO)
     }
 

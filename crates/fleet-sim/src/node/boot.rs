@@ -32,7 +32,7 @@ pub fn claims_unverified(token: &str) -> Result<Map<String, Value>, String> {
 impl SimServer {
     /// Whether a restarted server provisions again (go-choria cmd/server_run.go,
     /// choria/framework.go ProvisionMode): (provisioning?, why).
-    pub fn decide_mode(&self, env: &Env, now_unix: i64) -> Result<(bool, String), String> {
+    pub(crate) fn decide_mode(&self, env: &Env, now_unix: i64) -> Result<(bool, String), String> {
         let config = &self.written_config;
         if config.get("plugin.security.provider").map(String::as_str) == Some("choria") {
             let Some(seed_public) = &self.ed25519_public_hex else {

@@ -27,15 +27,16 @@ mod record;
 mod rpc;
 
 pub use boot::claims_unverified;
-pub use record::{
-    ActionRecord, CheckRecord, Delivery, NodeRecord, ViolationRecord, VIOLATIONS_KEPT,
-};
-pub use rpc::{ActionCall, Outcome, RpcAnswer, Scheduled};
+pub use record::NodeRecord;
+pub(crate) use record::VIOLATIONS_KEPT;
+pub use record::{ActionRecord, Delivery};
+pub use record::{CheckRecord, ViolationRecord};
+pub(crate) use rpc::{ActionCall, Outcome, RpcAnswer, Scheduled};
 
 /// Where a provisioning-mode server keeps its configuration (packaged Linux layout).
-pub const CONFIG_DIR: &str = "/etc/choria";
-pub const CONFIG_FILE: &str = "/etc/choria/server.conf";
-pub const SSL_DIR: &str = "/etc/choria/ssl";
+pub(crate) const CONFIG_DIR: &str = "/etc/choria";
+pub(crate) const CONFIG_FILE: &str = "/etc/choria/server.conf";
+pub(crate) const SSL_DIR: &str = "/etc/choria/ssl";
 
 /// Where a node is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord, Hash)]
@@ -54,13 +55,13 @@ pub enum NodeState {
 }
 
 impl NodeState {
-    pub fn is_done(self) -> bool {
+    pub(crate) fn is_done(self) -> bool {
         matches!(self, NodeState::InService | NodeState::ShutDown)
     }
 }
 
 /// Settings every node shares.
-pub struct Env {
+pub(crate) struct Env {
     /// The provisioning token (`cht`); empty means any token passes.
     pub token: String,
     /// The provisioning JWT file contents, if the node has one.
@@ -82,7 +83,7 @@ impl Env {
 
     /// `plugin.choria.server.provision.allow_update`, from the JWT `update` claim (go-choria
     /// choria/framework.go, ConfigureProvisioning).
-    pub fn allow_update(&self) -> bool {
+    pub(crate) fn allow_update(&self) -> bool {
         self.jwt_claims
             .get("update")
             .and_then(Value::as_bool)
@@ -92,7 +93,7 @@ impl Env {
 
 /// The crypto a node needs from the `crypto` module, behind a seam so the action logic can
 /// be tested with plain values.
-pub trait NodeCrypto: Send + Sync {
+pub(crate) trait NodeCrypto: Send + Sync {
     /// X25519(our_secret, their public) then the legacy PEM decrypt (go-choria provision/util.go,
     /// decryptPrivateKey); returns the `RSA PRIVATE KEY` PEM.
     fn decrypt_key(
@@ -113,7 +114,7 @@ struct HeldLock {
 }
 
 /// One simulated server.
-pub struct SimServer {
+pub(crate) struct SimServer {
     pub identity: String,
     pub fault: Option<Fault>,
     pub version: String,
@@ -134,10 +135,10 @@ pub struct SimServer {
 }
 
 /// A foreign caller holding the lock of a `foreign-lock` node.
-pub const FOREIGN_LOCK_KEY: &str = "intruder.example.net.choria=intruder";
+pub(crate) const FOREIGN_LOCK_KEY: &str = "intruder.example.net.choria=intruder";
 
 impl SimServer {
-    pub fn new(identity: String, fault: Option<Fault>, version: String) -> SimServer {
+    pub(crate) fn new(identity: String, fault: Option<Fault>, version: String) -> SimServer {
         SimServer {
             identity,
             fault,
@@ -157,15 +158,16 @@ impl SimServer {
     }
 
     /// Whether the node answers requests now.
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn is_up(&self) -> bool {
         self.state == NodeState::Provisioning
     }
 
-    pub fn written_config(&self) -> &BTreeMap<String, String> {
+    #[cfg(test)]
+    pub(crate) fn written_config(&self) -> &BTreeMap<String, String> {
         &self.written_config
     }
 
-    pub fn record_violation(&mut self, at: i64, subject: &str, reason: String) {
+    pub(crate) fn record_violation(&mut self, at: i64, subject: &str, reason: String) {
         self.record.violations_total += 1;
         if self.record.violations.len() < VIOLATIONS_KEPT {
             self.record.violations.push(ViolationRecord {
@@ -177,7 +179,7 @@ impl SimServer {
     }
 
     /// A fresh process start in provisioning mode: process memory is empty.
-    pub fn boot_into_provisioning(&mut self) -> Event {
+    pub(crate) fn boot_into_provisioning(&mut self) -> Event {
         self.state = NodeState::Provisioning;
         self.record.boots += 1;
         self.lock = None;
@@ -209,7 +211,7 @@ impl SimServer {
     }
 
     /// Who holds the lock now, if anyone.
-    pub fn lock_holder(&self, now: Instant) -> Option<&str> {
+    pub(crate) fn lock_holder(&self, now: Instant) -> Option<&str> {
         if self.fault == Some(Fault::ForeignLock) {
             return Some(FOREIGN_LOCK_KEY);
         }
@@ -221,7 +223,7 @@ impl SimServer {
 
     /// The re-exec of a scheduled restart: returns the startup event when the node comes
     /// back in provisioning mode.
-    pub fn restart_now(
+    pub(crate) fn restart_now(
         &mut self,
         env: &Env,
         new_version: Option<String>,
@@ -252,7 +254,7 @@ impl SimServer {
     /// Back into provisioning mode after service, as an operator re-provisioning the machine
     /// (a wiped configuration, a reboot): a new life begins with a startup event. `None` unless
     /// the node is in service.
-    pub fn reprovision(&mut self) -> Option<Event> {
+    pub(crate) fn reprovision(&mut self) -> Option<Event> {
         if self.state != NodeState::InService {
             return None;
         }
@@ -264,7 +266,7 @@ impl SimServer {
         Some(self.boot_into_provisioning())
     }
 
-    pub fn shut_down(&mut self) -> Event {
+    pub(crate) fn shut_down(&mut self) -> Event {
         self.state = NodeState::ShutDown;
         Event::Shutdown
     }

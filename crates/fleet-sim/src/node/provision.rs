@@ -19,7 +19,7 @@ use crate::keys;
 
 impl SimServer {
     /// `rpcutil#inventory` (go-choria providers/agent/mcorpc/golang/rpcutil/rpcutil.go).
-    pub fn inventory(&self, env: &Env) -> Value {
+    pub(crate) fn inventory(&self, env: &Env) -> Value {
         json!({
             "agents": crate::check::LOADED_AGENTS,
             "classes": [],
@@ -34,7 +34,7 @@ impl SimServer {
     }
 
     /// One `choria_provision` action, in go-choria's order: lock, gate, data, token, work.
-    pub fn provision_action(
+    pub(crate) fn provision_action(
         &mut self,
         env: &Env,
         call: &ActionCall,

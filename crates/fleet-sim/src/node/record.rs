@@ -53,7 +53,7 @@ pub struct Delivery {
 }
 
 /// Violations kept per node in full; more are only counted.
-pub const VIOLATIONS_KEPT: usize = 50;
+pub(crate) const VIOLATIONS_KEPT: usize = 50;
 
 /// What the report says about a node.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -9,7 +9,7 @@ use crate::events::Event;
 
 /// The RPC reply a node sends.
 #[derive(Clone, Debug, PartialEq)]
-pub struct RpcAnswer {
+pub(crate) struct RpcAnswer {
     pub action: String,
     pub statuscode: u8,
     pub statusmsg: String,
@@ -18,7 +18,7 @@ pub struct RpcAnswer {
 
 /// Work for the runner after an action.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Scheduled {
+pub(crate) enum Scheduled {
     /// Re-exec after the delay; `new_version` after a `release_update`.
     Restart {
         new_version: Option<String>,
@@ -27,19 +27,18 @@ pub enum Scheduled {
 }
 
 #[derive(Debug, Default, PartialEq)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub reply: Option<RpcAnswer>,
     pub events: Vec<Event>,
     pub schedule: Option<(Duration, Scheduled)>,
 }
 
 /// The request fields an action needs.
-pub struct ActionCall<'a> {
+pub(crate) struct ActionCall<'a> {
     pub action: &'a str,
     pub data: &'a Value,
     pub sender_id: &'a str,
     pub caller_id: &'a str,
-    pub request_id: &'a str,
 }
 
 pub(super) fn error(action: &str, code: u8, message: impl Into<String>) -> Outcome {

@@ -44,7 +44,6 @@ fn call<'a>(action: &'a str, data: &'a Value, sender: &'a str) -> ActionCall<'a>
         data,
         sender_id: sender,
         caller_id: "choria=prov",
-        request_id: "0123456789abcdef0123456789abcdef",
     }
 }
 

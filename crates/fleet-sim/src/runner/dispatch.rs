@@ -310,7 +310,6 @@ pub(super) fn run_job(shared: &Shared, job: Job) {
         data: &job.data,
         sender_id: &job.request.sender_id,
         caller_id: &job.request.caller_id,
-        request_id: &job.request.request_id,
     };
     let outcome = node.provision_action(&shared.env, &call, Instant::now(), unix_now());
     record_action(&mut node, &job.request, label, outcome.reply.as_ref());

@@ -42,8 +42,7 @@ mod shared;
 mod threads;
 mod timer;
 
-pub use request::Request;
-pub use setup::provisioning_claims;
+pub(crate) use setup::provisioning_claims;
 
 use shared::{Job, Shared, Task};
 
@@ -78,7 +77,7 @@ impl fmt::Display for SimError {
 
 impl std::error::Error for SimError {}
 
-pub use choria_broker::clock::unix_now;
+pub(crate) use choria_broker::clock::unix_now;
 
 /// Runs the fleet until done (with `--exit-when-done`), the deadline, or `interrupted`.
 pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimError> {

@@ -14,7 +14,7 @@ use choria_wire::v2::server as v2_server;
 
 /// A request as the nodes see it, whichever protocol it came in.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Request {
+pub(crate) struct Request {
     pub reply_to: String,
     pub request_id: String,
     pub sender_id: String,

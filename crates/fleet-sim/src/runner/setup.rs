@@ -55,7 +55,7 @@ impl NodeCrypto for CryptoBridge {
 /// The provisioning JWT claims: defaults, then `--jwt-claims` over them. With protocol v2 the
 /// defaults add `v2: true` and `ou` (as `choria jwt prov --protocol-v2` makes them, `ou`
 /// naming the Org Issuer's organisation, `choria` by default).
-pub fn provisioning_claims(opts: &Options, now_unix: i64) -> Map<String, Value> {
+pub(crate) fn provisioning_claims(opts: &Options, now_unix: i64) -> Map<String, Value> {
     let mut claims = json!({
         "cht": opts.token,
         "chs": false,

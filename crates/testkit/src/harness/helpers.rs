@@ -98,7 +98,7 @@ json.dump(reply, sys.stdout)
 
 /// Signs a certificate with the test CA for a private key it generates itself, and returns
 /// that key with the certificate: the provisioner must carry it to the node encrypted.
-pub const KEY_HELPER: &str = r#"#!/usr/bin/env python3
+const KEY_HELPER: &str = r#"#!/usr/bin/env python3
 import json, os, subprocess, sys, tempfile
 
 ca_dir, brokers = sys.argv[1], sys.argv[2]

@@ -15,7 +15,6 @@
 //!   directory; `provisioner`: the daemon and its log; `metrics`: `/metrics` scrapes;
 //! - `sim`: the fleet simulator; `responder`: a hand-written pretend server;
 //! - `report`: reading and asserting on the simulator's report; `helpers`: helper scripts.
-#![allow(dead_code)] // each test file uses a different part of the harness
 
 use std::time::{Duration, Instant};
 
@@ -33,8 +32,7 @@ mod sim;
 mod world;
 
 pub use helpers::{
-    key_helper, make_ca, python_helper, rules_helper, shell_quote, yaml_helper, KEY_HELPER,
-    RULES_HELPER,
+    key_helper, make_ca, python_helper, rules_helper, shell_quote, yaml_helper, RULES_HELPER,
 };
 pub use metrics::{scrape, scrape_within, Metrics};
 pub use process::{kill_and_reap, wait_exit};
@@ -58,10 +56,10 @@ pub const MONITOR_PORT_TRIES: usize = 3;
 pub const EXIT_LIMIT: Duration = Duration::from_secs(60);
 
 /// How long a process may take to exit after SIGKILL, and a cleanup's reaping.
-pub const KILL_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const KILL_LIMIT: Duration = Duration::from_secs(10);
 
 /// How long a simulated fleet may take to announce every node's boot.
-pub const BOOT_LIMIT: Duration = Duration::from_secs(60);
+pub(crate) const BOOT_LIMIT: Duration = Duration::from_secs(60);
 
 /// The caller id the provisioner's requests carry in insecure mode (`choria=<identity>`).
 pub const PROVISIONER_IDENTITY: &str = "provisioner.e2e.example.net";

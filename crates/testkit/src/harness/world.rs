@@ -106,11 +106,6 @@ impl World {
         std::iter::once(&self.broker).chain(&self.peers)
     }
 
-    /// Each server's monitoring address in a clustered world, `broker` first.
-    pub fn monitors(&self) -> &[std::net::SocketAddr] {
-        &self.monitors
-    }
-
     /// The server names server `index` of a clustered world holds a route to (`/routez`).
     pub fn route_peers(&self, index: usize) -> std::io::Result<BTreeSet<String>> {
         crate::cluster::route_peers(&self.monitors, index)
@@ -150,7 +145,7 @@ impl World {
     }
 
     /// Where provisioners and the fleet connect: the relay when there is one, else the broker.
-    pub fn client_url(&self) -> String {
+    pub(crate) fn client_url(&self) -> String {
         match &self.relay {
             Some(relay) => relay.url(),
             None => std::iter::once(&self.broker)
