@@ -171,12 +171,14 @@ fn run(nodes: usize, answer: Answer, yaml: &str) -> (String, String) {
     let world = World::new();
     let audit = world.path("audit.jsonl");
     // The replies are large on purpose (the lines that quote them are under test), so they
-    // must not be dropped unread by the default `max_reply_size`.
+    // must not be dropped unread by the default `max_reply_size`. A refused reply is tried
+    // five times with Go's backoff, about 6 s a node: 20 workers finish 100 nodes well within
+    // the harness's patience, where 4 needed all of it.
     let provisioner = Provisioner::start(
         &world,
         ProvisionerSetup {
             yaml: format!(
-                "{}workers: 4\nmax_reply_size: 4194304\naudit_file: {}\n{yaml}",
+                "{}workers: 20\nmax_reply_size: 4194304\naudit_file: {}\n{yaml}",
                 yaml_helper("/bin/false"),
                 audit.display()
             ),

@@ -14,8 +14,9 @@
 //!   (Go's TwentySec policy), which makes a takeover within TTL + 2 s possible;
 //! - every write is a hand-rolled request on our own reply subscription with an explicit bound:
 //!   the blocking crate's KV `create`/`update` wait forever (until a reply or the connection
-//!   closes), and a leader blocked in a write while another takes over is split brain. A create,
-//!   a release and the set-up's reads wait at most min(2 s, TTL/4). A keep-alive waits for its
+//!   closes), and a leader blocked in a write while another takes over is split brain. A create
+//!   and a release wait at most min(2 s, TTL/4); the set-up's and a candidate's reads wait the
+//!   cap, 2 s. A keep-alive waits for its
 //!   answer as long as the lease it would renew lasts, and is never sent twice: a slow broker
 //!   (a loaded JetStream, a broker stalled for seconds) costs nothing while the lease holds,
 //!   where Go stands down after nats.go's 5 s request timeout. A keep-alive refused, or not
