@@ -72,32 +72,49 @@ fn run(nodes: usize, workers: usize, helper_ms: u64, instances: usize, order: &'
     assert_eq!(report.exit_reason, "done", "{}", report.summary());
     assert_eq!(report.totals.in_service, nodes, "{}", report.summary());
     assert_eq!(report.totals.duplicates, 0, "{:?}", report.duplicates);
-    // Every node is in service; the restarts' replies may still be on their way to the
-    // instances' counters. Racing `fifo` instances may still hold queued nodes another one
-    // provisioned meanwhile (they answered a verification round before it finished): each is
-    // tried until its RPC times out, which the fleet does not wait for, so this waits for the
-    // counts, not for idle instances, and prints what each still holds.
+    // Every node is in service. Racing `fifo` instances may still hold queued nodes another
+    // one provisioned meanwhile (they answered a verification round before it finished): each
+    // is tried until its RPC times out, which the fleet does not wait for, so for them this
+    // waits for the counts, not for idle instances, and prints what each still holds; the
+    // others must end every cycle without an error.
+    let racing = instances > 1 && order == "fifo";
     let total = |ms: &[choria_testkit::harness::Metrics]| {
         ms.iter()
             .map(|m| m.get("choria_provisioner_provisioned"))
             .sum::<f64>()
     };
-    let metrics = choria_testkit::harness::wait_for(
-        "every node counted as provisioned by one instance",
-        std::time::Duration::from_secs(30),
-        || {
-            let ms: Vec<_> = provisioners.iter().map(Provisioner::metrics).collect();
-            (total(&ms) >= nodes as f64).then_some(ms)
-        },
-        || {
-            provisioners
-                .iter()
-                .map(|p| p.metrics().summary())
-                .collect::<Vec<_>>()
-                .join("\n")
-        },
-    );
-    assert_eq!(total(&metrics), nodes as f64, "a node counted twice");
+    let metrics = if racing {
+        choria_testkit::harness::wait_for(
+            "every node counted as provisioned by one instance",
+            std::time::Duration::from_secs(30),
+            || {
+                let ms: Vec<_> = provisioners.iter().map(Provisioner::metrics).collect();
+                (total(&ms) >= nodes as f64).then_some(ms)
+            },
+            || {
+                provisioners
+                    .iter()
+                    .map(|p| p.metrics().summary())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            },
+        )
+    } else {
+        let ms: Vec<_> = provisioners
+            .iter()
+            .map(|p| p.wait_idle("cycles ended", |_| true))
+            .collect();
+        for m in &ms {
+            assert_eq!(
+                m.get("choria_provisioner_provision_errors"),
+                0.0,
+                "{}",
+                m.summary()
+            );
+        }
+        ms
+    };
+    assert_eq!(total(&metrics), nodes as f64, "{instances} x {order}");
     let mut refusals = 0.0;
     let mut per_instance = Vec::new();
     for m in &metrics {
