@@ -77,6 +77,9 @@ pub struct CertificateRecord {
     pub serial: String,
     /// SHA-256 over its DER, lowercase hex.
     pub sha256: String,
+    /// Its validity, Unix seconds: what renewal (and a rebuild of its records) needs.
+    pub not_before_unix: i64,
+    pub not_after_unix: i64,
 }
 
 /// A server JWT as an auditor names it (never the token).
@@ -98,6 +101,9 @@ pub struct Issued {
     pub key_transported: bool,
     /// The version `release_update` moved the node to.
     pub upgrade: Option<String>,
+    /// When the node's provisioning JWT expires (its `exp`), seen at the `jwt` step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provisioning_jwt_expires_unix: Option<i64>,
 }
 
 /// What the helper decided, where the outcome alone does not say (a defer fails the cycle as
@@ -226,6 +232,18 @@ impl AuditLog {
     /// longer names the open file (renamed or removed by rotation), the path is opened anew.
     pub fn append(&self, line: &AuditLine) -> std::io::Result<()> {
         self.append_bytes(&encode(line)?)
+    }
+
+    /// Appends one line of another shape (renewal's events), cut to [`MAX_LINE_BYTES`] by
+    /// its caller's bounded fields; refused whole if it is still longer.
+    pub fn append_other<T: serde::Serialize>(&self, line: &T) -> std::io::Result<()> {
+        let json = serde_json::to_string(line).map_err(std::io::Error::other)?;
+        let mut text = choria_wire::json::escape_line_breaks(json);
+        text.push('\n');
+        if text.len() > MAX_LINE_BYTES {
+            return Err(std::io::Error::other("audit line longer than 8 KiB"));
+        }
+        self.append_bytes(text.as_bytes())
     }
 
     fn append_bytes(&self, bytes: &[u8]) -> std::io::Result<()> {

@@ -31,6 +31,8 @@ mod pidfile;
 mod probe;
 mod provision;
 mod reload;
+mod renewal;
+mod renewer;
 #[cfg(test)]
 mod secrets_tests;
 mod signals;

@@ -33,6 +33,11 @@ pub const UNANSWERED: &str = "unanswered";
 /// after a `provisioned` event's delay: taken to be in service).
 pub const FORGOTTEN: &str = "forgotten";
 
+/// `renewals_failed{reason}`: every reason, present from the start.
+pub const RENEWAL_FAILURES: [&str; 5] = ["refused", "no_reply", "not_back", "unsent", "conflict"];
+/// `renewals_skipped{reason}`.
+pub const RENEWAL_SKIPS: [&str; 3] = ["provisioning_jwt_expired", "dry_run", "elsewhere"];
+
 /// Label values → (sum, count).
 type Series = BTreeMap<Vec<String>, (f64, u64)>;
 
@@ -183,9 +188,38 @@ pub struct Metrics {
     /// sighting had been delayed once already, or it still answered after the delay (ours;
     /// not in Go).
     pub provisioned_events_overruled: IntCounter,
+    /// Renewal (ours; `renewal: true`): see [`RenewalMetrics`].
+    pub renewal: RenewalMetrics,
     pub election_campaigns: IntCounterVec,
     pub election_leader: GaugeVec,
     pub election_interval_seconds: GaugeVec,
+}
+
+/// Renewal's series (ours): what was recorded, what is due, what was asked and how it ended.
+pub struct RenewalMetrics {
+    /// Credentials recorded (one per identity).
+    pub records: Gauge,
+    /// The earliest recorded expiry, Unix seconds (0 with none).
+    pub earliest_expiry: Gauge,
+    /// Recorded credentials expiring within each configured horizon, by `within`.
+    pub expiring: GaugeVec,
+    /// Reprovision requests a node accepted.
+    pub sent: IntCounter,
+    /// Nodes provisioned again after we asked them to reprovision.
+    pub succeeded: IntCounter,
+    /// Renewals that failed, by `reason` (refused, no_reply, not_back, unsent, conflict).
+    pub failed: IntCounterVec,
+    /// Renewals not attempted, by `reason` (provisioning_jwt_expired, dry_run, elsewhere).
+    pub skipped: IntCounterVec,
+    /// Reprovision requests awaiting their node's return.
+    pub in_flight: Gauge,
+    /// Reads and writes of the record store that failed.
+    pub store_errors: IntCounter,
+    /// 1 while the record store is usable (renewals wait while it is not).
+    pub store_ready: Gauge,
+    /// Records a cycle could not hand to renewal (its queue full): the node renews only
+    /// after its next provisioning or a rebuild from the audit trail.
+    pub records_dropped: IntCounter,
 }
 
 /// The broker layer's reports, counted under Go's metric names.
@@ -277,6 +311,13 @@ impl Metrics {
                 .register(Box::new(c.clone()))
                 .expect("metric names are unique");
             c
+        };
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let g = GaugeVec::new(opts(name, help, site), labels).expect("constant metric options");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("metric names are unique");
+            g
         };
         let summary = |name: &str, help: &str, labels: &[&str]| {
             let s = SummaryVec::new(name, help, site, labels);
@@ -425,6 +466,55 @@ impl Metrics {
                 "Replies and events refused as malformed",
                 &["kind"],
             ),
+            renewal: RenewalMetrics {
+                records: gauge(
+                    "choria_provisioner_renewal_records",
+                    "Issued credentials recorded for renewal, one per identity",
+                ),
+                earliest_expiry: gauge(
+                    "choria_provisioner_renewal_earliest_expiry",
+                    "The earliest expiry of a recorded credential, Unix seconds (0 with none)",
+                ),
+                expiring: gauge_vec(
+                    "choria_provisioner_renewal_expiring",
+                    "Recorded credentials expiring within each configured horizon",
+                    &["within"],
+                ),
+                sent: counter(
+                    "choria_provisioner_renewals_sent",
+                    "Reprovision requests a node in service accepted",
+                ),
+                succeeded: counter(
+                    "choria_provisioner_renewals_succeeded",
+                    "Nodes provisioned again after being asked to reprovision",
+                ),
+                failed: counter_vec(
+                    "choria_provisioner_renewals_failed",
+                    "Renewals that failed, by reason",
+                    &["reason"],
+                ),
+                skipped: counter_vec(
+                    "choria_provisioner_renewals_skipped",
+                    "Renewals not attempted, by reason",
+                    &["reason"],
+                ),
+                in_flight: gauge(
+                    "choria_provisioner_renewals_in_flight",
+                    "Reprovision requests awaiting their node's return",
+                ),
+                store_errors: counter(
+                    "choria_provisioner_renewal_store_errors",
+                    "Reads and writes of the renewal record store that failed",
+                ),
+                store_ready: gauge(
+                    "choria_provisioner_renewal_store_ready",
+                    "1 while the renewal record store is usable",
+                ),
+                records_dropped: counter(
+                    "choria_provisioner_renewal_records_dropped",
+                    "Issued credentials a cycle could not hand to renewal",
+                ),
+            },
             election_campaigns: plain_counter_vec(
                 "choria_election_campaigns",
                 "The number of campaigns a specific candidate voted in",
@@ -471,6 +561,12 @@ impl Metrics {
             metrics.reloads.with_label_values(&[result]);
         }
         metrics.config_generation.set(1.0);
+        for reason in RENEWAL_FAILURES {
+            metrics.renewal.failed.with_label_values(&[reason]);
+        }
+        for reason in RENEWAL_SKIPS {
+            metrics.renewal.skipped.with_label_values(&[reason]);
+        }
         metrics
     }
 

@@ -175,6 +175,53 @@ impl Report {
             Err(err) => self.errors.push(err.to_string()),
         }
         self.describe_jwt_files(config, now);
+        self.check_production(config);
+    }
+
+    /// With `renewal: true`: the production client configuration, loaded and its settings
+    /// made as `run` makes them (a missing or unusable one is an error only then).
+    fn check_production(&mut self, config: &Config) {
+        let (Some(_), Some(path)) = (&config.renewal, &config.production_client_config) else {
+            return;
+        };
+        let client = match client_config::load(path) {
+            Ok(client) => {
+                self.file("production config", path, "loaded".into());
+                self.warnings
+                    .extend(client_config::unread_key_warnings(&client));
+                client
+            }
+            Err(err) => {
+                self.file("production config", path, file_state(path));
+                self.errors.push(format!("production_client_config: {err}"));
+                return;
+            }
+        };
+        let brokers = client_config::find_brokers(&client, &client_config::Dns::system());
+        match client_config::production_settings_in(
+            &client,
+            config.choria_insecure,
+            config.plain_tcp,
+            &client_config::PuppetEnv::from_process(),
+            &brokers,
+        ) {
+            Ok(settings) => {
+                for (key, value) in [
+                    ("production identity", settings.identity.clone()),
+                    ("production caller", settings.caller_id.clone()),
+                    ("production brokers", settings.urls.join(", ")),
+                    ("production collective", settings.collective.clone()),
+                    ("production protocol", settings.protocol.name().to_string()),
+                ] {
+                    self.client_settings.push(Setting {
+                        key: key.into(),
+                        value,
+                        default: false,
+                    });
+                }
+            }
+            Err(err) => self.errors.push(format!("production_client_config: {err}")),
+        }
     }
 
     /// The settings `run` would connect with: the brokers as it finds them (an SRV lookup

@@ -21,6 +21,7 @@ pub(crate) fn settings(config: &Config) -> Vec<Setting> {
     list.broker();
     list.security();
     list.features();
+    list.renewal();
     for unused in ["broker_port", "rego_policy"] {
         if list.set(unused) {
             list.push(unused, "(accepted, no effect)".into());
@@ -245,6 +246,53 @@ impl Settings<'_> {
                 }
             }
         }
+    }
+}
+
+impl Settings<'_> {
+    /// Renewal (ours) and the production client configuration it reaches nodes with.
+    fn renewal(&mut self) {
+        let config = self.config;
+        self.push(
+            "production_client_config",
+            path_or(&config.production_client_config, "(unset)"),
+        );
+        let Some(renewal) = &config.renewal else {
+            self.push("renewal", "false".into());
+            return;
+        };
+        self.push("renewal", "true".into());
+        self.push(
+            "renewal_window",
+            format!("{}-{}", renewal.window.0, renewal.window.1),
+        );
+        match &renewal.store {
+            crate::config::RenewalStore::File(path) => {
+                self.push("renewal_store", "file".into());
+                self.push("renewal_state_file", path.display().to_string());
+            }
+            crate::config::RenewalStore::Kv { bucket } => {
+                self.push("renewal_store", "kv".into());
+                self.push("renewal_kv_bucket", bucket.clone());
+            }
+        }
+        self.push("renewal_max_in_flight", renewal.max_in_flight.to_string());
+        self.push("renewal_max_per_minute", renewal.max_per_minute.to_string());
+        self.push(
+            "renewal_return_timeout",
+            go_duration(renewal.return_timeout),
+        );
+        self.push("renewal_retry_backoff", go_duration(renewal.retry_backoff));
+        self.push("renewal_dry_run", renewal.dry_run.to_string());
+        self.push(
+            "renewal_horizons",
+            renewal
+                .horizons
+                .iter()
+                .map(|h| go_duration(*h))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
     }
 }
 

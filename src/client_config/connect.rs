@@ -4,6 +4,7 @@
 use choria_broker::connection::ConnectSettings;
 use choria_wire::choria_cfg::{ClientConfig, ClientConfigError, KEY_PROVIDER, PROVISIONER_USER};
 use choria_wire::signing::{Protocol, Signer};
+use choria_wire::v1::COLLECTIVE;
 
 use super::brokers::Brokers;
 #[cfg(test)]
@@ -109,5 +110,21 @@ pub(crate) fn connect_settings_in(
         caller_id: security.caller_id,
         discovery_timeout: client.discovery_timeout,
         ttl: client.ttl,
+        collective: COLLECTIVE.to_string(),
     })
+}
+
+/// The production connection's settings (renewal): `client`'s own credentials and brokers,
+/// requests to its `main_collective`. `insecure` and `plain_tcp` (test brokers) apply as on
+/// the provisioning side; `broker_provisioning_password` does not.
+pub(crate) fn production_settings_in(
+    client: &ClientConfig,
+    insecure: bool,
+    plain_tcp: bool,
+    env: &PuppetEnv,
+    brokers: &Brokers,
+) -> Result<ConnectSettings, ClientConfigError> {
+    let mut settings = connect_settings_in(client, insecure, None, plain_tcp, env, brokers)?;
+    settings.collective = client.main_collective.clone();
+    Ok(settings)
 }

@@ -27,7 +27,7 @@ mod tests;
 pub(crate) use brokers::{find_brokers, BrokerSource, Dns};
 #[cfg(test)]
 pub(crate) use connect::connect_settings;
-pub(crate) use connect::connect_settings_in;
+pub(crate) use connect::{connect_settings_in, production_settings_in};
 pub(crate) use security::PuppetEnv;
 
 use host::host_fqdn;

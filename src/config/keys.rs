@@ -50,6 +50,18 @@ const KNOWN_KEYS: &[&str] = &[
     "reply_grace",
     "audit_file",
     "max_reply_size",
+    "production_client_config",
+    "renewal",
+    "renewal_window",
+    "renewal_store",
+    "renewal_state_file",
+    "renewal_kv_bucket",
+    "renewal_max_in_flight",
+    "renewal_max_per_minute",
+    "renewal_return_timeout",
+    "renewal_retry_backoff",
+    "renewal_dry_run",
+    "renewal_horizons",
 ];
 
 /// Read and accepted for compatibility, with no effect (Go reads them for features we lack).

@@ -32,6 +32,21 @@ pub const SERVER_JWT_VALIDITY: (Duration, Duration) =
 /// times over (`choria_broker::connection::REPLY_PENDING_BYTES`).
 pub const MAX_REPLY_SIZE: (u64, u64) = (16 * 1024, 16 * 1024 * 1024);
 
+/// `renewal_max_in_flight`: reprovision requests awaiting their node's return.
+pub const RENEWAL_IN_FLIGHT: (u64, u64) = (1, 10_000);
+/// `renewal_max_per_minute`.
+pub const RENEWAL_PER_MINUTE: (u64, u64) = (1, 100_000);
+/// `renewal_return_timeout`: the node restarts 2 to 11 s after the request, then waits for
+/// a discovery or its startup event to be taken.
+pub const RENEWAL_RETURN_TIMEOUT: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(DAY));
+/// `renewal_retry_backoff`.
+pub const RENEWAL_RETRY_BACKOFF: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(30 * DAY));
+/// Each of `renewal_horizons`.
+pub const RENEWAL_HORIZON: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(10 * 365 * DAY));
+
 /// A duration as a person would write it in the file: `30d`, `1h`, `90s`, `250ms`.
 pub fn show(duration: Duration) -> String {
     let secs = duration.as_secs();

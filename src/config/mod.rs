@@ -29,6 +29,9 @@ mod keys;
 pub mod limits;
 mod log_level;
 mod logging;
+mod renewal;
+#[cfg(test)]
+mod renewal_tests;
 mod secret;
 mod security;
 #[cfg(test)]
@@ -39,6 +42,7 @@ mod yaml;
 pub use error::ConfigError;
 pub use helper_command::HelperCommand;
 pub use log_level::LogLevel;
+pub use renewal::{Renewal, RenewalStore};
 pub use secret::Secret;
 pub use security::{Features, JwtCheck, ServerJwtIssuing, Upgrades};
 pub use work::{HelperMode, WorkOrder};
@@ -46,6 +50,7 @@ pub use work::{HelperMode, WorkOrder};
 use broker::{component_is_subject_token, read_broker};
 use keys::KeyReader;
 use logging::read_logging;
+use renewal::read_renewal;
 use security::read_security;
 use work::read_work;
 
@@ -107,6 +112,11 @@ pub struct Config {
     pub max_reply_size: usize,
     /// One JSON line per finished cycle is appended here; `None` (the default): no audit trail.
     pub audit_file: Option<PathBuf>,
+    /// Ours: a second Choria client configuration (a `choria.cfg`) for nodes in service, on
+    /// their own collectives with production credentials (renewal's reprovision requests).
+    pub production_client_config: Option<PathBuf>,
+    /// Ours: present exactly when `renewal: true`.
+    pub renewal: Option<Renewal>,
     /// The keys the file sets (not null), `features.<name>` for features: what `check-config`
     /// does not mark as a default.
     pub set_in_file: std::collections::BTreeSet<String>,
@@ -132,6 +142,12 @@ impl Config {
         let logging = read_logging(&keys, &mut warnings)?;
         let broker = read_broker(&keys)?;
         let security = read_security(&keys, &mut warnings)?;
+        let renewal = read_renewal(
+            &keys,
+            broker.leader_election,
+            work.work_order == WorkOrder::Random,
+            &mut warnings,
+        )?;
         warnings.extend(keys.notes.take());
         let config = Config {
             path: path.to_path_buf(),
@@ -165,6 +181,8 @@ impl Config {
             reply_grace: broker.reply_grace,
             max_reply_size: broker.max_reply_size,
             audit_file: logging.audit_file,
+            production_client_config: renewal.production_client_config,
+            renewal: renewal.renewal,
             set_in_file: keys.set_in_file(),
         };
         Ok((config, warnings))

@@ -26,6 +26,8 @@ pub(super) struct Checked {
     pub(super) grace_end: GraceEnd,
     /// Both files' settings as `check-config` lists them: what a reload compares with.
     pub(super) started_settings: Settings,
+    /// With `renewal: true`: the production connection's settings and the record store.
+    pub(super) renewal: Option<super::renewing::RenewalStart>,
 }
 
 impl Checked {
@@ -69,6 +71,14 @@ impl Checked {
             }
             None => None,
         };
+        let renewal = match (&config.renewal, &config.production_client_config) {
+            (Some(renewal), Some(path)) => Some(super::renewing::RenewalStart::new(
+                production_settings(config, path)?,
+                crate::renewer::open_store(&renewal.store, config.audit_file.as_deref())
+                    .map_err(DaemonError::Renewal)?,
+            )),
+            _ => None,
+        };
         let started_settings = crate::reload::settings_of(
             &crate::check_config::settings(config),
             &crate::check_config::client_settings(&client),
@@ -80,6 +90,36 @@ impl Checked {
             audit,
             grace_end: GraceEnd::new().map_err(DaemonError::Threads)?,
             started_settings,
+            renewal,
         })
     }
+}
+
+/// The production client configuration, loaded and checked as `choria.cfg` is.
+fn production_settings(
+    config: &Config,
+    path: &std::path::Path,
+) -> Result<ConnectSettings, DaemonError> {
+    let named = |err: &dyn std::fmt::Display| {
+        DaemonError::Renewal(format!(
+            "production_client_config {}: {err}",
+            path.display()
+        ))
+    };
+    let client = client_config::load(path).map_err(|e| named(&e))?;
+    for warning in client_config::unread_key_warnings(&client) {
+        log::warn!("{warning}");
+    }
+    let brokers = client_config::find_brokers(&client, &client_config::Dns::system());
+    if let Some((level, line)) = brokers.describe() {
+        log::log!(level, "production: {line}");
+    }
+    client_config::production_settings_in(
+        &client,
+        config.choria_insecure,
+        config.plain_tcp,
+        &client_config::PuppetEnv::from_process(),
+        &brokers,
+    )
+    .map_err(|e| named(&e))
 }

@@ -40,6 +40,8 @@ pub(super) enum DaemonError {
     Connect(ConnectionError),
     Threads(io::Error),
     Listener(ConnectionError),
+    /// Renewal is on and cannot work: its production configuration or its store.
+    Renewal(String),
 }
 
 impl fmt::Display for DaemonError {
@@ -64,6 +66,7 @@ impl fmt::Display for DaemonError {
             DaemonError::Connect(err) => write!(f, "{err}"),
             DaemonError::Threads(err) => write!(f, "could not start the worker threads: {err}"),
             DaemonError::Listener(err) => write!(f, "{err}"),
+            DaemonError::Renewal(err) => write!(f, "renewal: {err}"),
         }
     }
 }
@@ -80,6 +83,7 @@ impl DaemonError {
             | DaemonError::ConnectSettings(_)
             | DaemonError::Cycle(_)
             | DaemonError::AuditFile { .. }
+            | DaemonError::Renewal(_)
             | DaemonError::Connect(ConnectionError::BadUrl { .. })
             | DaemonError::Connect(ConnectionError::TlsFile { .. }) => EXIT_CONFIG,
             DaemonError::Logging(_)
@@ -108,6 +112,7 @@ impl std::error::Error for DaemonError {
             DaemonError::Signals(err) => Some(err),
             DaemonError::Connect(err) | DaemonError::Listener(err) => Some(err),
             DaemonError::Threads(err) => Some(err),
+            DaemonError::Renewal(_) => None,
         }
     }
 }

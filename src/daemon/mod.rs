@@ -14,6 +14,7 @@
 mod checked;
 mod error;
 mod reloading;
+mod renewing;
 mod serve;
 mod shutdown;
 mod start;
@@ -120,6 +121,7 @@ fn run_configured(config: Arc<Config>, args: &RunArgs) -> Result<(), DaemonError
         checked.cycle_settings,
         checked.audit,
         checked.grace_end,
+        checked.renewal,
     )?;
     started.serve(&signals);
     started.stop();
@@ -161,6 +163,9 @@ struct Started {
     /// Dropped at shutdown: retiring helpers are closed at once then.
     retire_stop: Option<Sender<()>>,
     retire_stopped: Receiver<()>,
+    /// With `renewal: true`: the renewal thread and the production connection.
+    renewer: Option<crate::renewer::Renewer>,
+    production: Option<crate::renewer::ProductionLink>,
     stopped: bool,
 }
 
@@ -234,6 +239,8 @@ impl Started {
             retiring: Vec::new(),
             retire_stop: Some(retire_stop),
             retire_stopped,
+            renewer: None,
+            production: None,
             stopped: false,
         }
     }

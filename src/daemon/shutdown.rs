@@ -41,6 +41,8 @@ impl Started {
         if let Some(threads) = self.threads.take() {
             self.stop_workers(threads);
         }
+        // The last cycles' records are in its queue: kept before the connections close.
+        self.stop_renewal();
         if let Some(helper) = self.helper.take() {
             // Persistent helpers: stdin closed, the rest of the grace (at least a second).
             let now = std::time::Instant::now();

@@ -108,6 +108,7 @@ impl Started {
         cycle_settings: CycleSettings,
         audit: Option<AuditLog>,
         grace_end: GraceEnd,
+        renewal: Option<super::renewing::RenewalStart>,
     ) -> Result<(), DaemonError> {
         let Some(conn) = self.conn.clone() else {
             return Err(DaemonError::Threads(io::Error::new(
@@ -126,8 +127,16 @@ impl Started {
         let mut cycle = Cycle::new(cycle_settings, Arc::new(rpc), self.metrics.clone())
             .speaking(settings.protocol.name())
             .with_grace_end(grace_end);
-        if let Some(log) = audit {
-            cycle = cycle.with_audit(Arc::new(log), &settings.identity);
+        let audit = audit.map(Arc::new);
+        if let Some(log) = &audit {
+            cycle = cycle.with_audit(log.clone(), &settings.identity);
+        }
+        if let Some(renewal) = &renewal {
+            cycle = cycle.with_renewal(crate::renewal::RenewalSink::new(
+                renewal.records_tx.clone(),
+                &settings.identity,
+                self.metrics.clone(),
+            ));
         }
         if let Some(reloading) = &mut self.reloading {
             reloading.instance = settings.identity.clone();
@@ -163,6 +172,9 @@ impl Started {
         self.threads = Some(threads);
         self.rediscovery = Some(rediscovery.map_err(DaemonError::Threads)?);
         self.start_election(&conn, settings);
+        if let Some(renewal) = renewal {
+            self.start_renewal(renewal, audit, &settings.identity)?;
+        }
 
         // " running with " is what scripts and tests wait for: keep it after Go's text.
         log::info!(

@@ -77,7 +77,13 @@ fn whatever_ends_a_start_leaves_nothing_running_once_the_owner_drops() {
             "/metrics serves"
         );
 
-        let work = started.start_work(&settings, cycle_settings, None, GraceEnd::new().unwrap());
+        let work = started.start_work(
+            &settings,
+            cycle_settings,
+            None,
+            GraceEnd::new().unwrap(),
+            None,
+        );
         match start {
             Start::Refused => {
                 let err = work.expect_err("the listener's subscription is refused");

@@ -41,10 +41,23 @@ impl Fleet {
                 Stage::Held if now.saturating_duration_since(entry.admitted) > self.interval() => {
                     readmission = true;
                 }
+                // A node renewal asked to reprovision comes back within `release_delay` of
+                // its last provisioning: its return is what we wait for.
+                Stage::Held if admissions.returning.get(identity).is_some_and(|t| *t > now) => {
+                    readmission = true;
+                }
                 // One cycle per node at a time: a second cycle would share the node's
                 // provisioning lock and its `jwt` call would replace the ECDH key under the
                 // first. A delayed node waits out its delay; one left to its owner, the lock.
-                _ => return Admission::Ignored,
+                stage => {
+                    if log_limit::global().allow("sighting_ignored", identity) {
+                        log::debug!(
+                            "ignored a sighting of {identity} from {source:?}: {}",
+                            stage.ignored_because()
+                        );
+                    }
+                    return Admission::Ignored;
+                }
             }
         }
         admissions.last_number += 1;
@@ -103,6 +116,20 @@ impl Fleet {
         drop(admissions);
         self.count_new(identity, &result, source);
         result
+    }
+
+    /// Renewal asked `identity` to reprovision: until `until`, a sighting of it is admitted
+    /// even while it is held. Bounded by renewal's own in-flight limit; expired entries go.
+    pub fn expect_return(&self, identity: &Identity, until: std::time::Instant) {
+        let now = self.clock.now();
+        let mut admissions = self.admissions.lock();
+        admissions.returning.retain(|_, t| *t > now);
+        admissions.returning.insert(identity.clone(), until);
+    }
+
+    /// Renewal no longer waits for `identity` (it came back, or its time is up).
+    pub fn forget_return(&self, identity: &Identity) {
+        self.admissions.lock().returning.remove(identity);
     }
 
     /// Whether an unverified ticket queued now would be taken at once: a worker is idle with

@@ -50,6 +50,9 @@ pub(super) struct Admissions {
     pub(super) picker: u64,
     /// Nodes another provisioner reported provisioned.
     pub(super) reported: Reports,
+    /// Nodes renewal asked to reprovision, until when their return is awaited: a startup
+    /// event from one is taken at once, even while it is held for `release_delay`.
+    pub(super) returning: HashMap<Identity, Instant>,
 }
 
 impl Admissions {
@@ -61,6 +64,7 @@ impl Admissions {
         seed.write_u32(std::process::id());
         Admissions {
             entries: HashMap::new(),
+            returning: HashMap::new(),
             last_number: 0,
             pending: VecDeque::new(),
             spare: VecDeque::new(),

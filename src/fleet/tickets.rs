@@ -61,6 +61,23 @@ pub enum Stage {
     LeftToOwner,
 }
 
+impl Stage {
+    /// Why a sighting of a node in this stage starts nothing, for the debug line.
+    pub(super) fn ignored_because(self) -> &'static str {
+        match self {
+            Stage::Queued => "it is already queued",
+            Stage::Unverified => "it already waits for a verification round",
+            Stage::InFlight => "its cycle is running",
+            Stage::Held => {
+                "it was provisioned less than interval ago and is held for release_delay \
+                 while it restarts"
+            }
+            Stage::Delayed => "a provisioned event delays it",
+            Stage::LeftToOwner => "another provisioner holds its lock",
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct Entry {
     pub(super) number: u64,

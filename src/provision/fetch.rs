@@ -38,6 +38,8 @@ impl Cycle {
             })?;
         node.server_ecdh_public = ecdh_public;
         let claims = verify_node_jwt(jwt, &raw, now_unix()).map_err(Failure::Jwt)?;
+        // Renewal never asks a node to reprovision once this no longer admits it.
+        trail.issued.provisioning_jwt_expires_unix = claims.get("exp").and_then(|e| e.as_i64());
         node.claims = Some(claims);
         Ok(())
     }

@@ -83,6 +83,8 @@ pub struct Cycle {
     /// Nodes already given the silent-node hint (bounded: see `call::SILENT_HINTS_KEPT`).
     silent_hinted: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
     audit: Option<CycleAudit>,
+    /// With `renewal: true`: where each credential issued is recorded.
+    renewal: Option<crate::renewal::RenewalSink>,
     /// What the end of the shutdown grace ends; `None`: nothing (tests, benches).
     grace: Option<Arc<GraceEnd>>,
     /// Whether a `provisioned` event should stop a cycle (`work_order: random`); `None`:
@@ -145,6 +147,7 @@ impl Cycle {
             protocol: "v1",
             silent_hinted: Arc::default(),
             audit: None,
+            renewal: None,
             grace: None,
             reports: None,
         }
@@ -173,6 +176,7 @@ impl Cycle {
             }),
             grace: self.grace.clone(),
             reports: self.reports.clone(),
+            renewal: self.renewal.clone(),
         }
     }
 
@@ -214,6 +218,12 @@ impl Cycle {
             log,
             instance: instance.to_string(),
         });
+        self
+    }
+
+    /// Hands each credential issued to renewal (`renewal: true`).
+    pub fn with_renewal(mut self, sink: crate::renewal::RenewalSink) -> Cycle {
+        self.renewal = Some(sink);
         self
     }
 
@@ -276,6 +286,9 @@ impl ProvisionCycle for Cycle {
             ProvisionOutcome::Provisioned { .. } | ProvisionOutcome::ShutDown
         ) {
             self.metrics.provisioned.inc();
+        }
+        if let (Some(sink), ProvisionOutcome::Provisioned { .. }) = (&self.renewal, &outcome) {
+            sink.issued(identity.as_str(), &trail.issued, now_unix() as i64);
         }
         if let Some(audit) = &self.audit {
             let instance = Instance {

@@ -64,6 +64,8 @@ impl Delivery {
             certificate: plan.certificate.as_ref().map(|c| CertificateRecord {
                 serial: c.serial_hex.clone(),
                 sha256: c.sha256_hex.clone(),
+                not_before_unix: c.not_before_unix,
+                not_after_unix: c.not_after_unix,
             }),
             server_jwt: plan.server_jwt.as_ref().map(|jwt| ServerJwtRecord {
                 jti: jwt.id().to_string(),

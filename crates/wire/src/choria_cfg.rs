@@ -48,6 +48,11 @@ pub const KEY_NATS_PASS: &str = "plugin.nats.pass";
 /// config/choria.go, UseSRVRecords and SRVDomain).
 const KEY_USE_SRV: &str = "plugin.choria.use_srv";
 const KEY_SRV_DOMAIN: &str = "plugin.choria.srv_domain";
+const KEY_MAIN_COLLECTIVE: &str = "main_collective";
+const KEY_COLLECTIVES: &str = "collectives";
+/// go-choria's default collective (config/config.go: `collectives` defaults to
+/// `mcollective`, and `main_collective` to the first of them).
+const DEFAULT_COLLECTIVE: &str = "mcollective";
 
 /// Every key this crate reads; under the families of [`unread_keys`], the rest is warned about.
 const READ_KEYS: &[&str] = &[
@@ -69,6 +74,8 @@ const READ_KEYS: &[&str] = &[
     KEY_NATS_PASS,
     KEY_USE_SRV,
     KEY_SRV_DOMAIN,
+    KEY_MAIN_COLLECTIVE,
+    KEY_COLLECTIVES,
 ];
 
 /// The families of client settings: a key in one of them that we do not read changes what
@@ -170,6 +177,9 @@ pub struct ClientConfig {
     pub nats_user: Option<String>,
     /// `plugin.nats.pass`, when set.
     pub nats_pass: Option<NatsPassword>,
+    /// `main_collective`, else the first of `collectives`, else `mcollective`: where nodes in
+    /// service listen (the provisioning side always uses `provisioning`).
+    pub main_collective: String,
     /// The line each key was (last) set on, for error messages.
     pub key_lines: BTreeMap<String, usize>,
 }
@@ -530,6 +540,34 @@ impl<'a> Settings<'a> {
         Ok(seconds)
     }
 
+    /// `main_collective`, else the first of `collectives`, else go-choria's default. It
+    /// becomes a subject token, so it must be one.
+    fn main_collective(&self) -> Result<String, ClientConfigError> {
+        let (key, value, line) = match (self.get(KEY_MAIN_COLLECTIVE), self.get(KEY_COLLECTIVES)) {
+            (Some((value, line)), _) => (KEY_MAIN_COLLECTIVE, value.trim(), line),
+            (None, Some((value, line))) => (
+                KEY_COLLECTIVES,
+                value.split(',').next().unwrap_or("").trim(),
+                line,
+            ),
+            (None, None) => return Ok(DEFAULT_COLLECTIVE.to_string()),
+        };
+        let token = !value.is_empty()
+            && value.len() <= 64
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !token {
+            return Err(self.invalid(
+                key,
+                value,
+                line,
+                "a collective must be 1 to 64 letters, digits, '_' or '-'".into(),
+            ));
+        }
+        Ok(value.to_string())
+    }
+
     /// `identity`, or else the host's FQDN, as go-choria falls back to it.
     fn identity(
         &self,
@@ -576,6 +614,7 @@ impl ClientConfig {
             )
         })?;
         let identity = settings.identity(fqdn)?;
+        let main_collective = settings.main_collective()?;
         let text_of = |key: &str| settings.get(key).map(|(value, _)| value.to_string());
         Ok(ClientConfig {
             path: path.to_path_buf(),
@@ -601,6 +640,7 @@ impl ClientConfig {
             ssldir: settings.file(KEY_SSLDIR),
             nats_user: text_of(KEY_NATS_USER),
             nats_pass: text_of(KEY_NATS_PASS).map(NatsPassword),
+            main_collective,
             key_lines: settings
                 .values
                 .iter()
@@ -629,6 +669,21 @@ mod tests {
 
     fn parse(text: &str) -> Result<ClientConfig, ClientConfigError> {
         ClientConfig::parse(Path::new(CFG), text, || Ok("fqdn.example.net".to_string()))
+    }
+
+    #[test]
+    fn the_main_collective_is_read_as_go_choria_defaults_it() {
+        let main = |text: &str| parse(text).map(|c| c.main_collective);
+        assert_eq!(main("").unwrap(), "mcollective");
+        assert_eq!(main("collectives = prod, other\n").unwrap(), "prod");
+        assert_eq!(
+            main("collectives = prod\nmain_collective = other\n").unwrap(),
+            "other"
+        );
+        for bad in ["main_collective = a.b\n", "collectives = a>b\n"] {
+            let err = main(bad).unwrap_err().to_string();
+            assert!(err.contains("collective"), "{bad:?}: {err}");
+        }
     }
 
     #[test]

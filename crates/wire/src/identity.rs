@@ -5,7 +5,7 @@
 //! or a helper's `server_claims`. The `nats` crate writes subjects to the socket verbatim, so a
 //! name holding `\r\n` is a protocol injection on our own connection, and `>` or `*` widen a
 //! request to every node. [`Identity`] can only hold a name that is safe as one subject token
-//! and as text in a log line; [`node_subject`], the one way to address a node, takes nothing
+//! and as text in a log line; [`node_subject_in`], the one way to address a node, takes nothing
 //! else. Every entry point parses with [`Identity::parse`] and refuses what fails.
 //!
 //! The rule (go-choria has no general identity rule of its own to follow here): 1 to 255 bytes,
@@ -28,8 +28,6 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::sync::Arc;
-
-use crate::v1::COLLECTIVE;
 
 /// The longest identity accepted, in bytes.
 const MAX_IDENTITY_BYTES: usize = 255;
@@ -248,11 +246,13 @@ impl serde::Serialize for Identity {
     }
 }
 
-/// `provisioning.node.<identity>`: where a provisioning-mode server listens for requests
-/// (go-choria choria/connection.go, directed requests to a node in the provisioning
-/// collective). Takes only a checked [`Identity`], so no subject is ever built from a raw name.
-pub fn node_subject(identity: &Identity) -> String {
-    format!("{COLLECTIVE}.node.{}", identity.as_str())
+/// `<collective>.node.<identity>`: where a server listens for directed requests
+/// (go-choria choria/connection.go): `provisioning` in provisioning mode, its main
+/// collective in service. Takes only a checked [`Identity`], so no subject is ever built
+/// from a raw name; `collective` the caller has checked is one subject token (`choria_cfg`
+/// does).
+pub fn node_subject_in(collective: &str, identity: &Identity) -> String {
+    format!("{collective}.node.{}", identity.as_str())
 }
 
 #[cfg(test)]
@@ -402,7 +402,10 @@ mod tests {
     #[test]
     fn the_node_subject_is_one_token_per_dot_of_the_identity() {
         let identity = Identity::parse("n1.example.net").unwrap();
-        assert_eq!(node_subject(&identity), "provisioning.node.n1.example.net");
+        assert_eq!(
+            node_subject_in(crate::v1::COLLECTIVE, &identity),
+            "provisioning.node.n1.example.net"
+        );
     }
 
     #[test]

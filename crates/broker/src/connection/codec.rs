@@ -2,7 +2,7 @@
 //! connection's identity, caller id, ttl and broker hop.
 
 use choria_wire::signing::Protocol;
-use choria_wire::v1::{self, client, Filter, ProtocolError, COLLECTIVE};
+use choria_wire::v1::{self, client, Filter, ProtocolError};
 use choria_wire::v2;
 
 use crate::clock::{unix_now, unix_now_nanos};
@@ -62,7 +62,7 @@ impl Connection {
                     request_id: request.request_id,
                     sender_id: &settings.identity,
                     caller_id: &settings.caller_id,
-                    collective: COLLECTIVE,
+                    collective: &settings.collective,
                 };
                 match self.seen_by_url() {
                     Some(url) => client::encode_request_via(&spec, reply_to, signer, url),
@@ -79,7 +79,7 @@ impl Connection {
                     request_id: request.request_id,
                     sender_id: &settings.identity,
                     caller_id: &settings.caller_id,
-                    collective: COLLECTIVE,
+                    collective: &settings.collective,
                 };
                 match self.seen_by_url() {
                     Some(url) => v2::client::encode_request_via(&spec, reply_to, signer, url),

@@ -78,6 +78,7 @@ pub use options::{ConnectOptions, ConnectSettings, PING_INTERVAL};
 pub use request::{Answer, Next, Oversized, ReplyWaiter};
 pub(crate) use subject::check_subject;
 pub use subject::reply_prefix;
+use subject::reply_prefix_in;
 pub(crate) use subscription::Received;
 pub use subscription::Subscription;
 pub use tls::{Tls, TlsFiles};
@@ -188,7 +189,7 @@ impl Connection {
             })?;
         link.back();
 
-        let prefix = reply_prefix(&settings.caller_id);
+        let prefix = reply_prefix_in(&settings.collective, &settings.caller_id);
         let reply_sub = if tuning.reply_routing {
             let wildcard = format!("{prefix}>");
             let sub = nats

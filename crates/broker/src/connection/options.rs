@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use choria_wire::choria_cfg::DEFAULT_TTL;
 use choria_wire::signing::{Protocol, Signer};
+use choria_wire::v1::COLLECTIVE;
 
 use crate::clock::unix_now;
 use crate::link::Link;
@@ -59,6 +60,10 @@ pub struct ConnectSettings {
     pub discovery_timeout: Duration,
     /// How long, in seconds, a request stays valid for the node that gets it.
     pub ttl: u64,
+    /// The collective requests go to and replies come back in: `provisioning` for nodes in
+    /// provisioning mode ([`COLLECTIVE`]), the production `main_collective` for nodes in
+    /// service. One subject token (the caller checks it).
+    pub collective: String,
 }
 
 impl fmt::Debug for ConnectSettings {
@@ -77,6 +82,7 @@ impl fmt::Debug for ConnectSettings {
             .field("caller_id", &self.caller_id)
             .field("discovery_timeout", &self.discovery_timeout)
             .field("ttl", &self.ttl)
+            .field("collective", &self.collective)
             .finish()
     }
 }
@@ -97,6 +103,7 @@ impl ConnectSettings {
             caller_id: format!("choria={identity}"),
             discovery_timeout,
             ttl: DEFAULT_TTL,
+            collective: COLLECTIVE.to_string(),
         }
     }
 }

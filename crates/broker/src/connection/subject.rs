@@ -9,7 +9,13 @@ use super::{Connection, ConnectionError};
 /// (go-choria choria/connection.go, ReplyTarget, builds the same, so a Choria Broker's
 /// subscribe permissions accept it).
 pub fn reply_prefix(caller_id: &str) -> String {
-    v1::reply_subject(COLLECTIVE, caller_id, "")
+    reply_prefix_in(COLLECTIVE, caller_id)
+}
+
+/// `<collective>.reply.<md5hex(caller_id)>.`: the same in another collective (nodes in
+/// service answer in their own).
+pub(crate) fn reply_prefix_in(collective: &str, caller_id: &str) -> String {
+    v1::reply_subject(collective, caller_id, "")
 }
 
 impl Connection {

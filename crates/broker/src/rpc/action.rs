@@ -68,6 +68,11 @@ impl Action {
     /// `choria_provision#release_update`: updates the node to another release of its server.
     pub const RELEASE_UPDATE: Action =
         provision("release_update", "choria_provision#release_update", 3, true);
+    /// `choria_provision#reprovision`: a node in service goes back into provisioning mode
+    /// (renewal, over the production connection). Not locked; tried twice: a repeat while
+    /// the node waits to restart only schedules the same restart.
+    pub const REPROVISION: Action =
+        provision("reprovision", "choria_provision#reprovision", 2, false);
 
     /// Every action the cycle can call, for metrics present from the start.
     pub const ALL: [&'static Action; 8] = [

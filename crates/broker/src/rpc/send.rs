@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use choria_wire::identity::{node_subject, Identity};
+use choria_wire::identity::{node_subject_in, Identity};
 use choria_wire::v1::Filter;
 
 use crate::connection::{Next, Outgoing, ReplyWaiter};
@@ -53,7 +53,7 @@ impl RpcClient {
             .expect_screened(&request_id, REPLY_QUEUE, move |bytes: Vec<u8>| {
                 screen.screen(bytes)
             });
-        let subject = node_subject(identity);
+        let subject = node_subject_in(&self.conn.settings().collective, identity);
         // The last look before the request leaves: a leader frozen (SIGSTOP, a VM pause)
         // since the try began may have lost its lease meanwhile.
         if let Err(halt) = watch.check() {

@@ -1,0 +1,35 @@
+//! Renewal (ours; go-choria #1309): every credential the cycle issued is recorded, and at a
+//! random point of its lifetime (default 70–90 %) the node, now in service, is asked on its
+//! production collective to `reprovision`; it restarts into provisioning mode and the
+//! ordinary cycle provisions it again, replacing the record.
+//!
+//! Files: `schedule` (pure: when each is due, the limits); `engine` (the `renewal` thread and
+//! its `renewal-call-N` threads); `call` (the request and what its outcome means);
+//! `production` (the production connection, made by its own thread); `store` (the seam to
+//! the state file or the KV bucket, in `renewal`).
+//!
+//! Safety: only while the gate is open (a working leader) is a request sent, and each checks
+//! the gate (the lease) before it leaves; at most `renewal_max_in_flight` await their node
+//! and `renewal_max_per_minute` leave in any minute; a node whose provisioning JWT would not
+//! admit it again is never asked; with a shared store a node is claimed (a compare-and-set
+//! on its record) before it is asked, so two instances never renew it twice.
+
+mod call;
+mod engine;
+mod production;
+mod schedule;
+mod store;
+
+pub(crate) use call::{ProductionRpc, Reprovision};
+pub(crate) use engine::{Audit, RenewalEvent, Renewer, RenewerParts, RenewerSettings};
+pub(crate) use production::ProductionLink;
+pub(crate) use schedule::Limits;
+pub(crate) use store::RecordStore;
+
+/// The store `renewal_store` names (placeholder until the stores land).
+pub(crate) fn open_store(
+    _store: &crate::config::RenewalStore,
+    _audit: Option<&std::path::Path>,
+) -> Result<Box<dyn RecordStore>, String> {
+    Err("no record store yet".into())
+}
