@@ -29,7 +29,7 @@ mod rpc;
 pub use boot::claims_unverified;
 pub use record::NodeRecord;
 pub(crate) use record::VIOLATIONS_KEPT;
-pub use record::{ActionRecord, Delivery};
+pub use record::{ActionRecord, CredentialKind, CredentialRecord, Delivery};
 pub use record::{CheckRecord, ViolationRecord};
 pub(crate) use rpc::{ActionCall, Outcome, RpcAnswer, Scheduled};
 
@@ -128,6 +128,8 @@ pub(crate) struct SimServer {
     // This life (since the first boot or the last return to provisioning mode).
     served_this_life: bool,
     callers_this_life: BTreeSet<String>,
+    /// Where this life's entries start in `record.credentials`.
+    life_credentials: usize,
     // Files: survive restarts.
     ed25519_public_hex: Option<String>,
     written_config: BTreeMap<String, String>,
@@ -151,6 +153,7 @@ impl SimServer {
             configured_this_boot: false,
             served_this_life: false,
             callers_this_life: BTreeSet::new(),
+            life_credentials: 0,
             ed25519_public_hex: None,
             written_config: BTreeMap::new(),
             server_jwt: None,
@@ -263,6 +266,7 @@ impl SimServer {
         self.callers_this_life.clear();
         self.written_config.clear();
         self.server_jwt = None;
+        self.life_credentials = self.record.credentials.len();
         Some(self.boot_into_provisioning())
     }
 

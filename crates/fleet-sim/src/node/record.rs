@@ -52,6 +52,34 @@ pub struct Delivery {
     pub key: bool,
 }
 
+/// What a credential is.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CredentialKind {
+    /// The server JWT `configure` delivered (ed25519 / protocol v2 flow).
+    ServerJwt,
+    /// The certificate `configure` delivered (x509 flow).
+    Certificate,
+}
+
+/// A credential a node was given in one life, and what renewed it. One per kind and life: a
+/// second `configure` in the same life replaces the first's (it overwrote the file).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CredentialRecord {
+    pub kind: CredentialKind,
+    /// When `configure` delivered it (unix s).
+    pub given_at: i64,
+    /// Its validity (unix s): the server JWT's `nbf` (else `iat`) and `exp`, the certificate's
+    /// notBefore and notAfter; None when it does not say.
+    pub not_before: Option<i64>,
+    pub not_after: Option<i64>,
+    /// When the first `choria_provision#reprovision` reached the node in service while this
+    /// was its credential (answered or not), if one did.
+    pub renewal_asked_at: Option<i64>,
+    /// `<senderid>.<callerid>` of the `reprovision` the node obeyed (restarted for), if any.
+    pub renewed_by: Option<String>,
+}
+
 /// Violations kept per node in full; more are only counted.
 pub(crate) const VIOLATIONS_KEPT: usize = 50;
 
@@ -91,4 +119,7 @@ pub struct NodeRecord {
     /// The actions (`agent#action`) the forger answered in this node's name, one per reply.
     #[serde(default)]
     pub forged: Vec<String>,
+    /// Every credential it was given, in order (see `CredentialRecord`).
+    #[serde(default)]
+    pub credentials: Vec<CredentialRecord>,
 }

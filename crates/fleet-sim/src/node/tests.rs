@@ -622,3 +622,78 @@ fn inventory_has_machines_as_an_array() {
         json!(["choria_provision", "choria_util", "discovery", "rpcutil"])
     );
 }
+
+#[test]
+fn configure_records_one_credential_per_kind_and_life_with_its_validity() {
+    let t = Instant::now();
+    let e = env("", json!({"chpd": true}));
+    let key_der = rsa::pkcs8::EncodePublicKey::to_public_key_der(&rsa::RsaPublicKey::from(
+        &keys::generate_rsa().expect("key"),
+    ))
+    .expect("spki");
+    let certificate =
+        choria_testkit::certificates::issue("CN=node1.example.net", &[], key_der.as_bytes(), &[1]);
+    let (not_before, not_after) = keys::certificate_validity(&certificate).unwrap();
+    assert_eq!(
+        not_after - not_before,
+        86_400,
+        "the test certificate lives a day"
+    );
+    let mut n = node(None);
+    // Without ca and ssldir the certificate is not installed: no credential.
+    let partial = json!({"config": "{}", "certificate": certificate});
+    n.provision_action(&e, &call("configure", &partial, "p"), t, 5);
+    assert!(
+        n.record.credentials.is_empty(),
+        "{:?}",
+        n.record.credentials
+    );
+    let full = json!({"config": "{}", "certificate": certificate, "ca": certificate, "ssldir": "/etc/choria/ssl"});
+    n.provision_action(&e, &call("configure", &full, "p"), t, 6);
+    n.provision_action(&e, &call("configure", &full, "p"), t, 7);
+    assert_eq!(
+        n.record.credentials.len(),
+        1,
+        "a retry replaces, in one life"
+    );
+    let c = &n.record.credentials[0];
+    assert_eq!(c.kind, CredentialKind::Certificate);
+    assert_eq!(
+        (c.given_at, c.not_before, c.not_after),
+        (7, Some(not_before), Some(not_after))
+    );
+}
+
+#[test]
+fn each_life_gets_its_own_credential_entries() {
+    let t = Instant::now();
+    let e = env("", json!({"chpd": true}));
+    let mut n = node(None);
+    for (life, exp) in [(0, 1000), (1, 2000)] {
+        let token = server_jwt(json!({"identity":"node1.example.net","iat":life*10,"exp":exp}));
+        let conf = json!({
+            "config": "{\"plugin.choria.server.provision\":\"false\"}",
+            "server_jwt": token,
+        });
+        n.provision_action(&e, &call("configure", &conf, "p"), t, life * 10);
+        n.provision_action(&e, &call("configure", &conf, "p"), t, life * 10 + 1);
+        n.provision_action(&e, &call("restart", &json!({"splay":1}), "p"), t, 0);
+        assert_eq!(n.restart_now(&e, None, 0), None);
+        assert!(n.reprovision().is_some());
+    }
+    let lives: Vec<(i64, Option<i64>, Option<i64>)> = n
+        .record
+        .credentials
+        .iter()
+        .map(|c| (c.given_at, c.not_before, c.not_after))
+        .collect();
+    assert_eq!(
+        lives,
+        [(1, Some(0), Some(1000)), (11, Some(10), Some(2000))]
+    );
+    assert!(n
+        .record
+        .credentials
+        .iter()
+        .all(|c| c.kind == CredentialKind::ServerJwt));
+}
