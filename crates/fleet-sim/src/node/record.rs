@@ -104,8 +104,8 @@ pub struct NodeRecord {
     pub configured_by: BTreeSet<String>,
     /// Why this node counts as provisioned twice (see `note_configured`), if it does.
     pub duplicate: Option<String>,
-    /// Times it went back into provisioning mode after service (`--reprovision-after`); each
-    /// starts a new life, in which it may be provisioned once more.
+    /// Times it went back into provisioning mode after service (`--reprovision-after`, or an
+    /// obeyed `reprovision`); each starts a new life, in which it may be provisioned once more.
     #[serde(default)]
     pub reprovisioned: u32,
     /// What decided the state after the last restart (see `decide_mode`).
@@ -122,4 +122,16 @@ pub struct NodeRecord {
     /// Every credential it was given, in order (see `CredentialRecord`).
     #[serde(default)]
     pub credentials: Vec<CredentialRecord>,
+    /// Times it went back into provisioning mode for a `reprovision` it accepted in service
+    /// (counted at the restart; also counted in `reprovisioned`).
+    #[serde(default)]
+    pub renewed: u32,
+    /// `reprovision` requests in service answered with a refusal (status other than 0).
+    #[serde(default)]
+    pub renewal_refusals: u32,
+    /// Production requests left unanswered without a violation: the node was not in service
+    /// (a server not in service is not on production), or the agent is not one the simulator
+    /// plays in service (all but `choria_provision`).
+    #[serde(default)]
+    pub production_ignored: u64,
 }
