@@ -843,6 +843,33 @@ mod tests {
     }
 
     #[test]
+    fn the_testkit_renewal_flags_parse_into_what_they_name() {
+        use choria_testkit::sim_args::{Fault as TestFault, SimArgs};
+        let args = SimArgs::new()
+            .production_broker("nats://127.0.0.1:4")
+            .production_collective("prod")
+            .reprovision_restart(Duration::from_millis(500), Duration::from_secs(3))
+            .exit_when_renewed(2)
+            .fault(TestFault::NoProvisionAgent, 0.25)
+            .fault(TestFault::ReprovisionDenied, 0.5);
+        let mut all = vec!["--broker", "nats://x:1"];
+        all.extend(args.as_args());
+        let o = run(&all).unwrap();
+        assert_eq!(
+            o.production_brokers,
+            Some(vec!["nats://127.0.0.1:4".into()])
+        );
+        assert_eq!(o.production_collective, "prod");
+        assert_eq!(
+            o.reprovision_restart,
+            (Duration::from_millis(500), Duration::from_secs(3))
+        );
+        assert_eq!(o.exit_when_renewed, Some(2));
+        assert_eq!(o.faults.no_provision_agent, 0.25);
+        assert_eq!(o.faults.reprovision_denied, 0.5);
+    }
+
+    #[test]
     fn protocol_v2_needs_the_issuer_seed() {
         assert_eq!(
             run(&["--broker", "nats://x:1"]).unwrap().protocol,
