@@ -249,6 +249,10 @@ Run:
   --exit-when-renewed N     exit once every fault-free or slow node was renewed N times (a
                             reprovision obeyed) and is back in service; needs
                             --production-broker
+  --workers N               threads running choria_provision actions (default 2)
+  --keygen-threads N        threads pre-generating RSA keys from the first gencsr on (default 1; 0 = inline)
+  --progress DUR            print a progress line to stderr every DUR
+  --help                    this text
 
 In service (off without --production-broker: nodes in service then answer nothing):
   --production-broker URL[,URL]
@@ -267,10 +271,6 @@ In service (off without --production-broker: nodes in service then answer nothin
   --reprovision-restart MIN[-MAX]
                             the restart delay after an accepted reprovision, drawn uniformly
                             (whole seconds when both are) (default 2s-11s, go-choria's)
-  --workers N               threads running choria_provision actions (default 2)
-  --keygen-threads N        threads pre-generating RSA keys from the first gencsr on (default 1; 0 = inline)
-  --progress DUR            print a progress line to stderr every DUR
-  --help                    this text
 
 Durations: 500ms, 2s, 1m, 1h or plain seconds. Exits on SIGINT/SIGTERM too; always ends
 with the report and a one-line summary on stdout.
@@ -840,6 +840,30 @@ mod tests {
         }
         let err = run(&["--broker", "nats://x:1", "--exit-when-renewed", "1"]).unwrap_err();
         assert!(err.to_string().contains("--production-broker"), "{err}");
+    }
+
+    #[test]
+    fn the_help_names_the_production_flags_under_their_heading() {
+        let section = HELP
+            .split_once("\nIn service (off without --production-broker")
+            .map(|(_, rest)| rest)
+            .expect("an In service section");
+        for flag in [
+            "--production-broker URL",
+            "--production-collective C",
+            "--reprovision-restart MIN[-MAX]",
+        ] {
+            assert!(section.contains(flag), "{flag} in the In service section");
+        }
+        for flag in [
+            "--no-provision-agent F",
+            "--reprovision-denied F",
+            "--exit-when-renewed N",
+        ] {
+            assert!(HELP.contains(flag), "{flag}");
+        }
+        assert!(HELP.contains("You are not authorized to call this agent or action"));
+        assert!(!section.contains("--workers"), "Run's flags stay under Run");
     }
 
     #[test]
