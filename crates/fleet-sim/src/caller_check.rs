@@ -15,6 +15,10 @@
 //! (A production server also wants `fleet_management`, which the `choria` CLI always grants
 //! with `--server-provisioner`; it is not required here, as the upstream-made vector token
 //! lacks it.)
+//!
+//! On the production connection (`--production-broker`) a node in service checks the same,
+//! but wants `permissions.fleet_management` (or `signed_fleet_management`) instead of
+//! `provisioner`, as a production server does.
 
 use std::collections::HashMap;
 
@@ -31,6 +35,15 @@ const CACHE: usize = 64;
 
 /// One caller JWT's verification: the second it was made in, and its outcome.
 type Verified = (u64, Result<ClientClaims, String>);
+
+/// The permission a request's caller JWT needs.
+#[derive(Clone, Copy)]
+enum Role {
+    /// On the provisioning connection.
+    Provisioner,
+    /// On the production connection.
+    FleetManagement,
+}
 
 /// The caller checks of one fleet, with the Organization Issuer's key.
 pub(crate) struct CallerChecks {
@@ -66,10 +79,37 @@ impl CallerChecks {
 
     /// Every check above, in order; the first failure is the reason.
     pub(crate) fn check(&self, request: &IncomingRequest, now_unix: u64) -> Result<(), String> {
+        self.check_as(request, now_unix, Role::Provisioner)
+    }
+
+    /// The checks of a production request: `fleet_management` instead of `provisioner`.
+    pub(crate) fn check_production(
+        &self,
+        request: &IncomingRequest,
+        now_unix: u64,
+    ) -> Result<(), String> {
+        self.check_as(request, now_unix, Role::FleetManagement)
+    }
+
+    fn check_as(&self, request: &IncomingRequest, now_unix: u64, role: Role) -> Result<(), String> {
         let claims = self.caller_claims(&request.caller_jwt, now_unix)?;
-        if !claims.provisioner {
+        let permitted = |name: &str| {
+            claims
+                .claims
+                .get("permissions")
+                .and_then(|p| p.get(name))
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false)
+        };
+        let missing = match role {
+            Role::Provisioner => (!claims.provisioner).then_some("provisioner"),
+            Role::FleetManagement => (!permitted("fleet_management")
+                && !permitted("signed_fleet_management"))
+            .then_some("fleet_management"),
+        };
+        if let Some(permission) = missing {
             return Err(format!(
-                "the caller JWT of {:?} lacks permissions.provisioner",
+                "the caller JWT of {:?} lacks permissions.{permission}",
                 claims.caller_id
             ));
         }
@@ -210,6 +250,25 @@ mod tests {
                         assert!(e.contains(expected), "{name}: {e}");
                     }
                 }
+            }
+        }
+        // In production the permission is fleet_management, not provisioner.
+        let production = [
+            (&["provisioner", "fleet_management"][..], ""),
+            (&["fleet_management"][..], ""),
+            (&["signed_fleet_management"][..], ""),
+            (&["provisioner"][..], "lacks permissions.fleet_management"),
+        ];
+        for (permissions, expected) in production {
+            let jwt = token(&ORG_SEED, &CLIENT_SEED, permissions, NOW);
+            let got =
+                checks.check_production(&request(&CLIENT_SEED, &jwt, "provisioner_signer"), NOW);
+            match got {
+                Ok(()) => assert!(expected.is_empty(), "{permissions:?}: accepted"),
+                Err(e) => assert!(
+                    !expected.is_empty() && e.contains(expected),
+                    "{permissions:?}: {e}"
+                ),
             }
         }
         // A tampered request body no longer matches its signature.

@@ -30,7 +30,12 @@ pub enum Drop {
     RequestSchema(String),
     /// Decoding failed after the schemas passed (e.g. payload layer).
     Decode(String),
-    Collective(String),
+    /// The request's collective is not the connection's (`provisioning`, or the production
+    /// collective in service).
+    Collective {
+        found: String,
+        expected: String,
+    },
     /// Outside `(now - ttl, now + ttl)`, strictly.
     TimeWindow {
         time: i64,
@@ -61,8 +66,8 @@ impl fmt::Display for Drop {
             }
             Drop::RequestSchema(why) => write!(f, "request fails request.json: {why}"),
             Drop::Decode(why) => write!(f, "request could not be decoded: {why}"),
-            Drop::Collective(c) => {
-                write!(f, "collective {c:?} is not {COLLECTIVE:?}: could not create message")
+            Drop::Collective { found, expected } => {
+                write!(f, "collective {found:?} is not {expected:?}: could not create message")
             }
             Drop::TimeWindow { time, ttl, now } => write!(
                 f,
@@ -220,11 +225,16 @@ pub(crate) fn check_transport(bytes: &[u8], protocol: WireProtocol) -> Result<()
     }
 }
 
-pub(crate) fn check_collective(collective: &str) -> Result<(), Drop> {
-    if collective == COLLECTIVE {
+/// The request's collective must be the one it came in on: `provisioning` for a server in
+/// provisioning mode, its production collective in service.
+pub(crate) fn check_collective(collective: &str, expected: &str) -> Result<(), Drop> {
+    if collective == expected {
         Ok(())
     } else {
-        Err(Drop::Collective(collective.into()))
+        Err(Drop::Collective {
+            found: collective.into(),
+            expected: expected.into(),
+        })
     }
 }
 
@@ -675,8 +685,14 @@ mod tests {
             check_transport(br#"{"protocol":"choria:transport:2"}"#, WireProtocol::V1).is_err()
         );
         assert!(check_transport(b"nope", WireProtocol::V1).is_err());
-        assert!(check_collective("provisioning").is_ok());
-        assert!(check_collective("mcollective").is_err());
+        assert!(check_collective("provisioning", COLLECTIVE).is_ok());
+        assert!(check_collective("mcollective", COLLECTIVE).is_err());
+        assert!(check_collective("mcollective", "mcollective").is_ok());
+        let err = check_collective("provisioning", "mcollective").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "collective \"provisioning\" is not \"mcollective\": could not create message"
+        );
         assert!(check_agent("rpcutil").is_ok());
         assert!(check_agent("puppet").is_err());
     }

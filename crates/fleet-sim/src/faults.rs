@@ -34,12 +34,18 @@ pub enum Fault {
     /// Behaves, but a forger (another provisioning-mode connection, see `forger`) answers
     /// the provisioner's requests to it in its name as well.
     Forged,
+    /// In service, `choria_provision` is not loaded, as on a server that knows no provisioning
+    /// token (go-choria's activation check): a request for it gets no reply.
+    NoProvisionAgent,
+    /// In service, RPC authorization refuses every `choria_provision` action (a production
+    /// client whose policy does not allow it).
+    ReprovisionDenied,
 }
 
 impl Fault {
     /// In the order nodes are dealt out: later kinds last, so a seed keeps choosing the same
     /// nodes for the earlier ones.
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 12] = [
         Fault::Dead,
         Fault::Slow,
         Fault::Malformed,
@@ -50,6 +56,8 @@ impl Fault {
         Fault::CsrExtraBlock,
         Fault::WeakKey,
         Fault::Forged,
+        Fault::NoProvisionAgent,
+        Fault::ReprovisionDenied,
     ];
 
     /// The name used in flags (without `--`) and in the report.
@@ -65,6 +73,8 @@ impl Fault {
             Fault::CsrExtraBlock => "csr-extra-block",
             Fault::WeakKey => "weak-key",
             Fault::Forged => "forged",
+            Fault::NoProvisionAgent => "no-provision-agent",
+            Fault::ReprovisionDenied => "reprovision-denied",
         }
     }
 
@@ -80,6 +90,8 @@ impl Fault {
             Fault::CsrExtraBlock => f.csr_extra_block,
             Fault::WeakKey => f.weak_key,
             Fault::Forged => f.forged,
+            Fault::NoProvisionAgent => f.no_provision_agent,
+            Fault::ReprovisionDenied => f.reprovision_denied,
         }
     }
 }

@@ -169,6 +169,7 @@ mod tests {
             lock: std::time::Duration::from_secs(120),
             facts: serde_json::Map::new(),
             crypto: Box::new(NoCrypto),
+            reprovision_restart: (std::time::Duration::ZERO, std::time::Duration::ZERO),
         }
     }
 

@@ -186,6 +186,18 @@ pub(crate) fn certificate_fingerprint(pem_text: &str) -> Result<(String, String)
     ))
 }
 
+/// The notBefore and notAfter (unix s) of the first certificate in a PEM text.
+pub(crate) fn certificate_validity(pem_text: &str) -> Result<(i64, i64), KeyError> {
+    use x509_cert::der::DecodePem;
+    let cert = x509_cert::Certificate::from_pem(pem_text.trim_start().as_bytes())
+        .map_err(|e| KeyError::NotRsa(format!("certificate does not parse: {e}")))?;
+    let validity = &cert.tbs_certificate.validity;
+    let unix = |t: &x509_cert::time::Time| {
+        i64::try_from(t.to_unix_duration().as_secs()).unwrap_or(i64::MAX)
+    };
+    Ok((unix(&validity.not_before), unix(&validity.not_after)))
+}
+
 /// The RSA public key of the first certificate in a PEM text (what a transported key must pair
 /// with: the node installs both side by side).
 pub(crate) fn certificate_rsa_public(pem_text: &str) -> Result<RsaPublicKey, KeyError> {

@@ -52,6 +52,16 @@ pub struct Options {
     pub deadline: Option<Duration>,
     /// A node in service goes back into provisioning mode this long (±50 %) after its restart.
     pub reprovision_after: Option<Duration>,
+    /// `--production-broker`: the nodes' production connection; None keeps every node off
+    /// production (no in-service behaviour at all).
+    pub production_brokers: Option<Vec<String>>,
+    /// The collective in-service nodes answer on (`--production-collective`).
+    pub production_collective: String,
+    /// How long after an accepted `reprovision` the node restarts, drawn in [min, max].
+    pub reprovision_restart: (Duration, Duration),
+    /// `--exit-when-renewed N`: exit once every fault-free or slow node was renewed N times
+    /// and is back in service.
+    pub exit_when_renewed: Option<u32>,
     pub workers: usize,
     pub keygen_threads: usize,
     pub progress: Option<Duration>,
@@ -71,6 +81,10 @@ pub struct FaultFractions {
     pub weak_key: f64,
     /// Nodes whose requests a forger answers in their name too.
     pub forged: f64,
+    /// In service, `choria_provision` is not loaded (no provisioning token known).
+    pub no_provision_agent: f64,
+    /// In service, RPC authorization refuses `choria_provision`.
+    pub reprovision_denied: f64,
 }
 
 /// What the forger answers in a `--forged` node's name.
@@ -201,6 +215,10 @@ Faults (fractions 0..1 of the fleet; each node gets at most one, chosen from --s
   --foreign-lock F          provisioning lock is held by another caller forever
   --forged F                a forger answers the provisioner's requests to these nodes in
                             their name too (they behave; see the forger's flags below)
+  --no-provision-agent F    in service, choria_provision is not loaded (as on a server that
+                            knows no provisioning token): its requests get no reply
+  --reprovision-denied F    in service, RPC authorization refuses choria_provision (status 1,
+                            \"You are not authorized to call this agent or action\")
 Attackers (fractions likewise; the provisioner must refuse them):
   --csr-extra-block F       gencsr returns its CSR relabelled, then a CSR of the same key for
                             CN=evil.privileged.mcollective and the node, DNS:broker.example.net
@@ -228,10 +246,31 @@ Run:
   --deadline DUR            exit after DUR
   --reprovision-after DUR   churn: a node in service returns to provisioning mode (a new
                             life, provisioned again) DUR +-50% after entering service
+  --exit-when-renewed N     exit once every fault-free or slow node was renewed N times (a
+                            reprovision obeyed) and is back in service; needs
+                            --production-broker
   --workers N               threads running choria_provision actions (default 2)
   --keygen-threads N        threads pre-generating RSA keys from the first gencsr on (default 1; 0 = inline)
   --progress DUR            print a progress line to stderr every DUR
   --help                    this text
+
+In service (off without --production-broker: nodes in service then answer nothing):
+  --production-broker URL[,URL]
+                            one more connection, the nodes' production connection (no
+                            credentials), subscribed to <collective>.node.>; a node in service
+                            answers the requests for its identity there, checked as on the
+                            provisioning connection (protocol, schemas, collective, ttl window;
+                            v2: the caller JWT, which needs fleet_management); it hosts
+                            choria_provision only if it knows a provisioning token (--token or
+                            the JWT's cht). reprovision as go-choria: the token check, then
+                            {\"message\":\"Restarting after Ns\"} and, after the restart delay, a
+                            new life in provisioning mode with a startup event; restart and
+                            shutdown run as in provisioning mode; the other actions get their
+                            in-service refusal; other agents are not played (not answered)
+  --production-collective C the production collective (default mcollective)
+  --reprovision-restart MIN[-MAX]
+                            the restart delay after an accepted reprovision, drawn uniformly
+                            (whole seconds when both are) (default 2s-11s, go-choria's)
 
 Durations: 500ms, 2s, 1m, 1h or plain seconds. Exits on SIGINT/SIGTERM too; always ends
 with the report and a one-line summary on stdout.
@@ -284,6 +323,10 @@ impl Options {
             exit_when_done: false,
             deadline: None,
             reprovision_after: None,
+            production_brokers: None,
+            production_collective: "mcollective".into(),
+            reprovision_restart: (Duration::from_secs(2), Duration::from_secs(11)),
+            exit_when_renewed: None,
             workers: 2,
             keygen_threads: 1,
             progress: None,
@@ -385,6 +428,7 @@ where
             set_fleet(&mut opts, f, v)?
                 || set_forge(&mut opts.forge, f, v)?
                 || set_run(&mut opts, f, v)?
+                || set_production(&mut opts, f, v)?
         };
         if !known {
             return Err(UsageError::UnknownFlag(flag));
@@ -456,6 +500,8 @@ fn fault_fraction<'a>(faults: &'a mut FaultFractions, f: &str) -> Option<&'a mut
         "--csr-extra-block" => &mut faults.csr_extra_block,
         "--weak-key" => &mut faults.weak_key,
         "--forged" => &mut faults.forged,
+        "--no-provision-agent" => &mut faults.no_provision_agent,
+        "--reprovision-denied" => &mut faults.reprovision_denied,
         _ => return None,
     })
 }
@@ -507,10 +553,64 @@ fn set_run(opts: &mut Options, f: &str, v: &str) -> Result<bool, UsageError> {
     Ok(true)
 }
 
-/// What no single flag can check: a broker is given, v2 has its key, the faults fit.
+/// `MIN[-MAX]`: two durations, the first not above the second; one means both.
+fn duration_range(flag: &str, value: &str) -> Result<(Duration, Duration), UsageError> {
+    let (low, high) = value.split_once('-').unwrap_or((value, value));
+    let (low, high) = parse_duration(low)
+        .zip(parse_duration(high))
+        .ok_or_else(|| bad(flag, value, "not MIN[-MAX] durations like 2s-11s"))?;
+    if low > high {
+        return Err(bad(flag, value, "MIN is above MAX"));
+    }
+    Ok((low, high))
+}
+
+/// A flag of the production side (in service); false when `f` is none of them.
+fn set_production(opts: &mut Options, f: &str, v: &str) -> Result<bool, UsageError> {
+    match f {
+        "--production-broker" => {
+            let urls: Vec<String> = items(v).map(String::from).collect();
+            if urls.is_empty() {
+                return Err(bad(f, v, "no broker URL"));
+            }
+            opts.production_brokers = Some(urls);
+        }
+        "--production-collective" => {
+            if v.is_empty() || v.contains(['.', '*', '>', ' ']) {
+                return Err(bad(f, v, "not a collective name"));
+            }
+            if v == crate::check::COLLECTIVE {
+                return Err(bad(
+                    f,
+                    v,
+                    "the provisioning collective is not a production collective",
+                ));
+            }
+            opts.production_collective = v.into();
+        }
+        "--reprovision-restart" => opts.reprovision_restart = duration_range(f, v)?,
+        "--exit-when-renewed" => {
+            let n: u32 = number(f, v)?;
+            if n == 0 {
+                return Err(bad(f, v, "must be at least 1"));
+            }
+            opts.exit_when_renewed = Some(n);
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// What no single flag can check: a broker is given, v2 has its key, the faults fit, a
+/// renewal exit has a production side.
 fn check_whole(opts: &Options) -> Result<(), UsageError> {
     if opts.brokers.is_empty() {
         return Err(UsageError::Missing("--broker"));
+    }
+    if opts.exit_when_renewed.is_some() && opts.production_brokers.is_none() {
+        return Err(UsageError::Missing(
+            "--production-broker: --exit-when-renewed needs nodes in service to renew",
+        ));
     }
     if opts.protocol == WireProtocol::V2 && opts.jwt_key.is_none() {
         return Err(UsageError::Missing(
@@ -528,7 +628,9 @@ fn check_whole(opts: &Options) -> Result<(), UsageError> {
         + f.foreign_lock
         + f.csr_extra_block
         + f.weak_key
-        + f.forged;
+        + f.forged
+        + f.no_provision_agent
+        + f.reprovision_denied;
     if total > 1.0 + 1e-9 {
         return Err(bad(
             "fault flags",
@@ -662,6 +764,133 @@ mod tests {
             let err = run(&all).unwrap_err().to_string();
             assert!(err.contains(needle), "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn production_flags() {
+        let o = run(&["--broker", "nats://x:1"]).unwrap();
+        assert_eq!(o.production_brokers, None, "off unless asked");
+        assert_eq!(o.production_collective, "mcollective");
+        assert_eq!(
+            o.reprovision_restart,
+            (Duration::from_secs(2), Duration::from_secs(11))
+        );
+        assert_eq!(o.exit_when_renewed, None);
+        let o = run(&[
+            "--broker",
+            "nats://x:1",
+            "--production-broker",
+            "nats://p:1,nats://p:2",
+            "--production-collective",
+            "prod",
+            "--reprovision-restart",
+            "500ms-3s",
+            "--exit-when-renewed",
+            "2",
+            "--no-provision-agent",
+            "0.1",
+            "--reprovision-denied",
+            "0.2",
+        ])
+        .unwrap();
+        assert_eq!(
+            o.production_brokers,
+            Some(vec!["nats://p:1".to_string(), "nats://p:2".to_string()])
+        );
+        assert_eq!(o.production_collective, "prod");
+        assert_eq!(
+            o.reprovision_restart,
+            (Duration::from_millis(500), Duration::from_secs(3))
+        );
+        assert_eq!(o.exit_when_renewed, Some(2));
+        assert_eq!(o.faults.no_provision_agent, 0.1);
+        assert_eq!(o.faults.reprovision_denied, 0.2);
+        let o = run(&["--broker", "nats://x:1", "--reprovision-restart", "0s"]).unwrap();
+        assert_eq!(o.reprovision_restart, (Duration::ZERO, Duration::ZERO));
+        let prod = [
+            "--broker",
+            "nats://x:1",
+            "--production-broker",
+            "nats://p:1",
+        ];
+        let cases: [(&[&str], &str); 8] = [
+            (&["--reprovision-restart", "3s-2s"], "MIN is above MAX"),
+            (&["--reprovision-restart", "-2s"], "--reprovision-restart"),
+            (
+                &["--reprovision-restart", "2s-soon"],
+                "--reprovision-restart",
+            ),
+            (&["--exit-when-renewed", "0"], "at least 1"),
+            (
+                &["--production-collective", "provisioning"],
+                "not a production",
+            ),
+            (&["--production-collective", "a.b"], "not a collective"),
+            (&["--production-broker", ","], "no broker URL"),
+            (
+                &["--no-provision-agent", "0.6", "--reprovision-denied", "0.6"],
+                "more than 1",
+            ),
+        ];
+        for (args, needle) in cases {
+            let mut all = prod.to_vec();
+            all.extend(args);
+            let err = run(&all).unwrap_err().to_string();
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+        let err = run(&["--broker", "nats://x:1", "--exit-when-renewed", "1"]).unwrap_err();
+        assert!(err.to_string().contains("--production-broker"), "{err}");
+    }
+
+    #[test]
+    fn the_help_names_the_production_flags_under_their_heading() {
+        let section = HELP
+            .split_once("\nIn service (off without --production-broker")
+            .map(|(_, rest)| rest)
+            .expect("an In service section");
+        for flag in [
+            "--production-broker URL",
+            "--production-collective C",
+            "--reprovision-restart MIN[-MAX]",
+        ] {
+            assert!(section.contains(flag), "{flag} in the In service section");
+        }
+        for flag in [
+            "--no-provision-agent F",
+            "--reprovision-denied F",
+            "--exit-when-renewed N",
+        ] {
+            assert!(HELP.contains(flag), "{flag}");
+        }
+        assert!(HELP.contains("You are not authorized to call this agent or action"));
+        assert!(!section.contains("--workers"), "Run's flags stay under Run");
+    }
+
+    #[test]
+    fn the_testkit_renewal_flags_parse_into_what_they_name() {
+        use choria_testkit::sim_args::{Fault as TestFault, SimArgs};
+        let args = SimArgs::new()
+            .production_broker("nats://127.0.0.1:4")
+            .production_collective("prod")
+            .reprovision_restart(Duration::from_millis(500), Duration::from_secs(3))
+            .exit_when_renewed(2)
+            .fault(TestFault::NoProvisionAgent, 0.25)
+            .fault(TestFault::ReprovisionDenied, 0.5);
+        let mut all = vec!["--broker", "nats://x:1"];
+        all.extend(args.as_args());
+        let o = run(&all).unwrap();
+        assert_eq!(
+            o.production_brokers,
+            Some(vec!["nats://127.0.0.1:4".into()])
+        );
+        assert_eq!(o.production_collective, "prod");
+        assert_eq!(
+            o.reprovision_restart,
+            (Duration::from_millis(500), Duration::from_secs(3))
+        );
+        assert_eq!(o.exit_when_renewed, Some(2));
+        assert_eq!(o.faults.no_provision_agent, 0.25);
+        assert_eq!(o.faults.reprovision_denied, 0.5);
     }
 
     #[test]

@@ -44,9 +44,16 @@ pub struct Totals {
     /// Boot sessions with a successful `configure`, over every node and life.
     #[serde(default)]
     pub provisioned_times: u64,
-    /// Returns to provisioning mode after service (`--reprovision-after`).
+    /// Returns to provisioning mode after service (`--reprovision-after` churn and obeyed
+    /// `reprovision` requests alike).
     #[serde(default)]
     pub reprovisioned: u64,
+    /// Returns to provisioning mode for a `reprovision` accepted in service.
+    #[serde(default)]
+    pub renewed: u64,
+    /// `reprovision` requests in service answered with a refusal.
+    #[serde(default)]
+    pub renewal_refusals: u64,
     /// Replies the forger sent in other nodes' names (`--forged`).
     #[serde(default)]
     pub forged_replies: u64,
@@ -57,7 +64,7 @@ pub struct Report {
     pub started_unix: i64,
     pub finished_unix: i64,
     pub elapsed_seconds: f64,
-    /// `done`, `deadline` or `signal`.
+    /// `done`, `renewed` (`--exit-when-renewed`), `deadline` or `signal`.
     pub exit_reason: String,
     pub seed: u64,
     pub connections: usize,
@@ -110,6 +117,8 @@ impl Totals {
             t.pings_answered += r.pings_answered;
             t.provisioned_times += u64::from(r.provisioned_times);
             t.reprovisioned += u64::from(r.reprovisioned);
+            t.renewed += u64::from(r.renewed);
+            t.renewal_refusals += u64::from(r.renewal_refusals);
             t.forged_replies += r.forged.len() as u64;
         }
         t
@@ -117,7 +126,8 @@ impl Totals {
 }
 
 impl Report {
-    /// One line: counts by state, violations, duplicates, faults, time, why it ended.
+    /// One line: counts by state, violations, duplicates, renewals (when there were any),
+    /// faults, time, why it ended.
     pub fn summary(&self) -> String {
         let t = &self.totals;
         let state = |s: &str| t.states.get(s).copied().unwrap_or(0);
@@ -130,8 +140,16 @@ impl Report {
                 .collect::<Vec<_>>()
                 .join(",")
         };
+        let renewals = if t.renewed + t.renewal_refusals > 0 {
+            format!(
+                "renewed {}, renewal refusals {}; ",
+                t.renewed, t.renewal_refusals
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "choria-fleet-sim: {} nodes, {} provisioned (in service), {} shut down, {} still provisioning; healthy done {}/{}; violations {}; duplicates {}; key checks failed {}; server JWT checks failed {}; faults {}; {:.1}s ({})",
+            "choria-fleet-sim: {} nodes, {} provisioned (in service), {} shut down, {} still provisioning; healthy done {}/{}; violations {}; duplicates {}; key checks failed {}; server JWT checks failed {}; {renewals}faults {}; {:.1}s ({})",
             t.nodes,
             t.in_service,
             state("shut_down"),
@@ -210,11 +228,62 @@ mod tests {
             line.contains("3 nodes, 1 provisioned (in service)"),
             "{line}"
         );
+        assert!(!line.contains("renewed"), "no renewals, no word: {line}");
         assert!(line.contains("violations 2; duplicates 1;"), "{line}");
         assert!(line.contains("faults dead=1"), "{line}");
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["nodes"][0]["state"], "in_service");
         assert_eq!(json["nodes"][0]["actions"][0]["caller"], "p.choria=p");
+        let back: Report = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
+    }
+
+    #[test]
+    fn renewals_are_totalled_and_reported_with_their_credentials() {
+        use crate::node::{CredentialKind, CredentialRecord};
+        let mut a = node("a", None, NodeState::InService);
+        a.record.renewed = 2;
+        a.record.credentials.push(CredentialRecord {
+            kind: CredentialKind::ServerJwt,
+            given_at: 10,
+            not_before: Some(9),
+            not_after: Some(100),
+            renewal_asked_at: Some(80),
+            renewed_by: Some("p.choria=p".into()),
+        });
+        let mut b = node("b", Some("reprovision-denied"), NodeState::InService);
+        b.record.renewal_refusals = 3;
+        let nodes = vec![a, b];
+        let totals = Totals::from_nodes(&nodes);
+        assert_eq!((totals.renewed, totals.renewal_refusals), (2, 3));
+        let report = Report {
+            started_unix: 0,
+            finished_unix: 1,
+            elapsed_seconds: 1.0,
+            exit_reason: "renewed".into(),
+            seed: 1,
+            connections: 1,
+            totals,
+            duplicates: BTreeMap::new(),
+            nodes,
+        };
+        let line = report.summary();
+        assert!(
+            line.contains("; renewed 2, renewal refusals 3; faults reprovision-denied=1;"),
+            "{line}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["totals"]["renewed"], 2);
+        assert_eq!(json["totals"]["renewal_refusals"], 3);
+        let credential = &json["nodes"][0]["credentials"][0];
+        assert_eq!(credential["kind"], "server_jwt");
+        assert_eq!(credential["given_at"], 10);
+        assert_eq!(credential["not_before"], 9);
+        assert_eq!(credential["not_after"], 100);
+        assert_eq!(credential["renewal_asked_at"], 80);
+        assert_eq!(credential["renewed_by"], "p.choria=p");
+        assert_eq!(json["nodes"][1]["renewal_refusals"], 3);
+        assert_eq!(json["nodes"][1]["credentials"], serde_json::json!([]));
         let back: Report = serde_json::from_value(json).unwrap();
         assert_eq!(back, report);
     }

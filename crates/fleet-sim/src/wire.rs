@@ -55,6 +55,9 @@ pub(crate) enum Route {
     Node(usize),
     /// `provisioning.node.>` on the forger's connection: every node's requests.
     Forger,
+    /// `<production collective>.node.>` on the production connection: every node's requests
+    /// in service.
+    Production,
 }
 
 /// The publishing half of one connection.

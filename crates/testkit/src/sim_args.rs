@@ -29,6 +29,11 @@ pub enum Fault {
     /// A forger answers the node's requests before it does (`--forged`; see
     /// [`SimArgs::forge_actions`]).
     Forged,
+    /// In service, `choria_provision` is not loaded: a `reprovision` gets no reply
+    /// (`--no-provision-agent`).
+    NoProvisionAgent,
+    /// In service, RPC authorization refuses `choria_provision` (`--reprovision-denied`).
+    ReprovisionDenied,
 }
 
 impl Fault {
@@ -44,6 +49,8 @@ impl Fault {
             Fault::CsrExtraBlock => "--csr-extra-block",
             Fault::WeakKey => "--weak-key",
             Fault::Forged => "--forged",
+            Fault::NoProvisionAgent => "--no-provision-agent",
+            Fault::ReprovisionDenied => "--reprovision-denied",
         }
     }
 }
@@ -185,6 +192,30 @@ impl SimArgs {
         self.with("--victim-delay", duration(delay))
     }
 
+    /// The nodes' production connection, where nodes in service answer `choria_provision`
+    /// (`--production-broker`; without it nodes in service answer nothing).
+    pub fn production_broker(self, url: &str) -> SimArgs {
+        self.with("--production-broker", url.into())
+    }
+
+    /// The production collective (`--production-collective`, default `mcollective`).
+    pub fn production_collective(self, collective: &str) -> SimArgs {
+        self.with("--production-collective", collective.into())
+    }
+
+    /// The restart delay after an accepted `reprovision`, drawn in `[min, max]`
+    /// (`--reprovision-restart`, default 2s-11s).
+    pub fn reprovision_restart(self, min: Duration, max: Duration) -> SimArgs {
+        let range = format!("{}-{}", duration(min), duration(max));
+        self.with("--reprovision-restart", range)
+    }
+
+    /// Exit once every fault-free (or slow) node was renewed `times` times and is back in
+    /// service (`--exit-when-renewed`; needs [`SimArgs::production_broker`]).
+    pub fn exit_when_renewed(self, times: u32) -> SimArgs {
+        self.with("--exit-when-renewed", times.to_string())
+    }
+
     /// Exit once every node is done (`--exit-when-done`).
     pub fn exit_when_done(mut self) -> SimArgs {
         self.args.push("--exit-when-done".into());
@@ -244,6 +275,34 @@ mod tests {
                 "--deadline",
                 "170s",
                 "--exit-when-done"
+            ]
+        );
+    }
+
+    #[test]
+    fn renewal_flags() {
+        let args = SimArgs::new()
+            .production_broker("nats://127.0.0.1:4")
+            .production_collective("prod")
+            .reprovision_restart(Duration::from_millis(500), Duration::from_secs(3))
+            .exit_when_renewed(2)
+            .fault(Fault::NoProvisionAgent, 0.25)
+            .fault(Fault::ReprovisionDenied, 0.5);
+        assert_eq!(
+            args.as_args(),
+            [
+                "--production-broker",
+                "nats://127.0.0.1:4",
+                "--production-collective",
+                "prod",
+                "--reprovision-restart",
+                "500ms-3s",
+                "--exit-when-renewed",
+                "2",
+                "--no-provision-agent",
+                "0.25",
+                "--reprovision-denied",
+                "0.5"
             ]
         );
     }

@@ -8,7 +8,10 @@ use serde_json::{json, Value};
 use super::boot::claims_unverified;
 use super::inputs::{parse_input, ConfigureInput};
 use super::rpc::{ok, refuse, Refusal};
-use super::{ActionCall, CheckRecord, Delivery, Env, Outcome, SimServer, CONFIG_FILE};
+use super::{
+    ActionCall, CheckRecord, CredentialKind, CredentialRecord, Delivery, Env, Outcome, SimServer,
+    CONFIG_FILE,
+};
 use crate::events::Event;
 use crate::keys;
 
@@ -118,6 +121,25 @@ impl SimServer {
         self.record
             .deliveries
             .push(delivery(&input, call, now_unix));
+        if tls_complete {
+            let validity = keys::certificate_validity(&input.certificate).ok();
+            self.note_credential(
+                CredentialKind::Certificate,
+                now_unix,
+                validity.map(|(from, _)| from),
+                validity.map(|(_, until)| until),
+            );
+        }
+        if !input.server_jwt.is_empty() {
+            let claims = claims_unverified(&input.server_jwt).ok();
+            let claim = |name: &str| claims.as_ref().and_then(|c| c.get(name)?.as_i64());
+            self.note_credential(
+                CredentialKind::ServerJwt,
+                now_unix,
+                claim("nbf").or_else(|| claim("iat")),
+                claim("exp"),
+            );
+        }
         let lines = settings.len() + 1;
         self.written_config = settings;
         self.note_configured(call);
@@ -127,6 +149,32 @@ impl SimServer {
         );
         outcome.events.push(Event::Provisioned);
         Ok(outcome)
+    }
+
+    /// A credential given in this life; one of a kind already given in it is replaced.
+    fn note_credential(
+        &mut self,
+        kind: CredentialKind,
+        given_at: i64,
+        not_before: Option<i64>,
+        not_after: Option<i64>,
+    ) {
+        let given = CredentialRecord {
+            kind,
+            given_at,
+            not_before,
+            not_after,
+            renewal_asked_at: None,
+            renewed_by: None,
+        };
+        let start = self.life_credentials.min(self.record.credentials.len());
+        match self.record.credentials[start..]
+            .iter_mut()
+            .find(|c| c.kind == kind)
+        {
+            Some(earlier) => *earlier = given,
+            None => self.record.credentials.push(given),
+        }
     }
 
     fn check_server_jwt(&self, env: &Env, token: &str, now_unix: i64) -> CheckRecord {

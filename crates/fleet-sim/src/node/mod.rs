@@ -8,7 +8,8 @@
 //! - `record`: what the report says about a node; `boot`: the boot decision after a restart;
 //! - `rpc`: the reply and its helpers; `inputs`: each action's decoded `data`;
 //! - `provision`: the `choria_provision` dispatch and actions; `configure`: the `configure`
-//!   action and what it checks and records.
+//!   action and what it checks and records;
+//! - `service`: the node in service on its production connection (`reprovision`, renewal).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -25,11 +26,12 @@ mod inputs;
 mod provision;
 mod record;
 mod rpc;
+mod service;
 
 pub use boot::claims_unverified;
 pub use record::NodeRecord;
 pub(crate) use record::VIOLATIONS_KEPT;
-pub use record::{ActionRecord, Delivery};
+pub use record::{ActionRecord, CredentialKind, CredentialRecord, Delivery};
 pub use record::{CheckRecord, ViolationRecord};
 pub(crate) use rpc::{ActionCall, Outcome, RpcAnswer, Scheduled};
 
@@ -71,6 +73,8 @@ pub(crate) struct Env {
     pub lock: Duration,
     pub facts: Map<String, Value>,
     pub crypto: Box<dyn NodeCrypto>,
+    /// The restart delay after an accepted `reprovision`, drawn in [min, max].
+    pub reprovision_restart: (Duration, Duration),
 }
 
 impl Env {
@@ -125,9 +129,13 @@ pub(crate) struct SimServer {
     ecdh_secret: Option<[u8; 32]>,
     restart_pending: bool,
     configured_this_boot: bool,
+    /// `<senderid>.<callerid>` of an accepted `reprovision` whose restart is pending.
+    pending_renewal: Option<String>,
     // This life (since the first boot or the last return to provisioning mode).
     served_this_life: bool,
     callers_this_life: BTreeSet<String>,
+    /// Where this life's entries start in `record.credentials`.
+    life_credentials: usize,
     // Files: survive restarts.
     ed25519_public_hex: Option<String>,
     written_config: BTreeMap<String, String>,
@@ -149,8 +157,10 @@ impl SimServer {
             ecdh_secret: None,
             restart_pending: false,
             configured_this_boot: false,
+            pending_renewal: None,
             served_this_life: false,
             callers_this_life: BTreeSet::new(),
+            life_credentials: 0,
             ed25519_public_hex: None,
             written_config: BTreeMap::new(),
             server_jwt: None,
@@ -186,6 +196,7 @@ impl SimServer {
         self.ecdh_secret = None;
         self.restart_pending = false;
         self.configured_this_boot = false;
+        self.pending_renewal = None;
         Event::Startup {
             version: self.version.clone(),
         }
@@ -233,9 +244,18 @@ impl SimServer {
         if let Some(v) = new_version {
             self.version = v;
         }
+        // Only an in-service `restart` restarts a node in service; into provisioning (a
+        // `reprovision` rewrote the config meanwhile) that begins a new life.
+        let was_in_service = self.state == NodeState::InService;
         match self.decide_mode(env, now_unix) {
             Ok((true, why)) | Err(why) => {
                 self.record.last_boot_decision = Some(format!("provisioning: {why}"));
+                if was_in_service {
+                    if let Some(by) = self.pending_renewal.take() {
+                        self.finish_renewal(by);
+                    }
+                    self.start_new_life();
+                }
                 Some(self.boot_into_provisioning())
             }
             Ok((false, why)) => {
@@ -246,24 +266,32 @@ impl SimServer {
                 self.lock = None;
                 self.ecdh_secret = None;
                 self.restart_pending = false;
+                self.pending_renewal = None;
                 None
             }
         }
     }
 
     /// Back into provisioning mode after service, as an operator re-provisioning the machine
-    /// (a wiped configuration, a reboot): a new life begins with a startup event. `None` unless
-    /// the node is in service.
+    /// (a wiped configuration, a reboot) or an obeyed `reprovision`: a new life begins with a
+    /// startup event. `None` unless the node is in service.
     pub(crate) fn reprovision(&mut self) -> Option<Event> {
         if self.state != NodeState::InService {
             return None;
         }
+        self.start_new_life();
+        Some(self.boot_into_provisioning())
+    }
+
+    /// What a return to provisioning mode after service forgets: the life's callers, the
+    /// config and server JWT; its credentials stay in the record.
+    fn start_new_life(&mut self) {
         self.record.reprovisioned += 1;
         self.served_this_life = false;
         self.callers_this_life.clear();
         self.written_config.clear();
         self.server_jwt = None;
-        Some(self.boot_into_provisioning())
+        self.life_credentials = self.record.credentials.len();
     }
 
     pub(crate) fn shut_down(&mut self) -> Event {

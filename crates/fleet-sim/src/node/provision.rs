@@ -155,7 +155,11 @@ impl SimServer {
         ))
     }
 
-    fn action_restart(&mut self, env: &Env, call: &ActionCall) -> Result<Outcome, Refusal> {
+    pub(super) fn action_restart(
+        &mut self,
+        env: &Env,
+        call: &ActionCall,
+    ) -> Result<Outcome, Refusal> {
         let a = "restart";
         let input: RestartInput = parse_input(a, call.data)?;
         self.check_token(env, &input.token)?;
@@ -192,7 +196,11 @@ impl SimServer {
         Ok(outcome)
     }
 
-    fn action_shutdown(&mut self, env: &Env, call: &ActionCall) -> Result<Outcome, Refusal> {
+    pub(super) fn action_shutdown(
+        &mut self,
+        env: &Env,
+        call: &ActionCall,
+    ) -> Result<Outcome, Refusal> {
         let input: TokenInput = parse_input("shutdown", call.data)?;
         self.check_token(env, &input.token)?;
         let delay = rand::random::<u64>() % 10;

@@ -52,6 +52,34 @@ pub struct Delivery {
     pub key: bool,
 }
 
+/// What a credential is.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CredentialKind {
+    /// The server JWT `configure` delivered (ed25519 / protocol v2 flow).
+    ServerJwt,
+    /// The certificate `configure` delivered (x509 flow).
+    Certificate,
+}
+
+/// A credential a node was given in one life, and what renewed it. One per kind and life: a
+/// second `configure` in the same life replaces the first's (it overwrote the file).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CredentialRecord {
+    pub kind: CredentialKind,
+    /// When `configure` delivered it (unix s).
+    pub given_at: i64,
+    /// Its validity (unix s): the server JWT's `nbf` (else `iat`) and `exp`, the certificate's
+    /// notBefore and notAfter; None when it does not say.
+    pub not_before: Option<i64>,
+    pub not_after: Option<i64>,
+    /// When the first `choria_provision#reprovision` reached the node in service while this
+    /// was its credential (answered or not), if one did.
+    pub renewal_asked_at: Option<i64>,
+    /// `<senderid>.<callerid>` of the `reprovision` the node obeyed (restarted for), if any.
+    pub renewed_by: Option<String>,
+}
+
 /// Violations kept per node in full; more are only counted.
 pub(crate) const VIOLATIONS_KEPT: usize = 50;
 
@@ -76,8 +104,8 @@ pub struct NodeRecord {
     pub configured_by: BTreeSet<String>,
     /// Why this node counts as provisioned twice (see `note_configured`), if it does.
     pub duplicate: Option<String>,
-    /// Times it went back into provisioning mode after service (`--reprovision-after`); each
-    /// starts a new life, in which it may be provisioned once more.
+    /// Times it went back into provisioning mode after service (`--reprovision-after`, or an
+    /// obeyed `reprovision`); each starts a new life, in which it may be provisioned once more.
     #[serde(default)]
     pub reprovisioned: u32,
     /// What decided the state after the last restart (see `decide_mode`).
@@ -91,4 +119,19 @@ pub struct NodeRecord {
     /// The actions (`agent#action`) the forger answered in this node's name, one per reply.
     #[serde(default)]
     pub forged: Vec<String>,
+    /// Every credential it was given, in order (see `CredentialRecord`).
+    #[serde(default)]
+    pub credentials: Vec<CredentialRecord>,
+    /// Times it went back into provisioning mode for a `reprovision` it accepted in service
+    /// (counted at the restart; also counted in `reprovisioned`).
+    #[serde(default)]
+    pub renewed: u32,
+    /// `reprovision` requests in service answered with a refusal (status other than 0).
+    #[serde(default)]
+    pub renewal_refusals: u32,
+    /// Production requests left unanswered without a violation: the node was not in service
+    /// (a server not in service is not on production), or the agent is not one the simulator
+    /// plays in service (all but `choria_provision`).
+    #[serde(default)]
+    pub production_ignored: u64,
 }

@@ -24,6 +24,8 @@ pub(crate) enum Scheduled {
         new_version: Option<String>,
     },
     Shutdown,
+    /// The restart of an accepted `reprovision` (see `SimServer::renew_now`).
+    Renew,
 }
 
 #[derive(Debug, Default, PartialEq)]

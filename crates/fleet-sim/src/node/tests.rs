@@ -29,6 +29,7 @@ fn env(token: &str, claims: Value) -> Env {
         lock: Duration::from_secs(120),
         facts: Map::new(),
         crypto: Box::new(FakeCrypto),
+        reprovision_restart: (Duration::from_secs(2), Duration::from_secs(11)),
     }
 }
 
@@ -621,4 +622,398 @@ fn inventory_has_machines_as_an_array() {
         inv["agents"],
         json!(["choria_provision", "choria_util", "discovery", "rpcutil"])
     );
+}
+
+/// A node configured with `configure` and restarted into service, at `now_unix`; its fault
+/// given only then (a foreign lock would stop its provisioning).
+fn in_service(e: &Env, fault: Option<Fault>, conf: &Value, now_unix: i64) -> SimServer {
+    let t = Instant::now();
+    let mut n = node(None);
+    let o = n.provision_action(e, &call("configure", conf, "p"), t, now_unix);
+    assert_eq!(answer(&o).0, 0, "configure: {o:?}");
+    let restart = json!({"token": "s3cret", "splay": 1});
+    let o = n.provision_action(e, &call("restart", &restart, "p"), t, now_unix);
+    assert_eq!(answer(&o).0, 0, "restart: {o:?}");
+    assert_eq!(n.restart_now(e, None, now_unix), None);
+    assert_eq!(n.state, NodeState::InService);
+    n.fault = fault;
+    n
+}
+
+fn in_service_conf(server_jwt: Option<&str>) -> Value {
+    let mut conf = json!({
+        "token": "s3cret",
+        "config": "{\"identity\":\"node1.example.net\",\"plugin.choria.server.provision\":\"false\"}",
+    });
+    if let Some(token) = server_jwt {
+        conf["server_jwt"] = json!(token);
+    }
+    conf
+}
+
+#[test]
+fn go_durations_print_as_go_does() {
+    use super::service::go_duration;
+    for (ms, text) in [
+        (0, "0s"),
+        (500, "500ms"),
+        (2_000, "2s"),
+        (11_000, "11s"),
+        (1_500, "1.5s"),
+        (1_250, "1.25s"),
+        (90_000, "1m30s"),
+        (3_600_000, "1h0m0s"),
+    ] {
+        assert_eq!(go_duration(Duration::from_millis(ms)), text, "{ms} ms");
+    }
+}
+
+#[test]
+fn restart_delays_stay_in_their_range_and_default_to_whole_seconds() {
+    use super::service::restart_delay;
+    let mut seen = BTreeSet::new();
+    for _ in 0..500 {
+        let d = restart_delay((Duration::from_secs(2), Duration::from_secs(11)));
+        assert_eq!(d.subsec_nanos(), 0, "{d:?}");
+        assert!((2..=11).contains(&d.as_secs()), "{d:?}");
+        seen.insert(d.as_secs());
+    }
+    assert_eq!(seen.len(), 10, "every second from 2 to 11 drawn: {seen:?}");
+    for _ in 0..200 {
+        let d = restart_delay((Duration::from_millis(100), Duration::from_millis(300)));
+        assert!(d >= Duration::from_millis(100) && d <= Duration::from_millis(300));
+    }
+    let fixed = Duration::from_millis(700);
+    assert_eq!(restart_delay((fixed, fixed)), fixed);
+}
+
+#[test]
+fn in_service_the_agent_needs_a_token_and_refuses_as_go_choria() {
+    let t = Instant::now();
+    let token = json!({"token": "s3cret"});
+    // No token known (and the --no-provision-agent fault): not loaded, no reply at all.
+    let none = env("", json!({"chpd": true}));
+    let mut n = in_service(&none, None, &in_service_conf(None), 0);
+    assert!(!n.hosts_provision_agent(&none));
+    let o = n.service_action(&none, &call("reprovision", &token, "p"), t, 1);
+    assert_eq!(o, Outcome::default());
+    let e = env("s3cret", json!({"chpd": true}));
+    let mut f = in_service(&e, Some(Fault::NoProvisionAgent), &in_service_conf(None), 0);
+    assert!(!f.hosts_provision_agent(&e));
+    let o = f.service_action(&e, &call("reprovision", &token, "p"), t, 1);
+    assert_eq!(o, Outcome::default());
+    // Loaded: go-choria's order, texts and codes.
+    let cases: Vec<(Option<Fault>, &str, Value, u8, &str)> = vec![
+        (
+            None,
+            "frob",
+            json!({}),
+            2,
+            "Unknown action frob for agent choria_provision",
+        ),
+        (
+            Some(Fault::ReprovisionDenied),
+            "frob",
+            json!({}),
+            2,
+            "Unknown action frob for agent choria_provision",
+        ),
+        (
+            Some(Fault::ReprovisionDenied),
+            "reprovision",
+            token.clone(),
+            1,
+            "You are not authorized to call this agent or action",
+        ),
+        (
+            None,
+            "reprovision",
+            json!({"token": "wrong"}),
+            1,
+            "Incorrect provision token supplied",
+        ),
+        (
+            None,
+            "reprovision",
+            json!({}),
+            1,
+            "Incorrect provision token supplied",
+        ),
+        (
+            None,
+            "reprovision",
+            json!({"token": 5}),
+            4,
+            "Could not parse request data for choria_provision#reprovision: ",
+        ),
+        (
+            None,
+            "jwt",
+            token.clone(),
+            1,
+            "Cannot reconfigure a server that is not in provisioning mode",
+        ),
+        (
+            None,
+            "configure",
+            token.clone(),
+            1,
+            "Cannot reconfigure a server that is not in provisioning mode",
+        ),
+        (
+            None,
+            "gen25519",
+            token.clone(),
+            1,
+            "Cannot reconfigure a server that is not in provisioning mode",
+        ),
+        (
+            None,
+            "gencsr",
+            token.clone(),
+            1,
+            "Cannot reconfigure a server that is not in provisioning mode",
+        ),
+        (
+            Some(Fault::ForeignLock),
+            "gencsr",
+            token.clone(),
+            1,
+            "Could not obtain provisioning lock",
+        ),
+        (
+            None,
+            "release_update",
+            token.clone(),
+            1,
+            "Cannot update a server that is not in provisioning mode",
+        ),
+    ];
+    for (fault, action, data, code, text) in cases {
+        let mut n = in_service(&e, fault, &in_service_conf(None), 0);
+        let o = n.service_action(&e, &call(action, &data, "p"), t, 1);
+        let (c, m) = answer(&o);
+        assert_eq!(c, code, "{fault:?} {action} {data}: {m}");
+        assert!(m.starts_with(text), "{fault:?} {action} {data}: {m}");
+        assert!(
+            o.schedule.is_none(),
+            "{action}: a refusal schedules nothing"
+        );
+        let refusals = u32::from(action == "reprovision");
+        assert_eq!(n.record.renewal_refusals, refusals, "{action} {data}");
+        assert_eq!(n.state, NodeState::InService);
+    }
+    // A node in provisioning mode refuses reprovision with the reverse gate.
+    let mut p = node(None);
+    let o = p.service_action(&e, &call("reprovision", &token, "p"), t, 1);
+    assert_eq!(
+        answer(&o),
+        (
+            1,
+            "Server is already in provisioning mode, cannot enable provisioning mode again".into()
+        )
+    );
+}
+
+#[test]
+fn restart_and_shutdown_run_in_service_as_go_choria_allows_with_a_token() {
+    let t = Instant::now();
+    let e = env("s3cret", json!({"chpd": true}));
+    let mut n = in_service(&e, None, &in_service_conf(None), 0);
+    let o = n.service_action(
+        &e,
+        &call("restart", &json!({"token":"s3cret","splay":1}), "p"),
+        t,
+        1,
+    );
+    assert_eq!(
+        o.reply.as_ref().unwrap().data["message"],
+        "Restarting Choria Server after 2s"
+    );
+    assert!(o.events.is_empty(), "in-service events are not simulated");
+    assert!(matches!(o.schedule, Some((_, Scheduled::Restart { .. }))));
+    assert_eq!(n.restart_now(&e, None, 2), None, "back in service");
+    assert_eq!(n.state, NodeState::InService);
+    let o = n.service_action(&e, &call("shutdown", &json!({"token":"s3cret"}), "p"), t, 3);
+    assert_eq!(answer(&o).0, 0);
+    assert!(matches!(o.schedule, Some((_, Scheduled::Shutdown))));
+}
+
+#[test]
+fn reprovision_in_service_restarts_into_a_new_life_and_marks_the_credential() {
+    let t = Instant::now();
+    let mut e = env("s3cret", json!({"chpd": true}));
+    e.reprovision_restart = (Duration::from_secs(4), Duration::from_secs(4));
+    let jwt = server_jwt(json!({"identity":"node1.example.net","nbf":95,"iat":90,"exp":1000}));
+    let mut n = in_service(&e, None, &in_service_conf(Some(&jwt)), 100);
+    assert_eq!(n.record.credentials.len(), 1);
+    let c = &n.record.credentials[0];
+    assert_eq!(c.kind, CredentialKind::ServerJwt);
+    assert_eq!(
+        (c.given_at, c.not_before, c.not_after),
+        (100, Some(95), Some(1000))
+    );
+    assert_eq!((c.renewal_asked_at, c.renewed_by.clone()), (None, None));
+    // A refused ask is an ask: it marks the credential, but renews nothing.
+    let o = n.service_action(&e, &call("reprovision", &json!({"token":"x"}), "q"), t, 700);
+    assert_eq!(answer(&o).0, 1);
+    let token = json!({"token": "s3cret"});
+    let o = n.service_action(&e, &call("reprovision", &token, "p"), t, 750);
+    let reply = o.reply.as_ref().unwrap();
+    assert_eq!(
+        (reply.statuscode, reply.data.clone()),
+        (0, json!({"message": "Restarting after 4s"}))
+    );
+    assert_eq!(o.schedule, Some((Duration::from_secs(4), Scheduled::Renew)));
+    assert_eq!(
+        n.written_config()
+            .get("plugin.choria.server.provision")
+            .map(String::as_str),
+        Some("1")
+    );
+    // A second ask while the restart is pending: the same reply, no second restart.
+    let o = n.service_action(&e, &call("reprovision", &token, "other"), t, 751);
+    assert_eq!(answer(&o).0, 0);
+    assert!(o.schedule.is_none());
+    assert_eq!(
+        n.state,
+        NodeState::InService,
+        "still in service until the restart"
+    );
+    assert_eq!(n.record.renewed, 0, "counted at the restart");
+    assert_eq!(
+        n.renew_now(),
+        Some(Event::Startup {
+            version: "0.29.4".into()
+        })
+    );
+    assert_eq!(n.state, NodeState::Provisioning);
+    assert!(n.written_config().is_empty());
+    assert_eq!((n.record.renewed, n.record.reprovisioned), (1, 1));
+    assert_eq!(n.record.renewal_refusals, 1);
+    let c = &n.record.credentials[0];
+    assert_eq!(c.renewal_asked_at, Some(700), "the first ask");
+    assert_eq!(
+        c.renewed_by.as_deref(),
+        Some("p.choria=prov"),
+        "the obeyed one"
+    );
+    assert_eq!(n.renew_now(), None, "nothing pending any more");
+    // The new life's credential is a new entry, untouched by the old renewal.
+    let jwt2 = server_jwt(json!({"identity":"node1.example.net","iat":800,"exp":2000}));
+    let conf = in_service_conf(Some(&jwt2));
+    n.provision_action(&e, &call("configure", &conf, "p2"), t, 800);
+    assert_eq!(
+        n.record.duplicate, None,
+        "a new life may be provisioned again"
+    );
+    assert_eq!(n.record.credentials.len(), 2);
+    let c = &n.record.credentials[1];
+    assert_eq!(
+        (c.given_at, c.not_before, c.not_after, c.renewal_asked_at),
+        (800, Some(800), Some(2000), None)
+    );
+}
+
+#[test]
+fn a_pending_renewal_dies_with_its_process_and_a_restart_into_provisioning_obeys_it() {
+    let t = Instant::now();
+    let e = env("s3cret", json!({"chpd": true}));
+    let token = json!({"token": "s3cret"});
+    // Churn (an operator's reprovision) before the renewal's restart: nothing left to renew.
+    let mut n = in_service(&e, None, &in_service_conf(None), 0);
+    n.service_action(&e, &call("reprovision", &token, "p"), t, 1);
+    assert!(n.reprovision().is_some());
+    assert_eq!(n.renew_now(), None);
+    assert_eq!((n.record.renewed, n.record.reprovisioned), (0, 1));
+    // A restart asked first, then a reprovision: go-choria restarts once, into the
+    // rewritten config, so provisioning mode: a new life, the renewal obeyed.
+    let mut m = in_service(&e, None, &in_service_conf(None), 0);
+    let restart = json!({"token":"s3cret","splay":1});
+    let o = m.service_action(&e, &call("restart", &restart, "p"), t, 1);
+    assert!(o.schedule.is_some());
+    let o = m.service_action(&e, &call("reprovision", &token, "p"), t, 1);
+    assert_eq!(answer(&o).0, 0);
+    assert!(o.schedule.is_none(), "one restart pending already");
+    assert!(
+        m.restart_now(&e, None, 2).is_some(),
+        "restarted into provisioning"
+    );
+    assert_eq!(m.state, NodeState::Provisioning);
+    assert_eq!((m.record.renewed, m.record.reprovisioned), (1, 1));
+}
+
+#[test]
+fn configure_records_one_credential_per_kind_and_life_with_its_validity() {
+    let t = Instant::now();
+    let e = env("", json!({"chpd": true}));
+    let key_der = rsa::pkcs8::EncodePublicKey::to_public_key_der(&rsa::RsaPublicKey::from(
+        &keys::generate_rsa().expect("key"),
+    ))
+    .expect("spki");
+    let certificate =
+        choria_testkit::certificates::issue("CN=node1.example.net", &[], key_der.as_bytes(), &[1]);
+    let (not_before, not_after) = keys::certificate_validity(&certificate).unwrap();
+    assert_eq!(
+        not_after - not_before,
+        86_400,
+        "the test certificate lives a day"
+    );
+    let mut n = node(None);
+    // Without ca and ssldir the certificate is not installed: no credential.
+    let partial = json!({"config": "{}", "certificate": certificate});
+    n.provision_action(&e, &call("configure", &partial, "p"), t, 5);
+    assert!(
+        n.record.credentials.is_empty(),
+        "{:?}",
+        n.record.credentials
+    );
+    let full = json!({"config": "{}", "certificate": certificate, "ca": certificate, "ssldir": "/etc/choria/ssl"});
+    n.provision_action(&e, &call("configure", &full, "p"), t, 6);
+    n.provision_action(&e, &call("configure", &full, "p"), t, 7);
+    assert_eq!(
+        n.record.credentials.len(),
+        1,
+        "a retry replaces, in one life"
+    );
+    let c = &n.record.credentials[0];
+    assert_eq!(c.kind, CredentialKind::Certificate);
+    assert_eq!(
+        (c.given_at, c.not_before, c.not_after),
+        (7, Some(not_before), Some(not_after))
+    );
+}
+
+#[test]
+fn each_life_gets_its_own_credential_entries() {
+    let t = Instant::now();
+    let e = env("", json!({"chpd": true}));
+    let mut n = node(None);
+    for (life, exp) in [(0, 1000), (1, 2000)] {
+        let token = server_jwt(json!({"identity":"node1.example.net","iat":life*10,"exp":exp}));
+        let conf = json!({
+            "config": "{\"plugin.choria.server.provision\":\"false\"}",
+            "server_jwt": token,
+        });
+        n.provision_action(&e, &call("configure", &conf, "p"), t, life * 10);
+        n.provision_action(&e, &call("configure", &conf, "p"), t, life * 10 + 1);
+        n.provision_action(&e, &call("restart", &json!({"splay":1}), "p"), t, 0);
+        assert_eq!(n.restart_now(&e, None, 0), None);
+        assert!(n.reprovision().is_some());
+    }
+    let lives: Vec<(i64, Option<i64>, Option<i64>)> = n
+        .record
+        .credentials
+        .iter()
+        .map(|c| (c.given_at, c.not_before, c.not_after))
+        .collect();
+    assert_eq!(
+        lives,
+        [(1, Some(0), Some(1000)), (11, Some(10), Some(2000))]
+    );
+    assert!(n
+        .record
+        .credentials
+        .iter()
+        .all(|c| c.kind == CredentialKind::ServerJwt));
 }

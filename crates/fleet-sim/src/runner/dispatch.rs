@@ -1,5 +1,6 @@
 //! A message to the nodes it is for (checked, then answered inline or queued for a worker),
-//! the forger's answers, and a worker's `choria_provision` job.
+//! the forger's answers, a worker's `choria_provision` job, and the production connection's
+//! requests to nodes in service.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,22 +8,30 @@ use std::time::{Duration, Instant};
 use parking_lot::MutexGuard;
 use serde_json::{json, Value};
 
-use super::request::{check_message, describe_payload, parse_rpc_body, read_unchecked, Request};
+use super::request::{
+    check_message, describe_payload, parse_rpc_body, read_unchecked, Request, Side,
+};
+use super::setup::Production;
 use super::shared::{Job, Shared, Task};
 use super::unix_now;
 use crate::check::{self, Drop};
 use crate::events::Event;
 use crate::faults::Fault;
-use crate::node::{ActionCall, ActionRecord, RpcAnswer, Scheduled, SimServer};
+use crate::node::{ActionCall, ActionRecord, NodeState, RpcAnswer, Scheduled, SimServer};
 use crate::wire::{Inbound, Route};
 use choria_wire::v1::server;
 
-/// Records an action in the node's report; `answer` None when no reply was sent.
+/// Why a dead node's request has no reply.
+const DEAD: &str = "not answered: dead node";
+
+/// Records an action in the node's report; `answer` None when no reply was sent, and then
+/// `unanswered` says why.
 fn record_action(
     node: &mut SimServer,
     request: &Request,
     action: String,
     answer: Option<&RpcAnswer>,
+    unanswered: &str,
 ) {
     node.record.actions.push(ActionRecord {
         at: unix_now(),
@@ -33,7 +42,7 @@ fn record_action(
         statuscode: answer.map(|a| a.statuscode),
         statusmsg: match answer {
             Some(a) => a.statusmsg.clone(),
-            None => "not answered: dead node".into(),
+            None => unanswered.into(),
         },
     });
 }
@@ -45,8 +54,14 @@ pub(super) fn handle_inbound(shared: &Shared, link: usize, inbound: Inbound) {
         forge(shared, link, &inbound);
         return;
     }
+    if inbound.route == Route::Production {
+        if let Some(production) = &shared.production {
+            handle_production(shared, production, &inbound);
+        }
+        return;
+    }
     let now = unix_now();
-    let verdict = check_message(shared, &inbound.data, now);
+    let verdict = check_message(shared, &inbound.data, now, Side::Provisioning);
     let single: [usize; 1];
     let (targets, directed): (&[usize], bool) = match inbound.route {
         Route::Node(i) => {
@@ -54,7 +69,7 @@ pub(super) fn handle_inbound(shared: &Shared, link: usize, inbound: Inbound) {
             (&single[..], true)
         }
         Route::Broadcast => (&shared.link_nodes[link], false),
-        Route::Forger => return,
+        Route::Forger | Route::Production => return,
     };
     for &index in targets {
         handle_for_node(shared, index, &inbound.subject, &verdict, now, directed);
@@ -217,7 +232,7 @@ fn record_and_answer(
     let fault = node.fault;
     let dead = fault == Some(Fault::Dead);
     let answered = (!dead).then_some(answer);
-    record_action(&mut node, request, label, answered);
+    record_action(&mut node, request, label, answered, DEAD);
     drop(node);
     if !dead {
         shared.send_rpc(index, fault, &identity, request, answer);
@@ -302,7 +317,7 @@ pub(super) fn run_job(shared: &Shared, job: Job) {
     }
     let label = format!("choria_provision#{}", job.action);
     if node.fault == Some(Fault::Dead) {
-        record_action(&mut node, &job.request, label, None);
+        record_action(&mut node, &job.request, label, None, DEAD);
         return;
     }
     let call = ActionCall {
@@ -312,7 +327,7 @@ pub(super) fn run_job(shared: &Shared, job: Job) {
         caller_id: &job.request.caller_id,
     };
     let outcome = node.provision_action(&shared.env, &call, Instant::now(), unix_now());
-    record_action(&mut node, &job.request, label, outcome.reply.as_ref());
+    record_action(&mut node, &job.request, label, outcome.reply.as_ref(), DEAD);
     let identity = node.identity.clone();
     let fault = node.fault;
     drop(node);
@@ -331,11 +346,124 @@ pub(super) fn run_job(shared: &Shared, job: Job) {
     for event in &after {
         shared.publish_event(job.node, &identity, event);
     }
-    if let Some((delay, what)) = outcome.schedule {
+    schedule_outcome(shared, job.node, outcome.schedule, true);
+}
+
+/// The delayed work an action left for its node; `events` false in service (its lifecycle
+/// events would go to production as component `server`: not simulated).
+fn schedule_outcome(
+    shared: &Shared,
+    node: usize,
+    schedule: Option<(Duration, Scheduled)>,
+    events: bool,
+) {
+    if let Some((delay, what)) = schedule {
         let task = match what {
-            Scheduled::Restart { new_version } => Task::Restart(job.node, new_version),
-            Scheduled::Shutdown => Task::Shutdown(job.node),
+            Scheduled::Restart { new_version } => Task::Restart(node, new_version),
+            Scheduled::Shutdown => Task::Shutdown(node, events),
+            Scheduled::Renew => Task::Renew(node),
         };
         shared.schedule(Instant::now() + delay, task);
     }
+}
+
+/// A request on the production connection, for the node its subject names: answered only
+/// by a node in service (a server not in service is not on production), checked as on the
+/// provisioning connection with the production collective, and only `choria_provision` is
+/// played; replies go out on the production connection.
+fn handle_production(shared: &Shared, production: &Production, inbound: &Inbound) {
+    let prefix = format!("{}.node.", production.collective);
+    let Some(identity) = inbound.subject.strip_prefix(&prefix) else {
+        return;
+    };
+    let Some(&index) = shared.index_of.get(identity) else {
+        // Not one of this fleet's nodes.
+        return;
+    };
+    let now = unix_now();
+    let side = Side::Production(&production.collective);
+    let verdict = check_message(shared, &inbound.data, now, side);
+    let mut node = shared.nodes[index].lock();
+    if node.state != NodeState::InService {
+        node.record.production_ignored += 1;
+        return;
+    }
+    let request = match verdict {
+        Ok(r) => r,
+        Err(drop) => {
+            node.record_violation(now, &inbound.subject, drop.to_string());
+            return;
+        }
+    };
+    if request.agent != "choria_provision" {
+        node.record.production_ignored += 1;
+        return;
+    }
+    let hosted = node.hosts_provision_agent(&shared.env);
+    if hosted {
+        let filter = check::check_filter(&request.filter, identity, &shared.env.facts);
+        if let Err(drop) = filter {
+            node.record_violation(now, &inbound.subject, drop.to_string());
+            return;
+        }
+        if request.reply_to.is_empty() {
+            let why = "request has no reply-to header: cannot answer";
+            node.record_violation(now, &inbound.subject, why.into());
+            return;
+        }
+    }
+    let unanswered = if node.fault == Some(Fault::NoProvisionAgent) {
+        "not answered: choria_provision is not loaded in service (--no-provision-agent)"
+    } else {
+        "not answered: choria_provision is not loaded in service (no provisioning token)"
+    };
+    let (action, data) = match parse_rpc_body(&request.payload) {
+        Ok(parsed) => parsed,
+        Err(_) if !hosted => {
+            let label = "choria_provision#".to_string();
+            record_action(&mut node, &request, label, None, unanswered);
+            return;
+        }
+        Err(why) => {
+            let answer = RpcAnswer {
+                action: String::new(),
+                statuscode: 4,
+                statusmsg: format!(
+                    "Could not process request: could not parse incoming message as a MCollective SimpleRPC Request: {why}"
+                ),
+                data: json!({}),
+            };
+            let label = "choria_provision#".to_string();
+            record_action(&mut node, &request, label, Some(&answer), unanswered);
+            let fault = node.fault;
+            drop(node);
+            shared.send_rpc_on(production.link, fault, identity, &request, &answer);
+            return;
+        }
+    };
+    let label = format!("choria_provision#{action}");
+    if node.fault == Some(Fault::Dead) {
+        record_action(&mut node, &request, label, None, DEAD);
+        return;
+    }
+    let call = ActionCall {
+        action: &action,
+        data: &data,
+        sender_id: &request.sender_id,
+        caller_id: &request.caller_id,
+    };
+    let outcome = node.service_action(&shared.env, &call, Instant::now(), now);
+    record_action(
+        &mut node,
+        &request,
+        label,
+        outcome.reply.as_ref(),
+        unanswered,
+    );
+    let fault = node.fault;
+    drop(node);
+    if let Some(answer) = &outcome.reply {
+        shared.send_rpc_on(production.link, fault, identity, &request, answer);
+    }
+    schedule_outcome(shared, index, outcome.schedule, false);
 }

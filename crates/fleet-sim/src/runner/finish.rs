@@ -59,7 +59,8 @@ pub(super) fn report(opts: &Options, shared: Arc<Shared>, run: Run) -> Report {
     }
 }
 
-/// Waits for the end of the run and says why it ended: `signal`, `deadline` or `done`.
+/// Waits for the end of the run and says why it ended: `signal`, `deadline`, `done` or
+/// `renewed`.
 pub(super) fn wait_for_end(
     opts: &Options,
     shared: &Shared,
@@ -79,6 +80,8 @@ pub(super) fn wait_for_end(
         }
         let mut healthy = 0;
         let mut healthy_done = 0;
+        let mut healthy_renewed = 0;
+        let mut renewed = 0;
         let mut in_service = 0;
         let mut violations = 0;
         let mut duplicates = 0;
@@ -90,7 +93,14 @@ pub(super) fn wait_for_end(
                 if node.state.is_done() {
                     healthy_done += 1;
                 }
+                // Renewed and back: a restart into service came after the last renewal.
+                if let Some(n) = opts.exit_when_renewed {
+                    if node.record.renewed >= n && node.state == NodeState::InService {
+                        healthy_renewed += 1;
+                    }
+                }
             }
+            renewed += node.record.renewed;
             if node.state == NodeState::InService {
                 in_service += 1;
             }
@@ -98,19 +108,28 @@ pub(super) fn wait_for_end(
             duplicates += usize::from(node.record.duplicate.is_some());
         }
         let progress = || {
+            let renewals = match opts.production_brokers {
+                Some(_) => format!(", renewed {renewed}"),
+                None => String::new(),
+            };
             eprintln!(
-                "choria-fleet-sim: {}s: {in_service}/{} in service, healthy done {healthy_done}/{healthy}, violations {violations}, duplicates {duplicates}",
+                "choria-fleet-sim: {}s: {in_service}/{} in service, healthy done {healthy_done}/{healthy}, violations {violations}, duplicates {duplicates}{renewals}",
                 started.elapsed().as_secs(),
                 opts.nodes
             );
         };
-        let done = opts.exit_when_done && healthy > 0 && healthy_done == healthy;
+        let renewal_done =
+            opts.exit_when_renewed.is_some() && healthy > 0 && healthy_renewed == healthy;
+        let done = renewal_done || (opts.exit_when_done && healthy > 0 && healthy_done == healthy);
         if let (Some(at), Some(every)) = (next_progress, opts.progress) {
             // The last line before a done exit too: whoever reads them sees the end.
             if done || Instant::now() >= at {
                 progress();
                 next_progress = Some(at + every);
             }
+        }
+        if renewal_done {
+            return "renewed".into();
         }
         if done {
             return "done".into();

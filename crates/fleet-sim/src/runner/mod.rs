@@ -10,6 +10,8 @@
 //! - `sim-keygen-<k>`: pre-generate RSA keys (see `keys::KeyPool`).
 //! - `sim-forger`: with `--forged` nodes, the forger's connection (see `forger`): every
 //!   node's requests, answered in the forged nodes' names.
+//! - `sim-production`: with `--production-broker`, the nodes' production connection: the
+//!   requests to nodes in service (`<collective>.node.>`), answered inline.
 //!
 //! Files:
 //! - `setup`: what a run makes before its threads start (credentials, nodes, connections);
@@ -79,7 +81,8 @@ impl std::error::Error for SimError {}
 
 pub(crate) use choria_broker::clock::unix_now;
 
-/// Runs the fleet until done (with `--exit-when-done`), the deadline, or `interrupted`.
+/// Runs the fleet until done (with `--exit-when-done`), renewed (`--exit-when-renewed`), the
+/// deadline, or `interrupted`.
 pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimError> {
     let started = Instant::now();
     let started_unix = unix_now();
@@ -100,6 +103,7 @@ pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimEr
 
     let mut fleet = setup::connect_fleet(opts, &credentials.auth)?;
     let forger = setup::connect_forger(opts, &credentials.auth, &fault_of, &mut fleet)?;
+    let production = setup::connect_production(opts, &mut fleet)?;
     let index_of = (0..opts.nodes).map(|i| (opts.identity(i), i)).collect();
     let forged_for = fault_of.iter().map(|f| *f == Some(Fault::Forged)).collect();
     let forgeries = (0..opts.nodes).map(|_| Mutex::new(Vec::new())).collect();
@@ -126,6 +130,7 @@ pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimEr
         slow_delay: opts.slow_delay,
         reprovision_after: opts.reprovision_after,
         forger,
+        production,
         index_of,
         forged_for,
         forgeries,

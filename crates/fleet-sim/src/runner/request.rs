@@ -53,9 +53,28 @@ impl From<v2_server::IncomingRequest> for Request {
     }
 }
 
+/// Which connection a message came in on: what its collective must be, and (v2) what its
+/// caller needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Side<'a> {
+    /// The provisioning connections: collective `provisioning`, the provisioner permission.
+    Provisioning,
+    /// The production connection: its collective, the fleet_management permission.
+    Production(&'a str),
+}
+
 /// Checks done once per message, the same for every node that receives it: transport, schemas,
 /// collective and time window; in v2 also the caller checks.
-pub(super) fn check_message(shared: &Shared, data: &[u8], now: i64) -> Result<Arc<Request>, Drop> {
+pub(super) fn check_message(
+    shared: &Shared,
+    data: &[u8],
+    now: i64,
+    side: Side,
+) -> Result<Arc<Request>, Drop> {
+    let collective = match side {
+        Side::Provisioning => check::COLLECTIVE,
+        Side::Production(c) => c,
+    };
     let schemas = &shared.schemas;
     check::check_transport(data, shared.protocol)?;
     match shared.protocol {
@@ -63,7 +82,7 @@ pub(super) fn check_message(shared: &Shared, data: &[u8], now: i64) -> Result<Ar
             let request = server::decode_request(data).map_err(|e| Drop::Decode(e.to_string()))?;
             schemas.check_secure_request(&request.secure_request)?;
             schemas.check_request(&request.request)?;
-            check::check_collective(&request.collective)?;
+            check::check_collective(&request.collective, collective)?;
             check::check_time(request.time, request.ttl, now)?;
             Ok(Arc::new(request.into()))
         }
@@ -72,12 +91,15 @@ pub(super) fn check_message(shared: &Shared, data: &[u8], now: i64) -> Result<Ar
                 v2_server::decode_request(data).map_err(|e| Drop::Decode(e.to_string()))?;
             schemas.check_secure_request(&request.secure_request)?;
             schemas.check_request(&request.request)?;
-            check::check_collective(&request.collective)?;
+            check::check_collective(&request.collective, collective)?;
             check::check_time_nanos(request.time, request.ttl, unix_now_nanos())?;
             if let Some(callers) = &shared.callers {
-                callers
-                    .check(&request, u64::try_from(now).unwrap_or(0))
-                    .map_err(Drop::Caller)?;
+                let now = u64::try_from(now).unwrap_or(0);
+                match side {
+                    Side::Provisioning => callers.check(&request, now),
+                    Side::Production(_) => callers.check_production(&request, now),
+                }
+                .map_err(Drop::Caller)?;
             }
             Ok(Arc::new(request.into()))
         }

@@ -188,6 +188,7 @@ pub(super) fn env(
         lock: opts.lock,
         facts: opts.facts.clone(),
         crypto: Box::new(CryptoBridge { keys, verify }),
+        reprovision_restart: opts.reprovision_restart,
     }
 }
 
@@ -269,4 +270,38 @@ pub(super) fn connect_forger(
         Forger::new(opts.forge.clone()),
         fleet.links.len() - 1,
     )))
+}
+
+/// The nodes' production connection and its collective, with `--production-broker`.
+pub(super) struct Production {
+    /// An index into `links`.
+    pub(super) link: usize,
+    pub(super) collective: String,
+}
+
+/// The production connection: one for every node (no credentials: a test's plain
+/// nats-server), subscribed to `<collective>.node.>` so each node in service hears the
+/// requests for its identity; None without `--production-broker`.
+pub(super) fn connect_production(
+    opts: &Options,
+    fleet: &mut Fleet,
+) -> Result<Option<Production>, SimError> {
+    let Some(urls) = &opts.production_brokers else {
+        return Ok(None);
+    };
+    let (link, mut inbox) =
+        wire::connect(urls, "choria-fleet-sim-production", &Auth::None).map_err(SimError::Wire)?;
+    let subject = format!("{}.node.>", opts.production_collective);
+    inbox
+        .subscribe(&link, &subject, Route::Production)
+        .map_err(SimError::Wire)?;
+    link.flush(Duration::from_secs(10))
+        .map_err(SimError::Wire)?;
+    fleet.links.push(link);
+    fleet.link_nodes.push(Vec::new());
+    fleet.inboxes.push(inbox);
+    Ok(Some(Production {
+        link: fleet.links.len() - 1,
+        collective: opts.production_collective.clone(),
+    }))
 }

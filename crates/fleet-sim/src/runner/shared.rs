@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 use super::request::Request;
+use super::setup::Production;
 use super::unix_now;
 use crate::caller_check::CallerChecks;
 use crate::check::Schemas;
@@ -34,9 +35,13 @@ pub(super) enum Task {
     },
     Boot(usize),
     Restart(usize, Option<String>),
-    Shutdown(usize),
+    /// A `shutdown` action's exit; with its lifecycle event unless asked in service (there
+    /// it is component `server` on production: not simulated).
+    Shutdown(usize, bool),
     /// `--reprovision-after`: back into provisioning mode after service.
     Reprovision(usize),
+    /// The restart of an accepted `reprovision` in service.
+    Renew(usize),
 }
 
 /// A `choria_provision` request for a worker.
@@ -63,6 +68,8 @@ pub(super) struct Shared {
     pub(super) reprovision_after: Option<Duration>,
     /// The forger and its connection (an index into `links`), with `--forged` nodes.
     pub(super) forger: Option<(Forger, usize)>,
+    /// The production connection, with `--production-broker`.
+    pub(super) production: Option<Production>,
     /// Node index by identity, for the forger.
     pub(super) index_of: HashMap<String, usize>,
     /// Whether each node is forged for (fixed at the start), and what was forged for it:
@@ -107,7 +114,17 @@ impl Shared {
         reply_to: &str,
         payload: Vec<u8>,
     ) {
-        let link = self.node_link[node];
+        self.deliver_on(self.node_link[node], fault, reply_to, payload);
+    }
+
+    /// `deliver` on a given connection (the production one, for a node in service).
+    pub(super) fn deliver_on(
+        &self,
+        link: usize,
+        fault: Option<Fault>,
+        reply_to: &str,
+        payload: Vec<u8>,
+    ) {
         let delay = match (fault, &self.forger) {
             (Some(Fault::Slow), _) => self.slow_delay,
             (Some(Fault::Forged), Some((forger, _))) => forger.options().victim_delay,
@@ -136,6 +153,18 @@ impl Shared {
         request: &Request,
         answer: &RpcAnswer,
     ) {
+        self.send_rpc_on(self.node_link[node], fault, identity, request, answer);
+    }
+
+    /// `send_rpc` on a given connection.
+    pub(super) fn send_rpc_on(
+        &self,
+        link: usize,
+        fault: Option<Fault>,
+        identity: &str,
+        request: &Request,
+        answer: &RpcAnswer,
+    ) {
         let mut message = server::encode_rpc_reply(
             &answer.action,
             answer.statuscode,
@@ -147,7 +176,7 @@ impl Shared {
             message.pop();
         }
         let payload = self.reply(request, identity, &message, fault == Some(Fault::BadHash));
-        self.deliver(node, fault, &request.reply_to, payload);
+        self.deliver_on(link, fault, &request.reply_to, payload);
     }
 
     /// A reply transport in the fleet's protocol; with `bad_hash` its SecureReply hash is not

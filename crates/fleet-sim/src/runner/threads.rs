@@ -15,7 +15,7 @@ use super::{SimError, POLL};
 use crate::wire;
 
 /// Starts every thread: the timer, `workers` workers, and a receiver per inbox (the
-/// forger's named so).
+/// forger's and the production connection's named so).
 pub(super) fn start(
     shared: &Arc<Shared>,
     workers: usize,
@@ -34,10 +34,13 @@ pub(super) fn start(
         threads.push(spawn(format!("sim-work-{k}"), move || worker_loop(s, rx))?);
     }
     let forger_link = shared.forger.as_ref().map(|(_, link)| *link);
+    let production_link = shared.production.as_ref().map(|p| p.link);
     for (k, inbox) in inboxes.into_iter().enumerate() {
         let s = shared.clone();
         let name = if forger_link == Some(k) {
             "sim-forger".to_string()
+        } else if production_link == Some(k) {
+            "sim-production".to_string()
         } else {
             format!("sim-recv-{k}")
         };

@@ -1,4 +1,4 @@
-//! The timer thread: delayed tasks (boots, restarts, shutdowns, reprovisions, late
+//! The timer thread: delayed tasks (boots, restarts, shutdowns, reprovisions, renewals, late
 //! replies), earliest first.
 
 use std::cmp::Ordering as CmpOrdering;
@@ -78,12 +78,23 @@ fn run_task(shared: &Shared, task: Task) {
                 shared.publish_event(i, &identity, &event);
             }
         }
-        Task::Shutdown(i) => {
+        Task::Renew(i) => {
+            let mut node = shared.nodes[i].lock();
+            let event = node.renew_now();
+            let identity = node.identity.clone();
+            drop(node);
+            if let Some(event) = event {
+                shared.publish_event(i, &identity, &event);
+            }
+        }
+        Task::Shutdown(i, publish) => {
             let mut node = shared.nodes[i].lock();
             let event = node.shut_down();
             let identity = node.identity.clone();
             drop(node);
-            shared.publish_event(i, &identity, &event);
+            if publish {
+                shared.publish_event(i, &identity, &event);
+            }
         }
     }
 }

@@ -17,24 +17,24 @@ use choria_wire::signing::Signer;
 use choria_wire::v1::client::{self, RequestSpec, RpcReply};
 use choria_wire::v1::{self, Filter};
 
-const TOKEN: &str = "s3cret";
-const CALLER: &str = "choria=provisioner";
-const SENDER: &str = "prov.example.net";
-const WAIT: Duration = Duration::from_secs(30);
+pub(super) const TOKEN: &str = "s3cret";
+pub(super) const CALLER: &str = "choria=provisioner";
+pub(super) const SENDER: &str = "prov.example.net";
+pub(super) const WAIT: Duration = Duration::from_secs(30);
 
-fn now() -> i64 {
+pub(super) fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64
 }
 
-fn identity(i: usize) -> String {
+pub(super) fn identity(i: usize) -> String {
     format!("node{i}.sim.example.net")
 }
 
 /// A simulator process we started; stopped by its pid.
-struct Sim {
+pub(super) struct Sim {
     child: Option<Child>,
     report: PathBuf,
     stdout: PathBuf,
@@ -43,7 +43,7 @@ struct Sim {
 }
 
 impl Sim {
-    fn start(broker: &NatsServer, extra: &[&str]) -> Sim {
+    pub(super) fn start(broker: &NatsServer, extra: &[&str]) -> Sim {
         let dir = tempfile::tempdir().unwrap();
         let seed: [u8; 32] = rand::random();
         let seed_hex = hex::encode(seed);
@@ -91,7 +91,7 @@ impl Sim {
     }
 
     /// Waits (bounded) for the process to end by itself, then reads the report.
-    fn wait(mut self) -> (Value, String) {
+    pub(super) fn wait(mut self) -> (Value, String) {
         let mut child = self.child.take().unwrap();
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -136,23 +136,23 @@ impl Drop for Sim {
 }
 
 /// The provisioner's side: a plain connection.
-struct Client {
-    nc: Connection,
+pub(super) struct Client {
+    pub(super) nc: Connection,
 }
 
-struct Req<'a> {
-    agent: &'a str,
-    message: String,
-    filter: Filter,
-    ttl: u64,
-    time: i64,
-    request_id: String,
-    sender: &'a str,
-    collective: &'a str,
+pub(super) struct Req<'a> {
+    pub(super) agent: &'a str,
+    pub(super) message: String,
+    pub(super) filter: Filter,
+    pub(super) ttl: u64,
+    pub(super) time: i64,
+    pub(super) request_id: String,
+    pub(super) sender: &'a str,
+    pub(super) collective: &'a str,
 }
 
 impl<'a> Req<'a> {
-    fn rpc(agent: &'a str, action: &str, data: Value, node: &str) -> Req<'a> {
+    pub(super) fn rpc(agent: &'a str, action: &str, data: Value, node: &str) -> Req<'a> {
         Req {
             agent,
             message: client::rpc_request_body(agent, action, &data),
@@ -168,7 +168,7 @@ impl<'a> Req<'a> {
         }
     }
 
-    fn encode(&self, reply_to: &str) -> Vec<u8> {
+    pub(super) fn encode(&self, reply_to: &str) -> Vec<u8> {
         let spec = RequestSpec {
             agent: self.agent,
             message: &self.message,
@@ -202,7 +202,7 @@ fn mutate_request(transport: &[u8], change: impl Fn(&mut Value)) -> Vec<u8> {
 }
 
 impl Client {
-    fn connect(broker: &NatsServer) -> Client {
+    pub(super) fn connect(broker: &NatsServer) -> Client {
         Client {
             nc: Connection::connect_with(
                 &ConnectSettings::insecure(&broker.url(), SENDER, Duration::from_secs(2)),
@@ -229,7 +229,7 @@ impl Client {
     }
 
     /// A directed RPC; returns the parsed RPC reply.
-    fn call(&self, node: &str, req: &Req) -> RpcReply {
+    pub(super) fn call(&self, node: &str, req: &Req) -> RpcReply {
         let sub = self.send(node, req, None);
         let message = sub
             .next_timeout(WAIT)
@@ -240,7 +240,7 @@ impl Client {
         client::parse_rpc_reply(&reply.message).unwrap()
     }
 
-    fn wait_startups(sub: &Subscription, nodes: usize) -> BTreeSet<String> {
+    pub(super) fn wait_startups(sub: &Subscription, nodes: usize) -> BTreeSet<String> {
         let mut seen = BTreeSet::new();
         let deadline = Instant::now() + WAIT;
         while seen.len() < nodes && Instant::now() < deadline {
@@ -256,7 +256,7 @@ impl Client {
     }
 }
 
-fn startup_sub(client: &Client) -> Subscription {
+pub(super) fn startup_sub(client: &Client) -> Subscription {
     client
         .nc
         .subscribe("choria.lifecycle.event.startup.provision_mode_server")
@@ -275,7 +275,7 @@ fn actions_of(report: &Value, node: &str) -> Vec<Value> {
         .clone()
 }
 
-fn node_report<'a>(report: &'a Value, node: &str) -> &'a Value {
+pub(super) fn node_report<'a>(report: &'a Value, node: &str) -> &'a Value {
     report["nodes"]
         .as_array()
         .unwrap()
