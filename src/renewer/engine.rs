@@ -140,6 +140,10 @@ struct Engine {
     refreshed_at: Instant,
     gauges_at: Instant,
     jobs: Option<Sender<Identity>>,
+    /// The production connection, for a store behind it that must be opened again.
+    conn: Option<Connection>,
+    /// A store behind the connection has been opened.
+    store_open: bool,
     results_tx: Sender<(Identity, Asked)>,
     results: Receiver<(Identity, Asked)>,
     callers: Vec<JoinHandle<()>>,
@@ -173,6 +177,8 @@ impl Engine {
             refreshed_at: now,
             gauges_at: now,
             jobs: None,
+            conn: None,
+            store_open: false,
             results_tx,
             results,
             callers: Vec::new(),
@@ -232,12 +238,8 @@ impl Engine {
     }
 
     fn production_up(&mut self, conn: Option<&Connection>, ask: Arc<dyn Reprovision>) {
-        if let (true, Some(conn)) = (self.parts.store.needs_connection(), conn) {
-            match self.parts.store.connected(conn) {
-                Ok(()) => self.load_store(),
-                Err(err) => self.store_failed("open", &err),
-            }
-        }
+        self.conn = conn.cloned();
+        self.open_store();
         if self.jobs.is_some() {
             return;
         }
@@ -264,6 +266,23 @@ impl Engine {
         }
         if !self.callers.is_empty() {
             self.jobs = Some(jobs_tx);
+        }
+    }
+
+    /// Opens a store behind the production connection, then loads it.
+    fn open_store(&mut self) {
+        if !self.parts.store.needs_connection() || self.store_open {
+            return;
+        }
+        let Some(conn) = self.conn.clone() else {
+            return;
+        };
+        match self.parts.store.connected(&conn) {
+            Ok(()) => {
+                self.store_open = true;
+                self.load_store();
+            }
+            Err(err) => self.store_failed("open", &err),
         }
     }
 
@@ -315,12 +334,15 @@ impl Engine {
         let Ok(identity) = Identity::parse(&record.identity) else {
             return;
         };
-        if let Some(known) = self.records.get(&identity) {
+        if let (false, Some(known)) = (fresh, self.records.get(&identity)) {
             // A store's copy older than ours changes nothing.
-            if !fresh && known.issued_at > record.issued_at {
+            if known.issued_at > record.issued_at {
                 return;
             }
-            if !fresh && known.issued_at == record.issued_at && known.renewal == record.renewal {
+            // The same credential: our own write read back, or another instance's claim,
+            // which leaves the node to it unless we asked first.
+            if known.fingerprint == record.fingerprint && known.issued_at == record.issued_at {
+                self.claimed_elsewhere(&identity, record);
                 return;
             }
         }
@@ -361,6 +383,29 @@ impl Engine {
             self.dirty.insert(identity.clone());
         }
         self.records.insert(identity, record);
+    }
+
+    /// A shared store says another instance asked `identity`'s node while we had not.
+    fn claimed_elsewhere(&mut self, identity: &Identity, record: IssuedRecord) {
+        let Some(state) = &record.renewal else {
+            return;
+        };
+        let ours = state.asked_by.as_deref() == Some(&self.parts.settings.instance);
+        let asked_here = self
+            .schedule
+            .state_of(identity)
+            .is_some_and(|(_, asked, _)| asked.is_some());
+        if asked_here || ours {
+            return;
+        }
+        if state.asked_at.is_some() {
+            self.schedule.set_aside(identity);
+        } else {
+            // Its claim ended (its node did not come back): due when that instance said.
+            self.schedule
+                .set_due(identity, state.due_at.saturating_mul(1000));
+        }
+        self.records.insert(identity.clone(), record);
     }
 
     /// A record read back that says a node was asked: ours (across our restart), still
@@ -523,7 +568,8 @@ impl Engine {
     }
 
     fn retry_store(&mut self) {
-        if self.parts.store.needs_connection() && self.jobs.is_none() {
+        if self.parts.store.needs_connection() && !self.store_open {
+            self.open_store();
             return;
         }
         if self.loaded {

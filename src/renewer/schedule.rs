@@ -261,6 +261,20 @@ impl Schedule {
         planned.due_at = planned.due_at.min(at);
     }
 
+    /// Due at `at`, whatever it was (another instance's schedule for it, read back).
+    pub(crate) fn set_due(&mut self, identity: &Identity, at: i64) {
+        let Some(planned) = self.planned.get_mut(identity) else {
+            return;
+        };
+        if planned.asked.is_some() {
+            return;
+        }
+        self.queue.remove(&(planned.due_at, identity.clone()));
+        planned.set_aside = false;
+        planned.due_at = at;
+        self.queue.insert((at, identity.clone()));
+    }
+
     /// A request we sent before a restart: its return is awaited until `until`.
     pub(crate) fn restore_asked(&mut self, identity: &Identity, asked_at: i64, until: i64) {
         let Some(planned) = self.planned.get_mut(identity) else {

@@ -27,9 +27,9 @@ use choria_testkit::sim_args::{Fault as SimFault, SimArgs};
 use choria_testkit::PROVISIONING_ACCOUNTS_CONF;
 use support::*;
 
-const PASSWORD: &str = "s3cret";
-const TOKEN: &str = "e2e-v2-token";
-const CALLER_ID: &str = "provisioner_signer";
+pub(crate) const PASSWORD: &str = "s3cret";
+pub(crate) const TOKEN: &str = "e2e-v2-token";
+pub(crate) const CALLER_ID: &str = "provisioner_signer";
 
 /// Configures a node as a `choria`-provider server out of provisioning mode, like the sample
 /// ed25519 helper but in POSIX sh (a Python start per node would dominate 500 nodes on two
@@ -45,11 +45,11 @@ printf '{"defer":false,"msg":"v2 sh helper","configuration":{"identity":"%s","pl
 "#;
 
 /// One Organization Issuer network's keys and tokens, in the world's directory.
-struct OrgIssuer {
-    issuer_seed: String,
-    issuer_public: String,
-    provisioner_seed: String,
-    provisioner_jwt: String,
+pub(crate) struct OrgIssuer {
+    pub(crate) issuer_seed: String,
+    pub(crate) issuer_public: String,
+    pub(crate) provisioner_seed: String,
+    pub(crate) provisioner_jwt: String,
 }
 
 fn seed_file(world: &World, name: &str, seed: &[u8; 32]) -> String {
@@ -71,7 +71,7 @@ fn client_jwt(issuer: &[u8; 32], seed: &[u8; 32], permissions: &[&str]) -> Strin
 }
 
 impl OrgIssuer {
-    fn make(world: &World) -> OrgIssuer {
+    pub(crate) fn make(world: &World) -> OrgIssuer {
         let issuer = new_seed();
         let provisioner = new_seed();
         OrgIssuer {
@@ -85,7 +85,7 @@ impl OrgIssuer {
         }
     }
 
-    fn rules(&self) -> RelayRules {
+    pub(crate) fn rules(&self) -> RelayRules {
         RelayRules {
             provisioner_password: PASSWORD.into(),
             issuer: VerifyKey::ed25519_from_hex(&self.issuer_public).unwrap(),
@@ -94,7 +94,7 @@ impl OrgIssuer {
     }
 
     /// `choria.cfg` lines of the `choria` provider, with this token and seed.
-    fn choria_cfg(&self, token: &str, seed: &str) -> String {
+    pub(crate) fn choria_cfg(&self, token: &str, seed: &str) -> String {
         format!(
             "plugin.security.provider = choria\nplugin.security.choria.token_file = {token}\nplugin.security.choria.seed_file = {seed}\n"
         )
@@ -106,7 +106,7 @@ impl OrgIssuer {
     /// `rpc_timeout: 5s`: on a loaded 2-core CI machine a stall of a few seconds happens; a
     /// `restart` reply lost to one cannot be retried (the node is already back in service),
     /// so a shorter try failed a healthy node.
-    fn yaml(&self, world: &World, extra: &str) -> String {
+    pub(crate) fn yaml(&self, world: &World, extra: &str) -> String {
         let script = world.write("v2-sh-helper.sh", SH_HELPER);
         let helper = format!(
             "/bin/sh {script} {} nats://broker.e2e.example.net:4222",
@@ -121,7 +121,7 @@ impl OrgIssuer {
         )
     }
 
-    fn setup(&self, world: &World, identity: &str, extra_yaml: &str) -> ProvisionerSetup {
+    pub(crate) fn setup(&self, world: &World, identity: &str, extra_yaml: &str) -> ProvisionerSetup {
         ProvisionerSetup {
             identity: identity.to_string(),
             yaml: self.yaml(world, extra_yaml),
@@ -133,7 +133,7 @@ impl OrgIssuer {
     }
 
     /// `choria-fleet-sim --protocol v2` arguments with this issuer.
-    fn sim_args(&self, extra: SimArgs) -> SimArgs {
+    pub(crate) fn sim_args(&self, extra: SimArgs) -> SimArgs {
         SimArgs::new()
             .protocol_v2()
             .token(TOKEN)
@@ -166,7 +166,7 @@ fn never_configured(node: &NodeReport) {
 }
 
 /// A world with the relay in front of its broker, and an issuer whose keys are in it.
-fn org_world(conf: &str) -> (World, OrgIssuer) {
+pub(crate) fn org_world(conf: &str) -> (World, OrgIssuer) {
     let mut world = World::with_conf(conf);
     let org = OrgIssuer::make(&world);
     world.start_relay(org.rules());
