@@ -77,6 +77,9 @@ pub struct CertificateRecord {
     pub serial: String,
     /// SHA-256 over its DER, lowercase hex.
     pub sha256: String,
+    /// Its validity (notBefore, notAfter) in unix seconds: what renewal is timed on.
+    pub not_before_unix: i64,
+    pub not_after_unix: i64,
 }
 
 /// A server JWT as an auditor names it (never the token).
@@ -98,6 +101,11 @@ pub struct Issued {
     pub key_transported: bool,
     /// The version `release_update` moved the node to.
     pub upgrade: Option<String>,
+    /// The `exp` of the provisioning JWT the node showed at the `jwt` step (`features.jwt`),
+    /// in unix seconds: after it the node cannot come back through provisioning, so renewal
+    /// skips it. Absent from lines without that step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provisioning_jwt_expires_unix: Option<i64>,
 }
 
 /// What the helper decided, where the outcome alone does not say (a defer fails the cycle as

@@ -48,8 +48,8 @@ pub(super) fn configure_request(fields: ConfigureFields) -> Value {
     })
 }
 
-/// What a plan gives the node, for its audit line: the certificate's serial and digest, the
-/// server JWT's id, expiry and issuer, whether a key goes with them. Never the key, the
+/// What a plan gives the node, for its audit line: the certificate's serial, digest and
+/// validity, the server JWT's id, expiry and issuer, whether a key goes with them. Never the key, the
 /// certificate or the token themselves.
 pub(super) struct Delivery {
     certificate: Option<CertificateRecord>,
@@ -64,6 +64,8 @@ impl Delivery {
             certificate: plan.certificate.as_ref().map(|c| CertificateRecord {
                 serial: c.serial_hex.clone(),
                 sha256: c.sha256_hex.clone(),
+                not_before_unix: c.not_before_unix,
+                not_after_unix: c.not_after_unix,
             }),
             server_jwt: plan.server_jwt.as_ref().map(|jwt| ServerJwtRecord {
                 jti: jwt.id().to_string(),
