@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use choria_wire::time::rfc3339_utc;
 
@@ -70,20 +70,23 @@ pub struct HelperRecord {
     pub duration_ms: u64,
 }
 
-/// A certificate as an auditor names it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A certificate as an auditor names it. Read back too, to rebuild renewal's records
+/// (`renewal::rebuild`); a line written before the validity was recorded reads it as 0.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CertificateRecord {
     /// Lowercase hex of its serial's bytes, as openssl prints it.
     pub serial: String,
     /// SHA-256 over its DER, lowercase hex.
     pub sha256: String,
     /// Its validity (notBefore, notAfter) in unix seconds: what renewal is timed on.
+    #[serde(default)]
     pub not_before_unix: i64,
+    #[serde(default)]
     pub not_after_unix: i64,
 }
 
 /// A server JWT as an auditor names it (never the token).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerJwtRecord {
     pub jti: String,
     pub expires: Option<String>,
@@ -93,8 +96,9 @@ pub struct ServerJwtRecord {
     pub issuer: Option<String>,
 }
 
-/// What the node received from this cycle.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+/// What the node received from this cycle (read back as `CertificateRecord` is).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Issued {
     pub certificate: Option<CertificateRecord>,
     pub server_jwt: Option<ServerJwtRecord>,
