@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use choria_wire::time::rfc3339_utc;
 
@@ -70,20 +70,23 @@ pub struct HelperRecord {
     pub duration_ms: u64,
 }
 
-/// A certificate as an auditor names it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A certificate as an auditor names it. Read back too, to rebuild renewal's records
+/// (`renewal::rebuild`); a line written before the validity was recorded reads it as 0.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CertificateRecord {
     /// Lowercase hex of its serial's bytes, as openssl prints it.
     pub serial: String,
     /// SHA-256 over its DER, lowercase hex.
     pub sha256: String,
-    /// Its validity, Unix seconds: what renewal (and a rebuild of its records) needs.
+    /// Its validity (notBefore, notAfter) in unix seconds: what renewal is timed on.
+    #[serde(default)]
     pub not_before_unix: i64,
+    #[serde(default)]
     pub not_after_unix: i64,
 }
 
 /// A server JWT as an auditor names it (never the token).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerJwtRecord {
     pub jti: String,
     pub expires: Option<String>,
@@ -93,15 +96,18 @@ pub struct ServerJwtRecord {
     pub issuer: Option<String>,
 }
 
-/// What the node received from this cycle.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+/// What the node received from this cycle (read back as `CertificateRecord` is).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Issued {
     pub certificate: Option<CertificateRecord>,
     pub server_jwt: Option<ServerJwtRecord>,
     pub key_transported: bool,
     /// The version `release_update` moved the node to.
     pub upgrade: Option<String>,
-    /// When the node's provisioning JWT expires (its `exp`), seen at the `jwt` step.
+    /// The `exp` of the provisioning JWT the node showed at the `jwt` step (`features.jwt`),
+    /// in unix seconds: after it the node cannot come back through provisioning, so renewal
+    /// skips it. Absent from lines without that step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provisioning_jwt_expires_unix: Option<i64>,
 }
@@ -234,8 +240,8 @@ impl AuditLog {
         self.append_bytes(&encode(line)?)
     }
 
-    /// Appends one line of another shape (renewal's events), cut to [`MAX_LINE_BYTES`] by
-    /// its caller's bounded fields; refused whole if it is still longer.
+    /// Appends one line of another shape (renewal's events), refused whole if it is longer
+    /// than [`MAX_LINE_BYTES`] (its fields are bounded by its caller).
     pub fn append_other<T: serde::Serialize>(&self, line: &T) -> std::io::Result<()> {
         let json = serde_json::to_string(line).map_err(std::io::Error::other)?;
         let mut text = choria_wire::json::escape_line_breaks(json);

@@ -74,8 +74,12 @@ impl Checked {
         let renewal = match (&config.renewal, &config.production_client_config) {
             (Some(renewal), Some(path)) => Some(super::renewing::RenewalStart::new(
                 production_settings(config, path)?,
-                crate::renewer::open_store(&renewal.store, config.audit_file.as_deref())
-                    .map_err(DaemonError::Renewal)?,
+                crate::renewer::open_store(
+                    &renewal.store,
+                    &settings.identity,
+                    renewal.return_timeout,
+                )
+                .map_err(DaemonError::Renewal)?,
             )),
             _ => None,
         };

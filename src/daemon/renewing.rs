@@ -133,6 +133,7 @@ impl Started {
             gate: self.gate.clone(),
             metrics: self.metrics.clone(),
             audit,
+            rebuild_from: self.config.audit_file.clone(),
         })
         .map_err(DaemonError::Threads)?;
         self.renewer = Some(renewer);

@@ -26,40 +26,13 @@ impl Fleet {
         }
         let now = self.clock.now();
         let mut admissions = self.admissions.lock();
-        let mut readmission = false;
-        if let Some(entry) = admissions.entries.get(identity.as_str()) {
-            match entry.stage {
-                // A discovery answer vouches for a node only its event had announced.
-                Stage::Unverified if source == Source::Discovery => {
-                    let result = self.vouch(&mut admissions, identity);
-                    self.update_gauges(&admissions);
-                    return result;
-                }
-                // Go compares the age of the new sighting (always ~0) and so never
-                // re-admits; we compare the age of the held admission (provisioner
-                // hosts/hosts.go, add; see ARCHITECTURE.md, deliberate differences).
-                Stage::Held if now.saturating_duration_since(entry.admitted) > self.interval() => {
-                    readmission = true;
-                }
-                // A node renewal asked to reprovision comes back within `release_delay` of
-                // its last provisioning: its return is what we wait for.
-                Stage::Held if admissions.returning.get(identity).is_some_and(|t| *t > now) => {
-                    readmission = true;
-                }
-                // One cycle per node at a time: a second cycle would share the node's
-                // provisioning lock and its `jwt` call would replace the ECDH key under the
-                // first. A delayed node waits out its delay; one left to its owner, the lock.
-                stage => {
-                    if log_limit::global().allow("sighting_ignored", identity) {
-                        log::debug!(
-                            "ignored a sighting of {identity} from {source:?}: {}",
-                            stage.ignored_because()
-                        );
-                    }
-                    return Admission::Ignored;
-                }
-            }
-        }
+        // A node renewal asked to reprovision (here or, with a shared store, on another
+        // instance) starts a new life: whatever we held it for is over.
+        let returning = admissions.returning.get(identity).is_some_and(|t| *t > now);
+        let readmission = match self.weigh_known(&mut admissions, identity, source, returning) {
+            Ok(readmission) => readmission,
+            Err(admission) => return admission,
+        };
         admissions.last_number += 1;
         let number = admissions.last_number;
         let verified = source == Source::Discovery || !admissions.controlled();
@@ -71,7 +44,14 @@ impl Fleet {
             verified,
         };
         let keep = self.settings.release_delay;
-        let standing = admissions.reported.standing(identity, now, keep);
+        // The `provisioned` event of its previous life says nothing of this one (nor, to
+        // the cycle, during it).
+        let standing = if returning {
+            admissions.reported.forget(identity);
+            None
+        } else {
+            admissions.reported.standing(identity, now, keep)
+        };
         let result = if let Some(reported) = standing {
             // Seen after a `provisioned` event named it: delayed once, at most until the
             // event is `release_delay` old (the node restarting into service would answer no
@@ -116,6 +96,55 @@ impl Fleet {
         drop(admissions);
         self.count_new(identity, &result, source);
         result
+    }
+
+    /// A sighting of a node already known: `Ok(true)` admits it again, `Ok(false)` means it
+    /// was not known, `Err` is what the sighting came to without a new ticket.
+    fn weigh_known(
+        &self,
+        admissions: &mut Admissions,
+        identity: &Identity,
+        source: Source,
+        returning: bool,
+    ) -> Result<bool, Admission> {
+        let now = self.clock.now();
+        let Some(entry) = admissions.entries.get(identity.as_str()) else {
+            return Ok(false);
+        };
+        match entry.stage {
+            // A discovery answer vouches for a node only its event had announced.
+            Stage::Unverified if source == Source::Discovery => {
+                let result = self.vouch(admissions, identity);
+                self.update_gauges(admissions);
+                Err(result)
+            }
+            // Go compares the age of the new sighting (always ~0) and so never
+            // re-admits; we compare the age of the held admission (provisioner
+            // hosts/hosts.go, add; see ARCHITECTURE.md, deliberate differences).
+            Stage::Held if now.saturating_duration_since(entry.admitted) > self.interval() => {
+                Ok(true)
+            }
+            // Within `release_delay` of its last provisioning, or left to the instance
+            // that held its lock then, or delayed by that one's `provisioned` event.
+            stage @ (Stage::Held | Stage::LeftToOwner | Stage::Delayed) if returning => {
+                if stage == Stage::LeftToOwner {
+                    admissions.left_to_owner = admissions.left_to_owner.saturating_sub(1);
+                }
+                Ok(true)
+            }
+            // One cycle per node at a time: a second cycle would share the node's
+            // provisioning lock and its `jwt` call would replace the ECDH key under the
+            // first. A delayed node waits out its delay; one left to its owner, the lock.
+            stage => {
+                if log_limit::global().allow("sighting_ignored", identity) {
+                    log::debug!(
+                        "ignored a sighting of {identity} from {source:?}: {}",
+                        stage.ignored_because()
+                    );
+                }
+                Err(Admission::Ignored)
+            }
+        }
     }
 
     /// Renewal asked `identity` to reprovision: until `until`, a sighting of it is admitted

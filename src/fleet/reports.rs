@@ -59,6 +59,12 @@ impl Reports {
             .filter(|at| now.saturating_duration_since(*at) <= keep)
     }
 
+    /// Drops the standing report of `identity`: it spoke of a life the node has left (renewal
+    /// asked it to reprovision).
+    pub(super) fn forget(&mut self, identity: &Identity) {
+        self.at.remove(identity);
+    }
+
     #[cfg(test)]
     pub(super) fn contains(&self, identity: &Identity, now: Instant, keep: Duration) -> bool {
         self.standing(identity, now, keep).is_some()

@@ -1471,3 +1471,45 @@ fn the_ticker_keeps_the_waiting_count_true_while_the_one_worker_is_busy() {
     let stuck = threads.shutdown(&fleet, Duration::from_secs(5), &|| {});
     assert!(stuck.is_empty(), "stuck workers: {stuck:?}");
 }
+
+#[test]
+fn a_node_renewal_asked_back_is_taken_at_once_whatever_held_it() {
+    let (fleet, clock, metrics) = fleet_in(10, WorkOrder::Random);
+    // Held for release_delay after its provisioning, and left to another's lock.
+    fleet.admit(&id("held"), Source::Event);
+    let held = pop(&fleet);
+    assert_eq!(fleet.start(&held), Start::Provision);
+    fleet.hold(&held);
+    fleet.admit(&id("owned"), Source::Event);
+    let owned = pop(&fleet);
+    assert_eq!(fleet.start(&owned), Start::Provision);
+    fleet.leave_to_owner(&owned);
+    // The other instance's `provisioned` event of its old life.
+    fleet.provisioned_elsewhere(&id("owned"));
+    clock.advance(Duration::from_secs(5));
+    for name in ["held", "owned"] {
+        assert_eq!(fleet.admit(&id(name), Source::Event), Admission::Ignored);
+    }
+    let until = clock.now() + Duration::from_secs(30);
+    fleet.expect_return(&id("held"), until);
+    fleet.expect_return(&id("owned"), until);
+    assert_eq!(
+        fleet.admit(&id("held"), Source::Event),
+        Admission::Readmitted(3)
+    );
+    assert_eq!(
+        fleet.admit(&id("owned"), Source::Event),
+        Admission::Readmitted(4),
+        "not delayed by its old life's provisioned event"
+    );
+    assert_eq!(metrics.waiting_nodes.get(), 2.0, "left_to_owner given back");
+    // Past its time, a return is not expected any more.
+    fleet.forget_return(&id("held"));
+    let again = pop(&fleet);
+    assert_eq!(fleet.start(&again), Start::Provision);
+    fleet.hold(&again);
+    assert_eq!(fleet.admit(&id("held"), Source::Event), Admission::Ignored);
+    fleet.expect_return(&id("held"), clock.now() + Duration::from_secs(1));
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(fleet.admit(&id("held"), Source::Event), Admission::Ignored);
+}

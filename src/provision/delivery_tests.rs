@@ -572,6 +572,20 @@ fn the_audit_line_says_what_was_done_and_what_was_delivered() {
         hex::encode(sha2::Sha256::digest(der.contents()))
     );
     assert_eq!(line["issued"]["certificate"]["serial"], "01f0");
+    let facts = choria_crypto::certificate::parse_certificate(&certificate).unwrap();
+    assert_eq!(
+        line["issued"]["certificate"]["not_before_unix"],
+        facts.not_before_unix
+    );
+    assert_eq!(
+        line["issued"]["certificate"]["not_after_unix"],
+        facts.not_after_unix
+    );
+    // This provisioning JWT has no `exp`: no expiry to record.
+    let provisioning = vector("tokens/testdata/rsa/good-provisioning.jwt");
+    let provisioning = choria_fleet_sim::node::claims_unverified(&provisioning).expect("claims");
+    assert_eq!(provisioning.get("exp"), None);
+    assert_eq!(line["issued"].get("provisioning_jwt_expires_unix"), None);
     assert_eq!(line["issued"]["key_transported"], true);
     assert_eq!(line["issued"]["server_jwt"], Value::Null);
     // Never a key, a certificate or the token in the line.
@@ -591,6 +605,25 @@ fn the_audit_line_says_what_was_done_and_what_was_delivered() {
     assert_eq!(line["issued"]["server_jwt"]["jti"], claims["jti"]);
     assert_eq!(line["issued"]["server_jwt"]["expires_unix"], claims["exp"]);
     assert!(!line.to_string().contains(&token), "the token itself");
+    // The provisioning JWT's expiry as the jwt step saw it, for renewal.
+    let provisioning = vector("tokens/testdata/ed25519/good-provisioning.jwt");
+    let provisioning = choria_fleet_sim::node::claims_unverified(&provisioning).expect("claims");
+    assert_eq!(
+        line["issued"]["provisioning_jwt_expires_unix"],
+        provisioning["exp"]
+    );
+
+    // Without the jwt step the line has no provisioning JWT expiry, and no key for it.
+    let (_, line, _) = audited(
+        harness(Mode::Plain, "", &configuration_answer(), &[]),
+        Source::Event,
+    );
+    assert_eq!(line["outcome"], "provisioned");
+    let issued = line["issued"].as_object().expect("an object");
+    assert!(
+        !issued.contains_key("provisioning_jwt_expires_unix"),
+        "{line}"
+    );
 }
 
 #[test]

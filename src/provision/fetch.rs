@@ -7,6 +7,7 @@ use serde_json::json;
 use choria_broker::gate::Gate;
 use choria_broker::rpc::Action;
 use choria_crypto::ed25519::verify_nonce_signature;
+use choria_crypto::jwt::numeric_date;
 
 use super::decision::NodeFacts;
 use super::helper::{
@@ -38,8 +39,8 @@ impl Cycle {
             })?;
         node.server_ecdh_public = ecdh_public;
         let claims = verify_node_jwt(jwt, &raw, now_unix()).map_err(Failure::Jwt)?;
-        // Renewal never asks a node to reprovision once this no longer admits it.
-        trail.issued.provisioning_jwt_expires_unix = claims.get("exp").and_then(|e| e.as_i64());
+        // Verified, so a present `exp` is a number; renewal needs it (see `audit::Issued`).
+        trail.issued.provisioning_jwt_expires_unix = numeric_date(&claims, "exp").ok().flatten();
         node.claims = Some(claims);
         Ok(())
     }

@@ -48,8 +48,8 @@ pub(super) fn configure_request(fields: ConfigureFields) -> Value {
     })
 }
 
-/// What a plan gives the node, for its audit line: the certificate's serial and digest, the
-/// server JWT's id, expiry and issuer, whether a key goes with them. Never the key, the
+/// What a plan gives the node, for its audit line: the certificate's serial, digest and
+/// validity, the server JWT's id, expiry and issuer, whether a key goes with them. Never the key, the
 /// certificate or the token themselves.
 pub(super) struct Delivery {
     certificate: Option<CertificateRecord>,

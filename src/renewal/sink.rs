@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::{Sender, TrySendError};
 
-use super::{IssuedRecord, Kind};
+use super::IssuedRecord;
 use crate::audit::Issued;
 use crate::metrics::Metrics;
 
@@ -28,7 +28,7 @@ impl RenewalSink {
 
     /// `identity` was provisioned with `issued` at `now` (Unix seconds).
     pub(crate) fn issued(&self, identity: &str, issued: &Issued, now: i64) {
-        let Some(record) = record_of(identity, issued, &self.instance, now) else {
+        let Some(record) = IssuedRecord::from_issued(identity, issued, &self.instance, now) else {
             return;
         };
         match self.tx.try_send(record) {
@@ -45,41 +45,4 @@ impl RenewalSink {
             }
         }
     }
-}
-
-/// The record of what `issued` holds: the credential that expires first (a node given both a
-/// certificate and a server JWT must renew before the earlier ends). `None`: nothing issued.
-pub(crate) fn record_of(
-    identity: &str,
-    issued: &Issued,
-    instance: &str,
-    now: i64,
-) -> Option<IssuedRecord> {
-    let certificate = issued.certificate.as_ref().map(|c| {
-        (
-            Kind::Certificate,
-            c.not_before_unix,
-            c.not_after_unix,
-            c.sha256.clone(),
-        )
-    });
-    let server_jwt = issued.server_jwt.as_ref().and_then(|j| {
-        j.expires_unix
-            .map(|exp| (Kind::ServerJwt, now.min(exp), exp, j.jti.clone()))
-    });
-    let (kind, not_before, not_after, fingerprint) = [certificate, server_jwt]
-        .into_iter()
-        .flatten()
-        .min_by_key(|c| c.2)?;
-    Some(IssuedRecord {
-        identity: identity.to_string(),
-        kind,
-        not_before,
-        not_after,
-        fingerprint,
-        provisioning_jwt_expires: issued.provisioning_jwt_expires_unix,
-        issued_by: instance.to_string(),
-        issued_at: now,
-        renewal: None,
-    })
 }

@@ -87,6 +87,9 @@ pub(crate) struct RenewerParts {
     pub gate: Arc<Gate>,
     pub metrics: Arc<Metrics>,
     pub audit: Option<Audit>,
+    /// The audit trail, which an empty store is rebuilt from (each provisioned line names
+    /// the credential it delivered).
+    pub rebuild_from: Option<std::path::PathBuf>,
 }
 
 /// The running renewal thread.
@@ -289,9 +292,24 @@ impl Engine {
     fn load_store(&mut self) {
         match self.parts.store.load() {
             Ok(records) => {
-                let count = records.len();
+                let mut count = records.len();
+                let rebuild = count == 0 && !self.loaded;
                 for record in records {
                     self.take(record, false);
+                }
+                if let (true, Some(path)) = (rebuild, self.parts.rebuild_from.clone()) {
+                    match crate::renewal::from_audit(&path, &self.parts.settings.instance) {
+                        Ok(records) => {
+                            count = records.len();
+                            for record in records {
+                                self.take(record, false);
+                            }
+                        }
+                        Err(err) => log::warn!(
+                            "renewal: the store is empty and the audit trail could not be read \
+                             to rebuild it: {err}"
+                        ),
+                    }
                 }
                 self.loaded = true;
                 self.set_store_ready(true);
@@ -398,8 +416,14 @@ impl Engine {
         if asked_here || ours {
             return;
         }
-        if state.asked_at.is_some() {
+        if let Some(asked_at) = state.asked_at {
             self.schedule.set_aside(identity);
+            let lasts = self.parts.settings.limits.return_timeout.as_secs() as i64;
+            let left = asked_at.saturating_add(lasts).saturating_sub(unix_now());
+            if left > 0 {
+                let until = Instant::now() + Duration::from_secs(left as u64);
+                self.parts.returns.expect_return(identity, until);
+            }
         } else {
             // Its claim ended (its node did not come back): due when that instance said.
             self.schedule
@@ -638,6 +662,15 @@ impl Engine {
                 Ok(Claim::Ours) => {}
                 Ok(Claim::Taken(theirs)) => {
                     self.schedule.set_aside(&identity);
+                    // Its return may reach us first: taken at once here too.
+                    if theirs
+                        .renewal
+                        .as_ref()
+                        .is_some_and(|r| r.asked_at.is_some())
+                    {
+                        let until = Instant::now() + self.parts.settings.limits.return_timeout;
+                        self.parts.returns.expect_return(&identity, until);
+                    }
                     self.parts
                         .metrics
                         .renewal

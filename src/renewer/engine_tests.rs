@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 
 use super::*;
-use crate::renewal::Kind;
+use crate::renewal::CredentialKind as Kind;
 
 #[derive(Default)]
 struct Scripted {
@@ -114,6 +114,7 @@ fn start(dry_run: bool, store: Arc<Shared>) -> Running {
         gate: Arc::new(Gate::new(false)),
         metrics: metrics.clone(),
         audit: None,
+        rebuild_from: None,
     })
     .unwrap();
     Running {

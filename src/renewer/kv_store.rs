@@ -183,7 +183,14 @@ mod tests {
 
     #[test]
     fn every_identity_is_a_valid_key_and_keys_do_not_collide() {
-        for identity in ["n1.example.net", "a..b", "x=2Ey", "host:1@z", ".lead", "tail."] {
+        for identity in [
+            "n1.example.net",
+            "a..b",
+            "x=2Ey",
+            "host:1@z",
+            ".lead",
+            "tail.",
+        ] {
             let key = key_of(identity);
             assert_eq!(
                 choria_broker::kv::key_problem(&key),

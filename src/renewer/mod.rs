@@ -16,6 +16,8 @@
 
 mod call;
 mod engine;
+mod file_adapter;
+mod kv_store;
 mod production;
 mod schedule;
 mod store;
@@ -26,10 +28,17 @@ pub(crate) use production::ProductionLink;
 pub(crate) use schedule::Limits;
 pub(crate) use store::RecordStore;
 
-/// The store `renewal_store` names (placeholder until the stores land).
+/// The store `renewal_store` names: the state file is opened (and read) now, so an
+/// unusable one stops the start; a KV bucket once the production connection is up.
 pub(crate) fn open_store(
-    _store: &crate::config::RenewalStore,
-    _audit: Option<&std::path::Path>,
+    store: &crate::config::RenewalStore,
+    instance: &str,
+    claim_lasts: std::time::Duration,
 ) -> Result<Box<dyn RecordStore>, String> {
-    Err("no record store yet".into())
+    Ok(match store {
+        crate::config::RenewalStore::File(path) => Box::new(file_adapter::FileRecords::open(path)?),
+        crate::config::RenewalStore::Kv { bucket } => {
+            Box::new(kv_store::KvStore::new(bucket, instance, claim_lasts))
+        }
+    })
 }

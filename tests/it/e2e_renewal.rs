@@ -69,13 +69,17 @@ fn assert_renewed_once_in_window(node: &NodeReport) {
     let creds = &node.record.credentials;
     assert!(creds.len() >= 2, "{}: {creds:?}", node.identity);
     let first = &creds[0];
-    let (Some(nb), Some(na), Some(asked)) = (first.not_before, first.not_after, first.renewal_asked_at)
+    let (Some(nb), Some(na), Some(asked)) =
+        (first.not_before, first.not_after, first.renewal_asked_at)
     else {
         panic!("{}: {first:?}", node.identity);
     };
     assert_eq!(na - nb, LIFE_SECS, "{}", node.identity);
     // Whole seconds on both sides: one second of slack each way.
-    let (from, to) = (nb + LIFE_SECS * WINDOW.0 / 100, nb + LIFE_SECS * WINDOW.1 / 100);
+    let (from, to) = (
+        nb + LIFE_SECS * WINDOW.0 / 100,
+        nb + LIFE_SECS * WINDOW.1 / 100,
+    );
     assert!(
         (from - 1..=to + 1).contains(&asked),
         "{}: asked at {asked}, window {from}..{to}",
@@ -90,14 +94,16 @@ fn assert_renewed_once_in_window(node: &NodeReport) {
         "{}: {first:?}",
         node.identity
     );
+    // Asked once in its first life (its second credential's own renewal may follow).
+    let second = creds[1].given_at;
     let asks = node
         .record
         .actions
         .iter()
-        .filter(|a| a.action == "choria_provision#reprovision")
+        .filter(|a| a.action == "choria_provision#reprovision" && a.at <= second)
         .count();
     assert_eq!(asks, 1, "{}: asked {asks} times", node.identity);
-    assert_eq!(node.record.renewed, 1, "{}", node.identity);
+    assert!(node.record.renewed >= 1, "{}", node.identity);
 }
 
 fn asked_times(report: &Report) -> Vec<i64> {
@@ -164,13 +170,19 @@ fn a_fleet_is_renewed_before_expiry_each_node_once_spread_over_the_window() {
     let metrics = provisioner.wait_metrics("every renewal counted", |m| {
         m.get("choria_provisioner_renewals_succeeded") == NODES as f64
     });
-    assert_eq!(metrics.get("choria_provisioner_renewals_sent"), NODES as f64);
+    assert_eq!(
+        metrics.get("choria_provisioner_renewals_sent"),
+        NODES as f64
+    );
     assert_eq!(
         metrics.get("choria_provisioner_provisioned"),
         2.0 * NODES as f64
     );
     assert_eq!(metrics.get("choria_provisioner_renewal_store_ready"), 1.0);
-    assert_eq!(metrics.get("choria_provisioner_renewal_records"), NODES as f64);
+    assert_eq!(
+        metrics.get("choria_provisioner_renewal_records"),
+        NODES as f64
+    );
     assert!(metrics.get("choria_provisioner_renewal_earliest_expiry") > 0.0);
     assert_eq!(audit_lines(&world, name, "asked"), NODES);
     assert_eq!(audit_lines(&world, name, "renewed"), NODES);
@@ -203,7 +215,8 @@ fn refusals_and_expiring_provisioning_jwts_are_reported_and_a_restart_keeps_the_
             &file_store(&world, name)
         )
     );
-    let mut provisioner = Provisioner::start(&world, org.setup(&world, PROVISIONER_IDENTITY, &yaml));
+    let mut provisioner =
+        Provisioner::start(&world, org.setup(&world, PROVISIONER_IDENTITY, &yaml));
     // Two refuse (RPC authorization), two more host no provisioning agent (no reply).
     let healthy = Sim::start(
         &world,
@@ -237,24 +250,30 @@ fn refusals_and_expiring_provisioning_jwts_are_reported_and_a_restart_keeps_the_
     provisioner.wait_metrics("every node provisioned", |m| {
         m.get("choria_provisioner_provisioned") == (NODES + 2) as f64
     });
-    // A restart before any is due: the schedule comes back from the state file.
+    // A restart before any is due (once every node restarted into service): the schedule
+    // comes back from the state file.
+    std::thread::sleep(Duration::from_secs(3));
     provisioner.terminate();
     let provisioner = Provisioner::start(&world, org.setup(&world, PROVISIONER_IDENTITY, &yaml));
     let metrics = provisioner.wait_metrics("the renewals and refusals", |m| {
-        m.get("choria_provisioner_renewals_succeeded") == 4.0
+        m.get("choria_provisioner_renewals_succeeded") >= 4.0
             && m.get("choria_provisioner_renewals_failed{reason=\"refused\"}") == 2.0
             && m.get("choria_provisioner_renewals_failed{reason=\"no_reply\"}") == 2.0
             && m.get("choria_provisioner_renewals_skipped{reason=\"provisioning_jwt_expired\"}")
                 == 2.0
     });
-    assert_eq!(metrics.get("choria_provisioner_renewals_sent"), 4.0);
+    // The healthy four, and perhaps already the second round of one of them.
+    assert!(metrics.get("choria_provisioner_renewals_sent") >= 4.0);
     let log = provisioner.log();
     assert!(
         log.contains(&format!("renewal: {NODES} records loaded"))
             || log.contains(&format!("renewal: {} records loaded", NODES + 2)),
         "{log}"
     );
-    assert!(log.contains("You are not authorized to call this agent or action"), "{log}");
+    assert!(
+        log.contains("You are not authorized to call this agent or action"),
+        "{log}"
+    );
     assert!(log.contains("its provisioning JWT expires before"), "{log}");
     let report = healthy.stop();
     let late = expiring.stop();
@@ -305,7 +324,10 @@ fn assert_renewed_once_by_one_of(report: &Report, instances: &[&str]) {
     assert_eq!(report.totals.duplicates, 0, "{:?}", report.duplicates);
     for node in &report.nodes {
         assert_renewed_once_in_window(node);
-        let by = node.record.credentials[0].renewed_by.clone().unwrap_or_default();
+        let by = node.record.credentials[0]
+            .renewed_by
+            .clone()
+            .unwrap_or_default();
         assert!(
             instances.iter().any(|i| by.starts_with(i)),
             "{}: renewed by {by}",
@@ -374,15 +396,25 @@ fn active_active_instances_share_a_kv_store_renew_each_node_once_and_ride_out_it
                     .iter()
                     .map(|p| p.metric(name).unwrap_or(0.0))
                     .sum();
-                (total == want).then_some(())
+                // The second credentials' renewals may have begun.
+                (total >= want).then_some(())
             },
-            || instances.iter().map(Provisioner::logs).collect::<Vec<_>>().join("\n"),
+            || {
+                instances
+                    .iter()
+                    .map(Provisioner::logs)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            },
         )
     };
     wait_total("choria_provisioner_renewals_sent", NODES as f64);
     wait_total("choria_provisioner_renewals_succeeded", NODES as f64);
     for p in instances {
-        assert_eq!(p.metric("choria_provisioner_renewal_store_ready"), Some(1.0));
+        assert_eq!(
+            p.metric("choria_provisioner_renewal_store_ready"),
+            Some(1.0)
+        );
         p.stop();
     }
 }

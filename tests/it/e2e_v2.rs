@@ -121,7 +121,12 @@ impl OrgIssuer {
         )
     }
 
-    pub(crate) fn setup(&self, world: &World, identity: &str, extra_yaml: &str) -> ProvisionerSetup {
+    pub(crate) fn setup(
+        &self,
+        world: &World,
+        identity: &str,
+        extra_yaml: &str,
+    ) -> ProvisionerSetup {
         ProvisionerSetup {
             identity: identity.to_string(),
             yaml: self.yaml(world, extra_yaml),

@@ -25,6 +25,7 @@ mod e2e_modes;
 mod e2e_node_claims;
 mod e2e_persistent_helper;
 mod e2e_reload;
+mod e2e_renewal;
 mod e2e_systemd;
 mod e2e_tls;
 mod e2e_untrusted;

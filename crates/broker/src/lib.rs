@@ -1,7 +1,8 @@
 //! Everything the provisioner says to, or hears from, a NATS broker: the one [`Connection`]
 //! (publish, subscribe, and request/reply routed by id, with or without headers), directed
-//! RPC to one node, broadcast discovery, the lifecycle-event listener and the leader election
-//! on JetStream KV, plus the [`Gate`] every outgoing action reads first.
+//! RPC to one node, broadcast discovery, the lifecycle-event listener, the leader election
+//! on JetStream KV and a generic KV bucket ([`kv::Bucket`]), plus the [`Gate`] every outgoing
+//! action reads first.
 //!
 //! This is the only crate of the workspace that depends on the `nats` crate, and no public
 //! signature here mentions a `nats` type: the rest of the code speaks our own types. Messages
@@ -22,6 +23,8 @@ pub mod connection;
 pub mod discovery;
 pub mod election;
 pub mod gate;
+mod jetstream;
+pub mod kv;
 pub mod link;
 pub mod listener;
 pub mod log_limit;

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use base64::Engine;
-
 use crate::connection::Connection;
 
 use super::*;
@@ -134,12 +132,10 @@ impl BucketAdmin {
                     .pointer("/message/data")
                     .and_then(|d| d.as_str())
                     .unwrap_or("");
-                let raw = base64::engine::general_purpose::STANDARD
-                    .decode(data)
-                    .map_err(|err| ElectionError::Malformed {
-                        subject: subject.clone(),
-                        reason: format!("\"data\" is not base64: {err}"),
-                    })?;
+                let raw = decode_base64(data).map_err(|err| ElectionError::Malformed {
+                    subject: subject.clone(),
+                    reason: format!("\"data\" is not base64: {err}"),
+                })?;
                 Ok(Some(String::from_utf8_lossy(&raw).into_owned()))
             }
             LastEntry::Absent | LastEntry::Marker { .. } => Ok(None),

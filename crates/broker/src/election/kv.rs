@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use base64::Engine;
-
 use crate::connection::{Connection, RequestError};
 
 use super::*;
@@ -16,16 +14,11 @@ pub(super) const MIN_TTL: Duration = Duration::from_secs(4);
 
 pub(super) const MAX_TTL: Duration = Duration::from_secs(3600);
 
-pub(super) const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
-
-pub(super) const KV_OPERATION: &str = "KV-Operation";
-
-/// JetStream error code for a failed expected-last-subject-sequence check.
-pub(super) const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
-
-pub(super) const ERR_STREAM_NOT_FOUND: u64 = 10059;
-
-pub(super) const ERR_NO_MESSAGE_FOUND: u64 = 10037;
+// The JetStream vocabulary both KVs read (the generic bucket in `crate::kv` too).
+pub(super) use crate::jetstream::{
+    api_error, decode_base64, headers_mark_deletion, ERR_NO_MESSAGE_FOUND, ERR_STREAM_NOT_FOUND,
+    ERR_WRONG_LAST_SEQUENCE, EXPECTED_LAST_SUBJECT_SEQUENCE, KV_OPERATION,
+};
 
 /// The TTL (stream max age) if Go would accept it.
 pub fn validate_ttl(bucket: &str, max_age: Duration) -> Result<Duration, ElectionError> {
@@ -48,18 +41,6 @@ pub struct BucketConfig {
     pub max_msgs_per_subject: i64,
     /// The largest value the bucket accepts, in bytes; -1 when unlimited.
     pub max_msg_size: i64,
-}
-
-pub(super) fn api_error(reply: &serde_json::Value) -> Option<(u64, u64, String)> {
-    let error = reply.get("error")?;
-    let code = error.get("code").and_then(|c| c.as_u64()).unwrap_or(0);
-    let err_code = error.get("err_code").and_then(|c| c.as_u64()).unwrap_or(0);
-    let description = error
-        .get("description")
-        .and_then(|d| d.as_str())
-        .unwrap_or("no description")
-        .to_string();
-    Some((code, err_code, description))
 }
 
 pub(super) fn parse_json(subject: &str, body: &[u8]) -> Result<serde_json::Value, ElectionError> {
@@ -224,18 +205,12 @@ pub fn parse_last_entry(subject: &str, body: &[u8]) -> Result<LastEntry, Electio
     let headers = match message.get("hdrs").and_then(|h| h.as_str()) {
         None => String::new(),
         Some(encoded) => {
-            let raw = base64::engine::general_purpose::STANDARD
-                .decode(encoded)
+            let raw = decode_base64(encoded)
                 .map_err(|err| malformed(format!("\"hdrs\" is not base64: {err}")))?;
             String::from_utf8_lossy(&raw).into_owned()
         }
     };
-    let is_marker = headers.lines().any(|line| {
-        let mut parts = line.splitn(2, ':');
-        let name = parts.next().unwrap_or("").trim();
-        let value = parts.next().unwrap_or("").trim();
-        name.eq_ignore_ascii_case(KV_OPERATION) && (value == "DEL" || value == "PURGE")
-    });
+    let is_marker = headers_mark_deletion(&headers);
     Ok(if is_marker {
         LastEntry::Marker { revision }
     } else {

@@ -69,10 +69,10 @@ impl Action {
     pub const RELEASE_UPDATE: Action =
         provision("release_update", "choria_provision#release_update", 3, true);
     /// `choria_provision#reprovision`: a node in service goes back into provisioning mode
-    /// (renewal, over the production connection). Not locked; tried twice: a repeat while
-    /// the node waits to restart only schedules the same restart.
+    /// (renewal, over the production connection). Not locked; tried once: a refusal is the
+    /// node's answer, and renewal's own backoff is the retry of one that went unanswered.
     pub const REPROVISION: Action =
-        provision("reprovision", "choria_provision#reprovision", 2, false);
+        provision("reprovision", "choria_provision#reprovision", 1, false);
 
     /// Every action the cycle can call, for metrics present from the start.
     pub const ALL: [&'static Action; 8] = [

@@ -11,6 +11,7 @@ mod connect_line;
 mod discovery_broker;
 mod election_broker;
 mod events_broker;
+mod kv_broker;
 mod link_broker;
 mod rpc_broker;
 mod shared;

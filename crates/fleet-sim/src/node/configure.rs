@@ -121,6 +121,20 @@ impl SimServer {
         self.record
             .deliveries
             .push(delivery(&input, call, now_unix));
+        self.note_credentials(&input, tls_complete, now_unix);
+        let lines = settings.len() + 1;
+        self.written_config = settings;
+        self.note_configured(call);
+        let mut outcome = ok(
+            a,
+            json!({"message": format!("Wrote {lines} lines to {CONFIG_FILE}")}),
+        );
+        outcome.events.push(Event::Provisioned);
+        Ok(outcome)
+    }
+
+    /// The certificate and server JWT a `configure` installed, with their validity.
+    fn note_credentials(&mut self, input: &ConfigureInput, tls_complete: bool, now_unix: i64) {
         if tls_complete {
             let validity = keys::certificate_validity(&input.certificate).ok();
             self.note_credential(
@@ -140,15 +154,6 @@ impl SimServer {
                 claim("exp"),
             );
         }
-        let lines = settings.len() + 1;
-        self.written_config = settings;
-        self.note_configured(call);
-        let mut outcome = ok(
-            a,
-            json!({"message": format!("Wrote {lines} lines to {CONFIG_FILE}")}),
-        );
-        outcome.events.push(Event::Provisioned);
-        Ok(outcome)
     }
 
     /// A credential given in this life; one of a kind already given in it is replaced.
