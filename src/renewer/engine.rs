@@ -74,6 +74,9 @@ pub(crate) struct RenewalEvent {
     pub fingerprint: String,
     pub not_after: i64,
     pub due_at: i64,
+    /// `asked`: how long after its drawn time the request left, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_ms: Option<i64>,
 }
 
 /// What the thread is started with.
@@ -135,6 +138,8 @@ struct Engine {
     schedule: Schedule,
     records: HashMap<Identity, IssuedRecord>,
     dirty: BTreeSet<Identity>,
+    /// How late each request in flight left (for its audit line); at most the in-flight.
+    late: HashMap<Identity, i64>,
     draw: SplitMix,
     store_ready: bool,
     loaded: bool,
@@ -172,6 +177,7 @@ impl Engine {
             parts,
             records: HashMap::new(),
             dirty: BTreeSet::new(),
+            late: HashMap::new(),
             draw: SplitMix(seed.finish()),
             store_ready: false,
             loaded: false,
@@ -461,6 +467,16 @@ impl Engine {
     }
 
     fn event(&self, identity: &Identity, outcome: &'static str, reason: Option<String>) {
+        self.event_late(identity, outcome, reason, None);
+    }
+
+    fn event_late(
+        &self,
+        identity: &Identity,
+        outcome: &'static str,
+        reason: Option<String>,
+        late_ms: Option<i64>,
+    ) {
         let Some(audit) = &self.parts.audit else {
             return;
         };
@@ -475,6 +491,7 @@ impl Engine {
             fingerprint: record.fingerprint.clone(),
             not_after: record.not_after,
             due_at: record.renewal.as_ref().map_or(0, |r| r.due_at),
+            late_ms,
         });
     }
 
@@ -498,6 +515,7 @@ impl Engine {
                 fingerprint: record.fingerprint.clone(),
                 not_after: record.not_after,
                 due_at: 0,
+                late_ms: None,
             });
         }
     }
@@ -512,14 +530,17 @@ impl Engine {
             Asked::Accepted(message) => {
                 self.parts.metrics.renewal.sent.inc();
                 log::info!("renewal: asked {identity} to reprovision: {message}");
-                self.event(identity, "asked", Some(message));
+                let late = self.late.remove(identity);
+                self.event_late(identity, "asked", Some(message), late);
             }
             Asked::Halted => {
+                self.late.remove(identity);
                 self.parts.returns.forget_return(identity);
                 self.schedule.retry_at(identity, now);
                 self.note_state(identity, None);
             }
             Asked::Failed { reason, detail } => {
+                self.late.remove(identity);
                 self.parts.returns.forget_return(identity);
                 self.parts
                     .metrics
@@ -691,7 +712,9 @@ impl Engine {
         let until = Instant::now() + self.parts.settings.limits.return_timeout;
         // Before the request: its startup event may come before the reply does.
         self.parts.returns.expect_return(&identity, until);
+        self.late.insert(identity.clone(), late_ms);
         if jobs.try_send(identity.clone()).is_err() {
+            self.late.remove(&identity);
             self.parts.returns.forget_return(&identity);
             self.schedule.retry_at(&identity, now_ms() + 1000);
         }
