@@ -79,6 +79,9 @@ pub fn check(args: &CheckConfigArgs) -> Report {
             None
         }
     };
+    if let Some(config) = &config {
+        report.check_production(config);
+    }
     report.exit_code = if report.errors.is_empty() {
         0
     } else {
@@ -175,7 +178,6 @@ impl Report {
             Err(err) => self.errors.push(err.to_string()),
         }
         self.describe_jwt_files(config, now);
-        self.check_production(config);
     }
 
     /// With `renewal: true`: the production client configuration, loaded and its settings

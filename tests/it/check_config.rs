@@ -522,3 +522,63 @@ fn connect_reaches_the_broker_an_srv_record_names() {
         "{stdout}"
     );
 }
+
+/// With `renewal: true` the production client configuration is loaded and shown as `run`
+/// would connect with it; missing, it is exit 78 naming it; with renewal off it is not read.
+#[test]
+fn renewal_shows_the_production_configuration_and_refuses_a_missing_one() {
+    let dir = Dir::new();
+    let cfg = insecure_cfg(&dir, "nats://127.0.0.1:4999");
+    let production = dir.write(
+        "production.cfg",
+        "plugin.choria.middleware_hosts = nats://prod.example.net:4222\n\
+         identity = prov.example.net\nmain_collective = fleet\n",
+    );
+    let state = dir.path("renewal.json");
+    let yaml = |production: &str| {
+        format!(
+            "helper: /bin/true\nchoria_insecure: true\nrenewal: true\n\
+             production_client_config: {production}\nrenewal_state_file: {state}\n\
+             renewal_window: 60-80\n"
+        )
+    };
+    let config = dir.write("p.yaml", &yaml(&production));
+    let (code, out, err) = check(&["--config", &config, "--choria-config", &cfg]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!("production config {production}: loaded")),
+        "{out}"
+    );
+    assert!(setting_line(&out, "renewal").ends_with("true"), "{out}");
+    assert!(
+        setting_line(&out, "renewal_window").ends_with("60-80"),
+        "{out}"
+    );
+    assert!(
+        setting_line(&out, "production collective").ends_with("fleet"),
+        "{out}"
+    );
+    assert!(
+        setting_line(&out, "production brokers").contains("prod.example.net:4222"),
+        "{out}"
+    );
+    let missing = dir.path("absent.cfg");
+    let config = dir.write("p.yaml", &yaml(&missing));
+    let (code, out, err) = check(&["--config", &config, "--choria-config", &cfg]);
+    assert_eq!(code, 78, "{out}{err}");
+    assert!(
+        format!("{out}{err}").contains("production_client_config: cannot read"),
+        "{out}{err}"
+    );
+    // Renewal off: the file is not needed, and its keys only warn.
+    let config = dir.write(
+        "p.yaml",
+        &format!(
+            "helper: /bin/true\nchoria_insecure: true\nproduction_client_config: {missing}\n\
+             renewal_window: 60-80\n"
+        ),
+    );
+    let (code, out, err) = check(&["--config", &config, "--choria-config", &cfg]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("renewal_window has no effect"), "{out}");
+}

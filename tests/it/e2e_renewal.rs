@@ -22,11 +22,17 @@ const WINDOW: (i64, i64) = (40, 70);
 /// The production client configuration: our identity and Org-issued client JWT (it carries
 /// `fleet_management`, which nodes in service require), the broker itself (no relay: the
 /// production side is another network), collective `mcollective`.
-fn production_cfg(world: &World, org: &OrgIssuer, name: &str, identity: &str) -> String {
+fn production_cfg_with(
+    world: &World,
+    org: &OrgIssuer,
+    name: &str,
+    identity: &str,
+    extra: &str,
+) -> String {
     world.write(
         &format!("{name}.production.cfg"),
         &format!(
-            "identity = {identity}\nplugin.choria.middleware_hosts = {}\nmain_collective = mcollective\n{}",
+            "identity = {identity}\nplugin.choria.middleware_hosts = {}\nmain_collective = mcollective\n{}{extra}",
             world.broker.url(),
             org.choria_cfg(&org.provisioner_jwt, &org.provisioner_seed)
         ),
@@ -35,11 +41,22 @@ fn production_cfg(world: &World, org: &OrgIssuer, name: &str, identity: &str) ->
 
 /// The YAML lines of renewal, with `store` lines.
 fn renewal_yaml(world: &World, org: &OrgIssuer, name: &str, identity: &str, store: &str) -> String {
+    renewal_yaml_with(world, org, name, identity, store, "")
+}
+
+fn renewal_yaml_with(
+    world: &World,
+    org: &OrgIssuer,
+    name: &str,
+    identity: &str,
+    store: &str,
+    production_extra: &str,
+) -> String {
     format!(
         "server_jwt_validity: {LIFE_SECS}s\nrenewal: true\nproduction_client_config: {}\n\
          renewal_window: \"{}-{}\"\nrenewal_return_timeout: 20s\nrenewal_retry_backoff: 1h\n\
          renewal_max_per_minute: 1000\naudit_file: {}\n{store}",
-        production_cfg(world, org, name, identity),
+        production_cfg_with(world, org, name, identity, production_extra),
         WINDOW.0,
         WINDOW.1,
         world.path(&format!("{name}.audit")).display(),
@@ -303,6 +320,16 @@ fn refusals_and_expiring_provisioning_jwts_are_reported_and_a_restart_keeps_the_
 
 /// The renewal YAML of one of several instances sharing KV bucket `bucket`.
 fn kv_instance(world: &World, org: &OrgIssuer, identity: &str, extra: &str) -> Provisioner {
+    kv_instance_with(world, org, identity, extra, "")
+}
+
+fn kv_instance_with(
+    world: &World,
+    org: &OrgIssuer,
+    identity: &str,
+    extra: &str,
+    production_extra: &str,
+) -> Provisioner {
     let name = identity.split('.').next().unwrap_or(identity);
     let store = "renewal_store: kv\nrenewal_kv_bucket: RENEWALS\n";
     Provisioner::start(
@@ -312,7 +339,7 @@ fn kv_instance(world: &World, org: &OrgIssuer, identity: &str, extra: &str) -> P
             identity,
             &format!(
                 "workers: 3\n{extra}{}",
-                renewal_yaml(world, org, name, identity, store)
+                renewal_yaml_with(world, org, name, identity, store, production_extra)
             ),
         ),
     )
@@ -417,4 +444,93 @@ fn active_active_instances_share_a_kv_store_renew_each_node_once_and_ride_out_it
         );
         p.stop();
     }
+}
+
+/// Under an election only the leader renews; the standby, sharing the KV bucket (in the
+/// `CHORIA` account, which the production connection reaches with its own user while the
+/// provisioning side stays in `PROVISIONING`), takes over the renewals when the leader dies,
+/// the nodes the dead leader had asked included.
+#[test]
+fn under_an_election_only_the_leader_renews_and_the_standby_takes_over() {
+    use choria_broker::election::{BucketAdmin, DEFAULT_BUCKET};
+    const NODES: usize = 8;
+    let (world, org) = org_world(&super::e2e_v2::provisioning_accounts());
+    let admin = BucketAdmin::connect(&world.broker.url(), Some(("choria", "choria")), "$JS.API")
+        .expect("admin connects");
+    admin
+        .create_bucket(DEFAULT_BUCKET, Duration::from_secs(5))
+        .expect("election bucket");
+    admin
+        .create_bucket("RENEWALS", Duration::from_secs(3600))
+        .expect("renewal bucket");
+    let names = ["p0.example.net", "p1.example.net"];
+    let production_user = "plugin.nats.user = choria\nplugin.nats.pass = choria\n";
+    let mut members: Vec<Provisioner> = names
+        .iter()
+        .map(|identity| {
+            kv_instance_with(
+                &world,
+                &org,
+                identity,
+                "leader_election: true\n",
+                production_user,
+            )
+        })
+        .collect();
+    let leader = wait_for(
+        "a leader",
+        Duration::from_secs(30),
+        || {
+            members.iter().position(|m| {
+                m.try_metrics()
+                    .is_ok_and(|m| m.total("choria_election_leader") == Some(1.0))
+            })
+        },
+        String::new,
+    );
+    let standby = 1 - leader;
+    let url = world
+        .broker
+        .url()
+        .replace("nats://", "nats://choria:choria@");
+    let sim = Sim::start(
+        &world,
+        &fleet(
+            &org,
+            &world,
+            NODES,
+            SimArgs::new()
+                .exit_when_renewed(1)
+                .deadline(Duration::from_secs(110)),
+        )
+        .and(&SimArgs::new().production_broker(&url))
+        .as_args(),
+    );
+    members[leader].wait_metrics("the leader renewing", |m| {
+        m.get("choria_provisioner_renewals_sent") >= 2.0
+    });
+    assert_eq!(
+        members[standby].metric("choria_provisioner_renewals_sent"),
+        Some(0.0),
+        "a standby never renews"
+    );
+    members[leader].kill();
+    let report = sim.wait_within(Duration::from_secs(130), || members[standby].logs());
+    assert_eq!(report.exit_reason, "renewed", "{}", report.summary());
+    assert_eq!(report.totals.violations, 0, "{}", report.summary());
+    let mut by_survivor = 0;
+    for node in &report.nodes {
+        let first = &node.record.credentials[0];
+        let (Some(asked), Some(na)) = (first.renewal_asked_at, first.not_after) else {
+            panic!("{}: {first:?}", node.identity);
+        };
+        // The failover may make some late in their window, never past their expiry.
+        assert!(asked < na, "{}: asked after expiry", node.identity);
+        let by = first.renewed_by.clone().unwrap_or_default();
+        assert!(names.iter().any(|n| by.starts_with(n)), "{by}");
+        by_survivor += usize::from(by.starts_with(names[standby]));
+    }
+    assert!(by_survivor >= 1, "the new leader renewed the rest");
+    let survivor = members.remove(standby);
+    survivor.stop();
 }

@@ -477,7 +477,7 @@ fn a_token_the_broker_does_not_trust_is_refused_naming_the_refusal() {
 
 /// The provisioning account of the broker's wiring, with a user for the credential-less nodes
 /// (as tests/e2e_election.rs sets it up); the relay strips the nodes' tokens.
-fn provisioning_accounts() -> String {
+pub(crate) fn provisioning_accounts() -> String {
     let provisioner_only = "users: [ {user: provisioner, password: s3cret} ]";
     assert!(PROVISIONING_ACCOUNTS_CONF.contains(provisioner_only));
     format!(
