@@ -77,6 +77,8 @@ pub struct Health {
     connect_progress_ms: AtomicU64,
     conn: Mutex<Option<Connection>>,
     subscribed: AtomicBool,
+    /// `renewal: true`: `/readyz` says whether its store is usable.
+    renewal: AtomicBool,
     leader: AtomicBool,
     beats: Mutex<Vec<Arc<Beat>>>,
     stall_limit: Duration,
@@ -107,6 +109,9 @@ pub struct Readiness {
     pub busy_workers: u64,
     pub workers: usize,
     pub provisioned: u64,
+    /// With `renewal: true`: `ready`, or why renewals wait.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renewal_store: Option<&'static str>,
 }
 
 /// Sends `WATCHDOG=1` and `STATUS=`; the real one is systemd's socket ([`SystemdNotifier`]).
@@ -158,6 +163,7 @@ impl Health {
             connect_progress_ms: AtomicU64::new(0),
             conn: Mutex::new(None),
             subscribed: AtomicBool::new(false),
+            renewal: AtomicBool::new(false),
             leader: AtomicBool::new(false),
             beats: Mutex::new(Vec::new()),
             stall_limit,
@@ -213,6 +219,12 @@ impl Health {
         self.subscribed.store(subscribed, Ordering::SeqCst);
     }
 
+    /// Renewal runs: `/readyz` reports its store (a lost store holds renewals, never
+    /// provisioning, so it does not make the instance unready).
+    pub fn set_renewal(&self) {
+        self.renewal.store(true, Ordering::SeqCst);
+    }
+
     /// Leadership as main applied it.
     pub fn set_leader(&self, leader: bool) {
         self.leader.store(leader, Ordering::SeqCst);
@@ -244,6 +256,13 @@ impl Health {
             busy_workers: self.metrics.busy_workers.get().max(0.0) as u64,
             workers: self.workers.load(std::sync::atomic::Ordering::Relaxed),
             provisioned: self.metrics.provisioned.get(),
+            renewal_store: self.renewal.load(Ordering::SeqCst).then(|| {
+                if self.metrics.renewal.store_ready.get() == 1.0 {
+                    "ready"
+                } else {
+                    "unavailable: renewals wait for it (see the log)"
+                }
+            }),
         }
     }
 

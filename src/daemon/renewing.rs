@@ -137,6 +137,7 @@ impl Started {
         })
         .map_err(DaemonError::Threads)?;
         self.renewer = Some(renewer);
+        self.health.set_renewal();
         Ok(())
     }
 

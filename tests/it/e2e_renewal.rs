@@ -131,6 +131,25 @@ fn asked_times(report: &Report) -> Vec<i64> {
         .collect()
 }
 
+/// `GET /readyz` on the instance's monitor port: the status line and the body.
+fn readyz(p: &Provisioner) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", p.monitor_port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}
+
 fn audit_lines(world: &World, name: &str, outcome: &str) -> usize {
     let text = std::fs::read_to_string(world.path(&format!("{name}.audit"))).unwrap_or_default();
     text.lines()
@@ -404,6 +423,10 @@ fn active_active_instances_share_a_kv_store_renew_each_node_once_and_ride_out_it
         assert_eq!(m.get("choria_provisioner_renewal_store_ready"), 0.0);
         assert_eq!(m.get("choria_provisioner_renewals_sent"), 0.0);
         assert!(p.log().contains("KV bucket RENEWALS"), "{}", p.log());
+        // Still ready (provisioning goes on), and it says what waits.
+        let (status, body) = readyz(p);
+        assert!(status.contains("200"), "{status} {body}");
+        assert!(body.contains("\"renewal_store\":\"unavailable"), "{body}");
     }
     choria_broker::election::BucketAdmin::connect(&world.broker.url(), None, "$JS.API")
         .expect("admin connects")
@@ -533,4 +556,46 @@ fn under_an_election_only_the_leader_renews_and_the_standby_takes_over() {
     assert!(by_survivor >= 1, "the new leader renewed the rest");
     let survivor = members.remove(standby);
     survivor.stop();
+}
+
+/// Renewal off: nodes in service hear nothing from us (no production connection is made),
+/// however short their credentials.
+#[test]
+fn with_renewal_off_nothing_reaches_nodes_in_service() {
+    const NODES: usize = 4;
+    let (world, org) = org_world("");
+    let provisioner = Provisioner::start(
+        &world,
+        org.setup(
+            &world,
+            PROVISIONER_IDENTITY,
+            "workers: 2\nserver_jwt_validity: 10s\n",
+        ),
+    );
+    let sim = Sim::start(
+        &world,
+        &fleet(
+            &org,
+            &world,
+            NODES,
+            SimArgs::new().deadline(Duration::from_secs(15)),
+        )
+        .as_args(),
+    );
+    let report = sim.wait_within(Duration::from_secs(40), || provisioner.logs());
+    assert_eq!(report.totals.in_service, NODES, "{}", report.summary());
+    for node in &report.nodes {
+        assert!(
+            node.record.credentials[0].renewal_asked_at.is_none(),
+            "{}",
+            node.identity
+        );
+        assert_eq!(node.record.production_ignored, 0, "{}", node.identity);
+    }
+    assert!(
+        !provisioner.log().contains("production"),
+        "{}",
+        provisioner.log()
+    );
+    provisioner.stop();
 }
