@@ -69,9 +69,13 @@ impl Started {
         let token = self.config.token.clone();
         let metrics = self.metrics.clone();
         let rpc_timeout = self.config.rpc_timeout;
+        // As on the provisioning side: an answer stands only if nothing else answered in the
+        // node's name within the grace window (a conflict fails the renewal, believed neither).
+        let grace = self.config.reply_grace;
         let make_rpc = Box::new(move |conn: Connection| {
             conn.observe(metrics.clone());
-            let mut rpc = RpcClient::new(conn, metrics.clone()).with_reply_grace(Duration::ZERO);
+            conn.limit_replies(64 * 1024);
+            let mut rpc = RpcClient::new(conn, metrics.clone()).with_reply_grace(grace);
             if let Some(timeout) = rpc_timeout {
                 rpc = rpc.with_ddl_timeout(timeout);
             }
