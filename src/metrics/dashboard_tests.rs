@@ -1,7 +1,8 @@
 //! Our Grafana dashboard (`etc/grafana-dashboard.json`): every metric its expressions name is
-//! one we export, and it has the panels operators look for.
+//! one we export, with every label they match or group by, and it has the panels operators
+//! look for, renewal's in a row of their own at the end.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use choria_broker::observe::Observer;
 use serde_json::Value;
@@ -9,7 +10,27 @@ use serde_json::Value;
 use super::Metrics;
 
 /// PromQL functions and aggregations the dashboard may use.
-const FUNCTIONS: &[&str] = &["sum", "max", "min", "avg", "rate", "increase", "irate"];
+const FUNCTIONS: &[&str] = &[
+    "sum", "max", "min", "avg", "rate", "increase", "irate", "time",
+];
+
+/// Labels Prometheus adds to every scraped series: an expression may use them on any metric.
+const TARGET_LABELS: &[&str] = &["job", "instance"];
+
+/// Every metric renewal exports (`RenewalMetrics`): each has a place in the renewal row.
+const RENEWAL_METRICS: &[&str] = &[
+    "choria_provisioner_renewal_records",
+    "choria_provisioner_renewal_earliest_expiry",
+    "choria_provisioner_renewal_expiring",
+    "choria_provisioner_renewals_sent",
+    "choria_provisioner_renewals_succeeded",
+    "choria_provisioner_renewals_failed",
+    "choria_provisioner_renewals_skipped",
+    "choria_provisioner_renewals_in_flight",
+    "choria_provisioner_renewal_store_errors",
+    "choria_provisioner_renewal_store_ready",
+    "choria_provisioner_renewal_records_dropped",
+];
 
 fn dashboard() -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("etc/grafana-dashboard.json");
@@ -59,17 +80,65 @@ fn names_in(expr: &str) -> (BTreeSet<String>, BTreeSet<String>) {
     (metrics, functions)
 }
 
-/// Every series name `/metrics` serves once each labelled family has a series.
-fn exported() -> BTreeSet<String> {
+/// The label names an expression matches on (`{site=~"..."}`) or groups by (`by (site, rpc)`),
+/// which every metric it names must carry.
+fn labels_in(expr: &str) -> BTreeSet<String> {
+    let unquoted = regex::Regex::new(r#""[^"]*""#)
+        .unwrap()
+        .replace_all(expr, "\"\"");
+    let matchers = regex::Regex::new(r"\{([^}]*)\}").unwrap();
+    let matcher = regex::Regex::new(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)").unwrap();
+    let by = regex::Regex::new(r"\bby\s*\(([^)]*)\)").unwrap();
+    let mut labels = BTreeSet::new();
+    for body in matchers.captures_iter(&unquoted) {
+        labels.extend(matcher.captures_iter(&body[1]).map(|c| c[1].to_string()));
+    }
+    for group in by.captures_iter(&unquoted) {
+        labels.extend(
+            group[1]
+                .split(',')
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string),
+        );
+    }
+    labels
+}
+
+/// Every series name `/metrics` serves once each labelled family has a series, with the
+/// label names of its series.
+fn exported() -> BTreeMap<String, BTreeSet<String>> {
     let m = Metrics::new("s");
     m.election_started("provisioner", "p1", 5.0);
     m.election_campaign("provisioner", "p1", "candidate");
     m.malformed("reply");
-    m.render()
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| l.split(['{', ' ']).next().unwrap_or("").to_string())
-        .collect()
+    // Set by renewal's engine, one series per configured horizon.
+    m.renewal.expiring.with_label_values(&["24h"]).set(0.0);
+    let label = regex::Regex::new(r#"([A-Za-z_][A-Za-z0-9_]*)=""#).unwrap();
+    let mut found: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in m.render().lines() {
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let name = line.split(['{', ' ']).next().unwrap_or("").to_string();
+        let labels = match line.split_once('{') {
+            Some((_, rest)) => label
+                .captures_iter(rest.split('}').next().unwrap_or(""))
+                .map(|c| c[1].to_string())
+                .collect(),
+            None => BTreeSet::new(),
+        };
+        found.entry(name).or_default().extend(labels);
+    }
+    found
+}
+
+#[test]
+fn labels_in_finds_matchers_and_groupings() {
+    let labels = labels_in(
+        r#"sum by (site, rpc) (rate(x{site=~"$site", a!="b,c=d"}[5m])) / max without (q) (y)"#,
+    );
+    assert_eq!(labels.into_iter().collect::<Vec<_>>(), ["a", "rpc", "site"]);
 }
 
 #[test]
@@ -97,11 +166,20 @@ fn every_metric_the_dashboard_queries_is_one_we_export() {
     for expr in &exprs {
         let (metrics, functions) = names_in(expr);
         assert!(!metrics.is_empty(), "no metric in {expr}");
+        let labels = labels_in(expr);
         for name in &metrics {
-            assert!(
-                exported.contains(name),
-                "{name} (in {expr}) is not exported:\n{exported:#?}"
-            );
+            let Some(has) = exported.get(name) else {
+                panic!(
+                    "{name} (in {expr}) is not exported:\n{:#?}",
+                    exported.keys()
+                );
+            };
+            for label in &labels {
+                assert!(
+                    has.contains(label) || TARGET_LABELS.contains(&label.as_str()),
+                    "{name} has no label {label} (in {expr}); it has {has:?}"
+                );
+            }
         }
         for function in &functions {
             assert!(
@@ -125,8 +203,65 @@ fn every_metric_the_dashboard_queries_is_one_we_export() {
         "choria_provisioner_provision_errors",
         "choria_provisioner_paused",
         "choria_election_leader",
-    ] {
-        assert!(used.contains(name), "the dashboard does not show {name}");
+    ]
+    .iter()
+    .chain(RENEWAL_METRICS)
+    {
+        assert!(used.contains(*name), "the dashboard does not show {name}");
+    }
+}
+
+#[test]
+fn renewal_has_a_row_of_its_own_at_the_end() {
+    let board = dashboard();
+    let panels = board["panels"].as_array().expect("panels");
+    let rows: Vec<usize> = (0..panels.len())
+        .filter(|&i| panels[i]["type"] == "row")
+        .collect();
+    let last = *rows.last().expect("rows");
+    assert_eq!(panels[last]["title"], "Renewal (ours)");
+    let row_y = panels[last]["gridPos"]["y"].as_u64().unwrap();
+    // Every renewal metric is queried below that row, and nothing else is.
+    let mut below = BTreeSet::new();
+    for panel in &panels[last + 1..] {
+        assert!(
+            panel["gridPos"]["y"].as_u64().unwrap() > row_y,
+            "{}",
+            panel["title"]
+        );
+        let mut exprs = Vec::new();
+        expressions(panel, &mut exprs);
+        assert!(!exprs.is_empty(), "{} queries nothing", panel["title"]);
+        for expr in &exprs {
+            let (metrics, _) = names_in(expr);
+            for name in &metrics {
+                assert!(
+                    RENEWAL_METRICS.contains(&name.as_str()),
+                    "{name} in the renewal row"
+                );
+            }
+            below.extend(metrics);
+        }
+    }
+    for name in RENEWAL_METRICS {
+        assert!(
+            below.contains(*name),
+            "the renewal row does not show {name}"
+        );
+    }
+    // And no renewal metric is queried above it.
+    for panel in &panels[..last] {
+        let mut exprs = Vec::new();
+        expressions(panel, &mut exprs);
+        for expr in &exprs {
+            let (metrics, _) = names_in(expr);
+            assert!(
+                metrics
+                    .iter()
+                    .all(|m| !RENEWAL_METRICS.contains(&m.as_str())),
+                "{expr} above the renewal row"
+            );
+        }
     }
 }
 
@@ -150,6 +285,13 @@ fn the_dashboard_has_the_panels_operators_look_for() {
         "Errors by kind",
         "Paused",
         "Leader",
+        "Credentials recorded and expiring",
+        "Earliest expiry",
+        "Renewals in flight",
+        "Renewals per minute",
+        "Renewals failed and skipped per minute",
+        "Renewal store ready",
+        "Renewal store errors per minute",
     ] {
         assert!(
             titles.contains(&wanted),

@@ -60,7 +60,7 @@ pub struct Options {
     /// How long after an accepted `reprovision` the node restarts, drawn in [min, max].
     pub reprovision_restart: (Duration, Duration),
     /// `--exit-when-renewed N`: exit once every fault-free or slow node was renewed N times
-    /// and is back in service.
+    /// and came back in service (is there, or is being renewed once more).
     pub exit_when_renewed: Option<u32>,
     pub workers: usize,
     pub keygen_threads: usize,
@@ -247,8 +247,8 @@ Run:
   --reprovision-after DUR   churn: a node in service returns to provisioning mode (a new
                             life, provisioned again) DUR +-50% after entering service
   --exit-when-renewed N     exit once every fault-free or slow node was renewed N times (a
-                            reprovision obeyed) and is back in service; needs
-                            --production-broker
+                            reprovision obeyed) and came back in service (is there, or is
+                            being renewed once more); needs --production-broker
   --workers N               threads running choria_provision actions (default 2)
   --keygen-threads N        threads pre-generating RSA keys from the first gencsr on (default 1; 0 = inline)
   --progress DUR            print a progress line to stderr every DUR

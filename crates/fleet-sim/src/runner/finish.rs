@@ -59,6 +59,14 @@ pub(super) fn report(opts: &Options, shared: Arc<Shared>, run: Run) -> Report {
     }
 }
 
+/// Renewed `n` times and back in service since: in service now, or renewed once more (only a
+/// node in service obeys `reprovision`, so it was back before that). Without the second, a
+/// fleet whose credentials renew again before its last node's first return never ends: some
+/// node is always away being renewed.
+pub(super) fn renewed_and_back(renewed: u32, state: NodeState, n: u32) -> bool {
+    renewed > n || (renewed == n && state == NodeState::InService)
+}
+
 /// Waits for the end of the run and says why it ended: `signal`, `deadline`, `done` or
 /// `renewed`.
 pub(super) fn wait_for_end(
@@ -93,9 +101,8 @@ pub(super) fn wait_for_end(
                 if node.state.is_done() {
                     healthy_done += 1;
                 }
-                // Renewed and back: a restart into service came after the last renewal.
                 if let Some(n) = opts.exit_when_renewed {
-                    if node.record.renewed >= n && node.state == NodeState::InService {
+                    if renewed_and_back(node.record.renewed, node.state, n) {
                         healthy_renewed += 1;
                     }
                 }

@@ -68,3 +68,24 @@ fn claims_default_and_override() {
     assert_eq!(claims["purpose"], "choria_provisioning");
     assert_eq!(claims["exp"], 100 + 365 * 86_400);
 }
+
+#[test]
+fn a_node_renewed_again_was_back_in_service_after_its_nth_renewal() {
+    use super::finish::renewed_and_back;
+    use crate::node::NodeState;
+    assert!(
+        !renewed_and_back(0, NodeState::InService, 1),
+        "not renewed yet"
+    );
+    assert!(
+        !renewed_and_back(1, NodeState::Provisioning, 1),
+        "away being renewed"
+    );
+    assert!(
+        renewed_and_back(1, NodeState::InService, 1),
+        "renewed and back"
+    );
+    // Its second renewal under way: it was in service to be asked.
+    assert!(renewed_and_back(2, NodeState::Provisioning, 1));
+    assert!(renewed_and_back(2, NodeState::InService, 1));
+}
