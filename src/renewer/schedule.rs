@@ -315,9 +315,15 @@ impl Schedule {
 
     /// When something next happens (a renewal due, a wait ending, a minute's slot freeing).
     pub(crate) fn next_wake(&self) -> Option<i64> {
-        let due = self.queue.first().map(|(t, _)| *t);
+        let minute_full = self.sent.len() >= self.limits.max_per_minute as usize;
+        let in_flight_full = self.waiting.len() >= self.limits.max_in_flight;
+        // A due renewal the limits hold back wakes nobody: a slot freeing does (a return or
+        // an answer comes in on a channel; the minute's oldest request ages out here).
+        let due = (!minute_full && !in_flight_full)
+            .then(|| self.queue.first().map(|(t, _)| *t))
+            .flatten();
         let wait = self.waiting.first().map(|(t, _)| *t);
-        let slot = (self.sent.len() >= self.limits.max_per_minute as usize)
+        let slot = minute_full
             .then(|| self.sent.front().map(|t| t + 60_000))
             .flatten();
         [due, wait, slot].into_iter().flatten().min()
@@ -412,10 +418,10 @@ mod tests {
             Some(Due::Renew { late_ms: 5, .. })
         ));
         assert!(matches!(s.next(10_005), Some(Due::Renew { .. })));
-        // Two in flight: the third waits for one to return.
+        // Two in flight: the third waits for one to return (its wait ends at 70,005).
         assert_eq!(s.next(10_005), None);
         assert_eq!(s.in_flight(), 2);
-        assert_eq!(s.next_wake(), Some(10_002));
+        assert_eq!(s.next_wake(), Some(70_005));
         let back = s.insert(credential("n1", 50, 150), None, &mut Fixed(0));
         assert_eq!(
             back,
@@ -444,7 +450,11 @@ mod tests {
             assert!(matches!(s.next(1_000), Some(Due::Renew { .. })));
         }
         assert_eq!(s.next(60_999), None);
-        assert_eq!(s.next_wake(), Some(1_000), "still due");
+        assert_eq!(
+            s.next_wake(),
+            Some(61_000),
+            "when the minute's first slot frees"
+        );
         assert!(matches!(s.next(61_000), Some(Due::Renew { .. })));
     }
 
