@@ -239,7 +239,7 @@ fn a_fleet_is_renewed_before_expiry_each_node_once_spread_over_the_window() {
 }
 
 #[test]
-fn refusals_and_expiring_provisioning_jwts_are_reported_and_a_restart_keeps_the_schedule() {
+fn refusals_and_expiring_provisioning_jwts_are_reported_and_restarts_keep_the_schedule() {
     const NODES: usize = 8;
     let (world, org) = org_world("");
     let name = "restart";
@@ -292,6 +292,18 @@ fn refusals_and_expiring_provisioning_jwts_are_reported_and_a_restart_keeps_the_
     // comes back from the state file.
     std::thread::sleep(Duration::from_secs(3));
     provisioner.terminate();
+    let mut provisioner =
+        Provisioner::start(&world, org.setup(&world, PROVISIONER_IDENTITY, &yaml));
+    let loaded = format!("renewal: {} records loaded", NODES + 2);
+    wait_for(
+        "the state file read back",
+        Duration::from_secs(10),
+        || provisioner.log().contains(&loaded).then_some(()),
+        || provisioner.logs(),
+    );
+    // The state file lost too: the records are rebuilt from the audit trail.
+    provisioner.terminate();
+    std::fs::remove_file(world.path(&format!("{name}.renewal.json"))).unwrap();
     let provisioner = Provisioner::start(&world, org.setup(&world, PROVISIONER_IDENTITY, &yaml));
     let metrics = provisioner.wait_metrics("the renewals and refusals", |m| {
         m.get("choria_provisioner_renewals_succeeded") >= 4.0
@@ -304,10 +316,13 @@ fn refusals_and_expiring_provisioning_jwts_are_reported_and_a_restart_keeps_the_
     assert!(metrics.get("choria_provisioner_renewals_sent") >= 4.0);
     let log = provisioner.log();
     assert!(
-        log.contains(&format!("renewal: {NODES} records loaded"))
-            || log.contains(&format!("renewal: {} records loaded", NODES + 2)),
+        log.contains(&format!(
+            "rebuilt {} renewal records from the audit trail",
+            NODES + 2
+        )),
         "{log}"
     );
+    assert!(log.contains(&loaded), "{log}");
     assert!(
         log.contains("You are not authorized to call this agent or action"),
         "{log}"
