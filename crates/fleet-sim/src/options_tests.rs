@@ -254,7 +254,7 @@ fn the_testkit_renewal_flags_parse_into_what_they_name() {
 fn protocol_v2_needs_the_issuer_seed() {
     assert_eq!(
         run(&["--broker", "nats://x:1"]).unwrap().protocol,
-        WireProtocol::V1
+        FleetProtocol::V1
     );
     let v2 = run(&[
         "--broker",
@@ -264,9 +264,106 @@ fn protocol_v2_needs_the_issuer_seed() {
         "--jwt-key",
         "i.seed",
     ]);
-    assert_eq!(v2.unwrap().protocol, WireProtocol::V2);
+    assert_eq!(v2.unwrap().protocol, FleetProtocol::V2);
     let err = run(&["--broker", "nats://x:1", "--protocol", "v2"]).unwrap_err();
     assert!(err.to_string().contains("--jwt-key"), "{err}");
     let err = run(&["--broker", "nats://x:1", "--protocol", "v3"]).unwrap_err();
     assert!(err.to_string().contains("--protocol"), "{err}");
+}
+
+#[test]
+fn a_mixed_fleet_has_both_keys_and_its_v1_fraction() {
+    let mixed = [
+        "--broker",
+        "nats://x:1",
+        "--protocol",
+        "mixed",
+        "--jwt-key",
+        "v1.pem",
+        "--v2-jwt-key",
+        "issuer.seed",
+    ];
+    let o = run(&mixed).unwrap();
+    assert_eq!(o.protocol, FleetProtocol::Mixed);
+    assert_eq!(o.v1_fraction, 0.5, "half and half unless told");
+    assert_eq!(o.jwt_key, Some(PathBuf::from("v1.pem")));
+    assert_eq!(o.v2_jwt_key, Some(PathBuf::from("issuer.seed")));
+    assert_eq!(
+        FleetProtocol::Mixed.protocols(),
+        [WireProtocol::V1, WireProtocol::V2]
+    );
+    let mut all = mixed.to_vec();
+    all.extend(["--v1-fraction", "0.2"]);
+    assert_eq!(run(&all).unwrap().v1_fraction, 0.2);
+
+    let without = |flag: &str| -> Vec<&str> {
+        let mut args = mixed.to_vec();
+        let at = args.iter().position(|a| *a == flag).unwrap();
+        args.drain(at..at + 2);
+        args
+    };
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (without("--jwt-key"), "--jwt-key: a mixed fleet's v1 nodes"),
+        (
+            without("--v2-jwt-key"),
+            "--v2-jwt-key: a mixed fleet's v2 nodes",
+        ),
+        (
+            [&mixed[..], &["--v1-fraction", "1.5"]].concat(),
+            "--v1-fraction",
+        ),
+        (
+            [&mixed[..], &["--schemas", "dir"]].concat(),
+            "one protocol's schemas",
+        ),
+        (
+            vec!["--broker", "nats://x:1", "--v1-fraction", "0.3"],
+            "bad value \"0.3\" for --v1-fraction: only with --protocol mixed",
+        ),
+        (
+            vec![
+                "--broker",
+                "nats://x:1",
+                "--protocol",
+                "v2",
+                "--jwt-key",
+                "s",
+                "--v2-jwt-key",
+                "s",
+            ],
+            "--v2-jwt-key: only with --protocol mixed",
+        ),
+    ];
+    for (args, needle) in cases {
+        let err = run(&args).unwrap_err().to_string();
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn the_testkit_mixed_flags_parse_into_what_they_name() {
+    use choria_testkit::sim_args::SimArgs;
+    let args = SimArgs::new()
+        .protocol_mixed()
+        .jwt_key("v1.pem")
+        .v2_jwt_key("issuer.seed")
+        .v1_fraction(0.25);
+    let mut all = vec!["--broker", "nats://x:1"];
+    all.extend(args.as_args());
+    let o = run(&all).unwrap();
+    assert_eq!(o.protocol, FleetProtocol::Mixed);
+    assert_eq!(o.v1_fraction, 0.25);
+    assert_eq!(o.v2_jwt_key, Some(PathBuf::from("issuer.seed")));
+}
+
+#[test]
+fn the_help_names_the_mixed_flags() {
+    for flag in [
+        "--protocol v1|v2|mixed",
+        "--v1-fraction F",
+        "--v2-jwt-key FILE",
+        "other_protocol_broadcasts",
+    ] {
+        assert!(HELP.contains(flag), "{flag}");
+    }
 }
