@@ -3,7 +3,8 @@
 //! provisioning JWT names), the SecureRequest and Request JSON schemas (the upstream files of
 //! that protocol, via `jsonschema`), the collective, the strict ±ttl time window (seconds in v1,
 //! nanoseconds in v2), the filter and that the agent is loaded. Every failure is a `Drop` whose text is
-//! the violation recorded in the report. Pure functions over values; no I/O but loading schemas.
+//! the violation recorded in the report (but the other protocol's broadcasts in a mixed fleet,
+//! which are only counted). Pure functions over values; no I/O but loading schemas.
 
 use std::fmt;
 use std::path::Path;
@@ -13,6 +14,9 @@ use serde_json::Value;
 
 use crate::options::WireProtocol;
 use choria_wire::v2::TRANSPORT_V2;
+
+/// The protocol of a v1 transport.
+const TRANSPORT_V1: &str = "choria:transport:1";
 
 /// The agents a provisioning-mode server loads, sorted, as `rpcutil#inventory` lists them.
 pub const LOADED_AGENTS: [&str; 4] = ["choria_provision", "choria_util", "discovery", "rpcutil"];
@@ -24,8 +28,10 @@ pub const COLLECTIVE: &str = "provisioning";
 /// Why a request was dropped without a reply.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Drop {
-    /// The transport did not parse or had another protocol.
+    /// The transport did not parse, or had no protocol or an unknown one.
     Transport(String),
+    /// The transport is the other protocol's (v1 to a v2 node, or v2 to a v1 node).
+    OtherProtocol(String),
     SecureRequestSchema(String),
     RequestSchema(String),
     /// Decoding failed after the schemas passed (e.g. payload layer).
@@ -60,7 +66,9 @@ pub enum Drop {
 impl fmt::Display for Drop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Drop::Transport(why) => write!(f, "transport rejected: {why}"),
+            Drop::Transport(why) | Drop::OtherProtocol(why) => {
+                write!(f, "transport rejected: {why}")
+            }
             Drop::SecureRequestSchema(why) => {
                 write!(f, "secure request fails secure_request.json: {why}")
             }
@@ -209,18 +217,25 @@ impl Schemas {
 /// first check; go-choria protocol/protocol.go, VersionFromJSON, then a constructor that
 /// refuses the other version).
 pub(crate) fn check_transport(bytes: &[u8], protocol: WireProtocol) -> Result<(), Drop> {
-    let (expected, jwt) = match protocol {
-        WireProtocol::V1 => ("choria:transport:1", "lacks"),
-        WireProtocol::V2 => (TRANSPORT_V2, "has"),
+    let (expected, other, jwt) = match protocol {
+        WireProtocol::V1 => (TRANSPORT_V1, TRANSPORT_V2, "lacks"),
+        WireProtocol::V2 => (TRANSPORT_V2, TRANSPORT_V1, "has"),
     };
     let value: Value =
         serde_json::from_slice(bytes).map_err(|e| Drop::Transport(format!("not JSON: {e}")))?;
     match value.get("protocol").and_then(Value::as_str) {
         Some(found) if found == expected => Ok(()),
-        Some(other) => Err(Drop::Transport(format!(
-            "protocol {other:?}: this node's provisioning.jwt {jwt} `v2: true`, so it accepts \
-             only {expected:?}"
-        ))),
+        Some(found) => {
+            let why = format!(
+                "protocol {found:?}: this node's provisioning.jwt {jwt} `v2: true`, so it \
+                 accepts only {expected:?}"
+            );
+            Err(if found == other {
+                Drop::OtherProtocol(why)
+            } else {
+                Drop::Transport(why)
+            })
+        }
         None => Err(Drop::Transport("no protocol field".into())),
     }
 }
@@ -681,9 +696,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("lacks `v2: true`"), "{err}");
-        assert!(
-            check_transport(br#"{"protocol":"choria:transport:2"}"#, WireProtocol::V1).is_err()
-        );
+        // The other protocol's transport is told apart from an unknown one, in the same words.
+        assert!(matches!(
+            check_transport(v2, WireProtocol::V1),
+            Err(Drop::OtherProtocol(_))
+        ));
+        assert!(matches!(
+            check_transport(v1, WireProtocol::V2),
+            Err(Drop::OtherProtocol(_))
+        ));
+        assert!(matches!(
+            check_transport(br#"{"protocol":"choria:transport:2"}"#, WireProtocol::V1),
+            Err(Drop::Transport(_))
+        ));
         assert!(check_transport(b"nope", WireProtocol::V1).is_err());
         assert!(check_collective("provisioning", COLLECTIVE).is_ok());
         assert!(check_collective("mcollective", COLLECTIVE).is_err());

@@ -6,13 +6,59 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The protocol the simulated servers speak. A provisioning-mode server speaks v2 exactly when
+/// The protocol a simulated server speaks. A provisioning-mode server speaks v2 exactly when
 /// its provisioning JWT has `v2: true`, and then nothing else (go-choria choria/framework.go,
 /// ConfigureProvisioning; protocol/v2 constructors refuse a non-ed25519 security provider).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// In the report as `v1` or `v2`.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum WireProtocol {
+    #[default]
     V1,
     V2,
+}
+
+impl WireProtocol {
+    /// `v1` or `v2`, as the report and the flags name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            WireProtocol::V1 => "v1",
+            WireProtocol::V2 => "v2",
+        }
+    }
+}
+
+/// What the fleet speaks (`--protocol`): one protocol, or both, each node one of them (a site
+/// moving to an Organization Issuer has old v1 and new v2 servers for weeks; issue 30).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FleetProtocol {
+    V1,
+    V2,
+    /// Each node v1 or v2: `--v1-fraction` of them v1, chosen from `--seed`.
+    Mixed,
+}
+
+impl FleetProtocol {
+    /// The protocols its nodes speak, v1 first.
+    pub(crate) fn protocols(self) -> &'static [WireProtocol] {
+        match self {
+            FleetProtocol::V1 => &[WireProtocol::V1],
+            FleetProtocol::V2 => &[WireProtocol::V2],
+            FleetProtocol::Mixed => &[WireProtocol::V1, WireProtocol::V2],
+        }
+    }
 }
 
 /// Everything the simulator can be told on its command line.
@@ -34,8 +80,14 @@ pub struct Options {
     pub jwt_claims: serde_json::Map<String, serde_json::Value>,
     /// Key to verify a configured `server_jwt` with (crypto `VerifyKey::load` rules).
     pub org_issuer: Option<String>,
-    /// `--protocol`: v1 (default) or v2 (then `--jwt-key` is the Org Issuer's ed25519 seed).
-    pub protocol: WireProtocol,
+    /// `--protocol`: v1 (default), v2 (then `--jwt-key` is the Org Issuer's ed25519 seed), or
+    /// mixed (then `--jwt-key` is the v1 nodes' RSA key and `--v2-jwt-key` the issuer's seed).
+    pub protocol: FleetProtocol,
+    /// `--v1-fraction`: in a mixed fleet, the fraction (0..=1) of nodes speaking v1.
+    pub v1_fraction: f64,
+    /// `--v2-jwt-key`: in a mixed fleet, the Org Issuer's 64-hex ed25519 seed, which signs the
+    /// v2 nodes' provisioning JWTs and which their callers' JWTs must chain to.
+    pub v2_jwt_key: Option<PathBuf>,
     pub lock: Duration,
     /// Versions assigned to nodes round-robin.
     pub versions: Vec<String>,
@@ -197,13 +249,23 @@ Provisioning JWT:
                             purpose, sub, iss, iat, nbf, exp = now+1y), e.g. {\"update\":true}
   --org-issuer KEY          verifies configure's server_jwt: a certificate or public key PEM
                             file, or an ed25519 public key in hex (org issuer or signer key)
-  --protocol v1|v2          the protocol the nodes speak (default v1). v2 is an Organization
+  --protocol v1|v2|mixed    the protocol the nodes speak (default v1). v2 is an Organization
                             Issuer network: the provisioning JWT gets v2:true and ou:choria and
                             --jwt-key must be the issuer's ed25519 seed; nodes accept only v2,
                             and check beyond a real node that each request's caller JWT chains
                             to that issuer with the provisioner permission, that the request
                             signature verifies with its key and that its caller is the JWT's
-                            callerid, recording every failure as a violation
+                            callerid, recording every failure as a violation. mixed: each node
+                            speaks v1 or v2 (--v1-fraction) and drops the other's requests, as
+                            a real node does; --jwt-key is the RSA key of the v1 nodes' JWTs,
+                            --v2-jwt-key the issuer's seed of the v2 nodes'; each protocol has
+                            connections of its own, presenting its own JWT; a broadcast in the
+                            other protocol is counted (other_protocol_broadcasts), not a
+                            violation (a mixed provisioner discovers in both), while a request
+                            to the node in the other protocol still is one
+  --v1-fraction F           mixed: the fraction of nodes speaking v1 (default 0.5), chosen from
+                            --seed and spread over each fault's nodes
+  --v2-jwt-key FILE         mixed: the Org Issuer's 64-hex ed25519 seed (signs the v2 JWTs)
 
 Faults (fractions 0..1 of the fleet; each node gets at most one, chosen from --seed):
   --dead F                  never answer (they still boot and publish startup)
@@ -310,7 +372,9 @@ impl Options {
             jwt_key: None,
             jwt_claims: serde_json::Map::new(),
             org_issuer: None,
-            protocol: WireProtocol::V1,
+            protocol: FleetProtocol::V1,
+            v1_fraction: 0.5,
+            v2_jwt_key: None,
             lock: Duration::from_secs(120),
             versions: vec!["0.29.4".into()],
             facts: serde_json::Map::new(),
@@ -397,6 +461,7 @@ where
     S: Into<String>,
 {
     let mut opts = Options::defaults();
+    let mut mixed_only: Option<(String, String)> = None;
     let mut args = args.into_iter().map(Into::into);
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -421,6 +486,9 @@ where
                 .ok_or_else(|| UsageError::MissingValue(flag.clone()))?,
         };
         let (f, v) = (flag.as_str(), value.as_str());
+        if matches!(f, "--v1-fraction" | "--v2-jwt-key") {
+            mixed_only = Some((f.to_string(), v.to_string()));
+        }
         let known = if let Some(field) = fault_fraction(&mut opts.faults, f) {
             *field = fraction(f, v)?;
             true
@@ -434,7 +502,7 @@ where
             return Err(UsageError::UnknownFlag(flag));
         }
     }
-    check_whole(&opts)?;
+    check_whole(&opts, mixed_only.as_ref())?;
     Ok(Parsed::Run(Box::new(opts)))
 }
 
@@ -477,11 +545,14 @@ fn set_fleet(opts: &mut Options, f: &str, v: &str) -> Result<bool, UsageError> {
         "--org-issuer" => opts.org_issuer = Some(v.into()),
         "--protocol" => {
             opts.protocol = match v {
-                "v1" => WireProtocol::V1,
-                "v2" => WireProtocol::V2,
-                _ => return Err(bad(f, v, "not v1 or v2")),
+                "v1" => FleetProtocol::V1,
+                "v2" => FleetProtocol::V2,
+                "mixed" => FleetProtocol::Mixed,
+                _ => return Err(bad(f, v, "not v1, v2 or mixed")),
             }
         }
+        "--v1-fraction" => opts.v1_fraction = fraction(f, v)?,
+        "--v2-jwt-key" => opts.v2_jwt_key = Some(PathBuf::from(v)),
         _ => return Ok(false),
     }
     Ok(true)
@@ -601,9 +672,43 @@ fn set_production(opts: &mut Options, f: &str, v: &str) -> Result<bool, UsageErr
     Ok(true)
 }
 
-/// What no single flag can check: a broker is given, v2 has its key, the faults fit, a
-/// renewal exit has a production side.
-fn check_whole(opts: &Options) -> Result<(), UsageError> {
+/// A mixed fleet has both keys and the vendored schemas of both protocols; its own flags
+/// (`mixed_only`, the last one given) are refused in a single-protocol fleet.
+fn check_protocol(opts: &Options, mixed_only: Option<&(String, String)>) -> Result<(), UsageError> {
+    if opts.protocol != FleetProtocol::Mixed {
+        return match mixed_only {
+            Some((flag, value)) => Err(bad(flag, value, "only with --protocol mixed")),
+            None => Ok(()),
+        };
+    }
+    if opts.jwt_key.is_none() {
+        return Err(UsageError::Missing(
+            "--jwt-key: a mixed fleet's v1 nodes need a provisioning JWT signed by an RSA key",
+        ));
+    }
+    if opts.v2_jwt_key.is_none() {
+        return Err(UsageError::Missing(
+            "--v2-jwt-key: a mixed fleet's v2 nodes need a provisioning JWT signed by the Org \
+             Issuer's ed25519 seed",
+        ));
+    }
+    if opts.schemas.is_some() {
+        return Err(bad(
+            "--schemas",
+            &opts
+                .schemas
+                .as_ref()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default(),
+            "holds one protocol's schemas: not with --protocol mixed",
+        ));
+    }
+    Ok(())
+}
+
+/// What no single flag can check: a broker is given, each protocol has its key, the faults
+/// fit, a renewal exit has a production side.
+fn check_whole(opts: &Options, mixed_only: Option<&(String, String)>) -> Result<(), UsageError> {
     if opts.brokers.is_empty() {
         return Err(UsageError::Missing("--broker"));
     }
@@ -612,7 +717,8 @@ fn check_whole(opts: &Options) -> Result<(), UsageError> {
             "--production-broker: --exit-when-renewed needs nodes in service to renew",
         ));
     }
-    if opts.protocol == WireProtocol::V2 && opts.jwt_key.is_none() {
+    check_protocol(opts, mixed_only)?;
+    if opts.protocol == FleetProtocol::V2 && opts.jwt_key.is_none() {
         return Err(UsageError::Missing(
             "--jwt-key: protocol v2 nodes need a provisioning JWT signed by the Org Issuer's \
              ed25519 seed",
@@ -642,275 +748,5 @@ fn check_whole(opts: &Options) -> Result<(), UsageError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn run(args: &[&str]) -> Result<Options, UsageError> {
-        match parse(args.iter().copied())? {
-            Parsed::Run(o) => Ok(*o),
-            Parsed::Help => panic!("unexpected help"),
-        }
-    }
-
-    #[test]
-    fn durations() {
-        let cases = [
-            ("500ms", Some(Duration::from_millis(500))),
-            ("2s", Some(Duration::from_secs(2))),
-            ("1m", Some(Duration::from_secs(60))),
-            ("1h", Some(Duration::from_secs(3600))),
-            ("1.5", Some(Duration::from_millis(1500))),
-            ("-1s", None),
-            ("soon", None),
-        ];
-        for (text, want) in cases {
-            assert_eq!(parse_duration(text), want, "{text}");
-        }
-    }
-
-    #[test]
-    fn flags_parse_into_options() {
-        let o = run(&[
-            "--broker=nats://127.0.0.1:1",
-            "--nodes",
-            "7",
-            "--lock-seconds",
-            "5",
-            "--dead",
-            "0.25",
-            "--version",
-            "1.0,2.0",
-            "--exit-when-done",
-            "--deadline",
-            "30s",
-            "--reprovision-after",
-            "20s",
-            "--jwt-claims",
-            r#"{"update":true}"#,
-        ])
-        .unwrap();
-        assert_eq!(o.brokers, vec!["nats://127.0.0.1:1"]);
-        assert_eq!(o.nodes, 7);
-        assert_eq!(o.lock, Duration::from_secs(5));
-        assert_eq!(o.faults.dead, 0.25);
-        assert_eq!(o.versions, vec!["1.0", "2.0"]);
-        assert!(o.exit_when_done);
-        assert_eq!(o.deadline, Some(Duration::from_secs(30)));
-        assert_eq!(o.reprovision_after, Some(Duration::from_secs(20)));
-        assert_eq!(o.jwt_claims["update"], serde_json::json!(true));
-        assert_eq!(o.identity(0), "node1.sim.example.net");
-    }
-
-    #[test]
-    fn bad_command_lines_are_refused_naming_the_flag() {
-        let cases: [(&[&str], &str); 6] = [
-            (&[], "--broker"),
-            (&["--broker", "nats://x:1", "--nodes", "many"], "--nodes"),
-            (&["--broker", "nats://x:1", "--dead", "1.5"], "--dead"),
-            (
-                &["--broker", "nats://x:1", "--frobnicate", "1"],
-                "--frobnicate",
-            ),
-            (&["--broker", "nats://x:1", "--facts", "[1]"], "--facts"),
-            (
-                &["--broker", "nats://x:1", "--dead", "0.6", "--slow", "0.6"],
-                "more than 1",
-            ),
-        ];
-        for (args, needle) in cases {
-            let err = run(args).unwrap_err().to_string();
-            assert!(err.contains(needle), "{args:?}: {err}");
-        }
-        assert_eq!(parse(["--help"]).unwrap(), Parsed::Help);
-    }
-
-    #[test]
-    fn forger_flags() {
-        let o = run(&["--broker", "nats://x:1", "--forged", "0.5"]).unwrap();
-        assert_eq!(o.faults.forged, 0.5);
-        assert_eq!(o.forge, ForgeOptions::default());
-        let o = run(&[
-            "--broker",
-            "nats://x:1",
-            "--forge-actions",
-            "gencsr, rpcutil#inventory,release_update",
-            "--forge-reply",
-            "ok",
-            "--forge-delay",
-            "300ms",
-            "--victim-delay",
-            "1s",
-        ])
-        .unwrap();
-        assert_eq!(
-            o.forge.actions,
-            vec![
-                "choria_provision#gencsr",
-                "rpcutil#inventory",
-                "choria_provision#release_update"
-            ]
-        );
-        assert_eq!(o.forge.reply, ForgeReply::Ok);
-        assert_eq!(o.forge.delay, Duration::from_millis(300));
-        assert_eq!(o.forge.victim_delay, Duration::from_secs(1));
-        for (args, needle) in [
-            (["--forge-actions", "reprovision"], "--forge-actions"),
-            (["--forge-actions", "rpcutil#jwt"], "not an action"),
-            (["--forge-reply", "maybe"], "not lock or ok"),
-            (["--forged", "2"], "--forged"),
-        ] {
-            let mut all = vec!["--broker", "nats://x:1"];
-            all.extend(args);
-            let err = run(&all).unwrap_err().to_string();
-            assert!(err.contains(needle), "{args:?}: {err}");
-        }
-    }
-
-    #[test]
-    fn production_flags() {
-        let o = run(&["--broker", "nats://x:1"]).unwrap();
-        assert_eq!(o.production_brokers, None, "off unless asked");
-        assert_eq!(o.production_collective, "mcollective");
-        assert_eq!(
-            o.reprovision_restart,
-            (Duration::from_secs(2), Duration::from_secs(11))
-        );
-        assert_eq!(o.exit_when_renewed, None);
-        let o = run(&[
-            "--broker",
-            "nats://x:1",
-            "--production-broker",
-            "nats://p:1,nats://p:2",
-            "--production-collective",
-            "prod",
-            "--reprovision-restart",
-            "500ms-3s",
-            "--exit-when-renewed",
-            "2",
-            "--no-provision-agent",
-            "0.1",
-            "--reprovision-denied",
-            "0.2",
-        ])
-        .unwrap();
-        assert_eq!(
-            o.production_brokers,
-            Some(vec!["nats://p:1".to_string(), "nats://p:2".to_string()])
-        );
-        assert_eq!(o.production_collective, "prod");
-        assert_eq!(
-            o.reprovision_restart,
-            (Duration::from_millis(500), Duration::from_secs(3))
-        );
-        assert_eq!(o.exit_when_renewed, Some(2));
-        assert_eq!(o.faults.no_provision_agent, 0.1);
-        assert_eq!(o.faults.reprovision_denied, 0.2);
-        let o = run(&["--broker", "nats://x:1", "--reprovision-restart", "0s"]).unwrap();
-        assert_eq!(o.reprovision_restart, (Duration::ZERO, Duration::ZERO));
-        let prod = [
-            "--broker",
-            "nats://x:1",
-            "--production-broker",
-            "nats://p:1",
-        ];
-        let cases: [(&[&str], &str); 8] = [
-            (&["--reprovision-restart", "3s-2s"], "MIN is above MAX"),
-            (&["--reprovision-restart", "-2s"], "--reprovision-restart"),
-            (
-                &["--reprovision-restart", "2s-soon"],
-                "--reprovision-restart",
-            ),
-            (&["--exit-when-renewed", "0"], "at least 1"),
-            (
-                &["--production-collective", "provisioning"],
-                "not a production",
-            ),
-            (&["--production-collective", "a.b"], "not a collective"),
-            (&["--production-broker", ","], "no broker URL"),
-            (
-                &["--no-provision-agent", "0.6", "--reprovision-denied", "0.6"],
-                "more than 1",
-            ),
-        ];
-        for (args, needle) in cases {
-            let mut all = prod.to_vec();
-            all.extend(args);
-            let err = run(&all).unwrap_err().to_string();
-            assert!(err.contains(needle), "{args:?}: {err}");
-        }
-        let err = run(&["--broker", "nats://x:1", "--exit-when-renewed", "1"]).unwrap_err();
-        assert!(err.to_string().contains("--production-broker"), "{err}");
-    }
-
-    #[test]
-    fn the_help_names_the_production_flags_under_their_heading() {
-        let section = HELP
-            .split_once("\nIn service (off without --production-broker")
-            .map(|(_, rest)| rest)
-            .expect("an In service section");
-        for flag in [
-            "--production-broker URL",
-            "--production-collective C",
-            "--reprovision-restart MIN[-MAX]",
-        ] {
-            assert!(section.contains(flag), "{flag} in the In service section");
-        }
-        for flag in [
-            "--no-provision-agent F",
-            "--reprovision-denied F",
-            "--exit-when-renewed N",
-        ] {
-            assert!(HELP.contains(flag), "{flag}");
-        }
-        assert!(HELP.contains("You are not authorized to call this agent or action"));
-        assert!(!section.contains("--workers"), "Run's flags stay under Run");
-    }
-
-    #[test]
-    fn the_testkit_renewal_flags_parse_into_what_they_name() {
-        use choria_testkit::sim_args::{Fault as TestFault, SimArgs};
-        let args = SimArgs::new()
-            .production_broker("nats://127.0.0.1:4")
-            .production_collective("prod")
-            .reprovision_restart(Duration::from_millis(500), Duration::from_secs(3))
-            .exit_when_renewed(2)
-            .fault(TestFault::NoProvisionAgent, 0.25)
-            .fault(TestFault::ReprovisionDenied, 0.5);
-        let mut all = vec!["--broker", "nats://x:1"];
-        all.extend(args.as_args());
-        let o = run(&all).unwrap();
-        assert_eq!(
-            o.production_brokers,
-            Some(vec!["nats://127.0.0.1:4".into()])
-        );
-        assert_eq!(o.production_collective, "prod");
-        assert_eq!(
-            o.reprovision_restart,
-            (Duration::from_millis(500), Duration::from_secs(3))
-        );
-        assert_eq!(o.exit_when_renewed, Some(2));
-        assert_eq!(o.faults.no_provision_agent, 0.25);
-        assert_eq!(o.faults.reprovision_denied, 0.5);
-    }
-
-    #[test]
-    fn protocol_v2_needs_the_issuer_seed() {
-        assert_eq!(
-            run(&["--broker", "nats://x:1"]).unwrap().protocol,
-            WireProtocol::V1
-        );
-        let v2 = run(&[
-            "--broker",
-            "nats://x:1",
-            "--protocol",
-            "v2",
-            "--jwt-key",
-            "i.seed",
-        ]);
-        assert_eq!(v2.unwrap().protocol, WireProtocol::V2);
-        let err = run(&["--broker", "nats://x:1", "--protocol", "v2"]).unwrap_err();
-        assert!(err.to_string().contains("--jwt-key"), "{err}");
-        let err = run(&["--broker", "nats://x:1", "--protocol", "v3"]).unwrap_err();
-        assert!(err.to_string().contains("--protocol"), "{err}");
-    }
-}
+#[path = "options_tests.rs"]
+mod tests;

@@ -1,16 +1,21 @@
-//! The simulator's report: per node the final state, every provisioning action with caller
-//! and status, key and server JWT checks, violations; totals; and a one-line summary where a
-//! node provisioned twice (or a violation) is visible at a glance.
+//! The simulator's report: per node its protocol, the final state, every provisioning action
+//! with caller and status, key and server JWT checks, violations; totals (in a mixed fleet
+//! per protocol too); and a one-line summary where a node provisioned twice (or a violation)
+//! is visible at a glance.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::node::{NodeRecord, NodeState};
+use crate::options::WireProtocol;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct NodeReport {
     pub identity: String,
+    /// The protocol it speaks: `v1` or `v2`.
+    #[serde(default)]
+    pub protocol: WireProtocol,
     pub fault: Option<String>,
     pub state: NodeState,
     pub version: String,
@@ -57,6 +62,13 @@ pub struct Totals {
     /// Replies the forger sent in other nodes' names (`--forged`).
     #[serde(default)]
     pub forged_replies: u64,
+    /// Broadcasts in the other protocol a mixed fleet's nodes dropped (not violations).
+    #[serde(default)]
+    pub other_protocol_broadcasts: u64,
+    /// In a mixed fleet, the same totals over the nodes of each protocol, by `v1` and `v2`
+    /// (both always there); empty, and left out, otherwise.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub protocols: BTreeMap<String, Totals>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -75,6 +87,24 @@ pub struct Report {
 }
 
 impl Totals {
+    /// The run's totals; with `mixed`, those of each protocol too.
+    pub(crate) fn of_run(nodes: &[NodeReport], mixed: bool) -> Totals {
+        let mut totals = Totals::from_nodes(nodes);
+        if mixed {
+            for protocol in [WireProtocol::V1, WireProtocol::V2] {
+                let side: Vec<NodeReport> = nodes
+                    .iter()
+                    .filter(|n| n.protocol == protocol)
+                    .cloned()
+                    .collect();
+                totals
+                    .protocols
+                    .insert(protocol.name().into(), Totals::from_nodes(&side));
+            }
+        }
+        totals
+    }
+
     pub(crate) fn from_nodes(nodes: &[NodeReport]) -> Totals {
         let mut t = Totals {
             nodes: nodes.len(),
@@ -120,6 +150,7 @@ impl Totals {
             t.renewed += u64::from(r.renewed);
             t.renewal_refusals += u64::from(r.renewal_refusals);
             t.forged_replies += r.forged.len() as u64;
+            t.other_protocol_broadcasts += r.other_protocol_broadcasts;
         }
         t
     }
@@ -140,6 +171,18 @@ impl Report {
                 .collect::<Vec<_>>()
                 .join(",")
         };
+        let side = |name: &str| {
+            t.protocols.get(name).map(|s| {
+                format!(
+                    "{name} {} nodes, healthy done {}/{}, violations {}",
+                    s.nodes, s.healthy_done, s.healthy, s.violations
+                )
+            })
+        };
+        let protocols = match (side("v1"), side("v2")) {
+            (Some(v1), Some(v2)) => format!("{v1}; {v2}; "),
+            _ => String::new(),
+        };
         let renewals = if t.renewed + t.renewal_refusals > 0 {
             format!(
                 "renewed {}, renewal refusals {}; ",
@@ -149,7 +192,7 @@ impl Report {
             String::new()
         };
         format!(
-            "choria-fleet-sim: {} nodes, {} provisioned (in service), {} shut down, {} still provisioning; healthy done {}/{}; violations {}; duplicates {}; key checks failed {}; server JWT checks failed {}; {renewals}faults {}; {:.1}s ({})",
+            "choria-fleet-sim: {} nodes, {} provisioned (in service), {} shut down, {} still provisioning; healthy done {}/{}; violations {}; duplicates {}; key checks failed {}; server JWT checks failed {}; {protocols}{renewals}faults {}; {:.1}s ({})",
             t.nodes,
             t.in_service,
             state("shut_down"),
@@ -175,6 +218,7 @@ mod tests {
     fn node(identity: &str, fault: Option<&str>, state: NodeState) -> NodeReport {
         NodeReport {
             identity: identity.into(),
+            protocol: WireProtocol::V1,
             fault: fault.map(String::from),
             state,
             version: "1".into(),
@@ -284,6 +328,61 @@ mod tests {
         assert_eq!(credential["renewed_by"], "p.choria=p");
         assert_eq!(json["nodes"][1]["renewal_refusals"], 3);
         assert_eq!(json["nodes"][1]["credentials"], serde_json::json!([]));
+        let back: Report = serde_json::from_value(json).unwrap();
+        assert_eq!(back, report);
+    }
+
+    #[test]
+    fn a_mixed_run_has_totals_per_protocol_and_says_each_nodes_protocol() {
+        let mut a = node("a", None, NodeState::InService);
+        a.record.other_protocol_broadcasts = 3;
+        let mut b = node("b", None, NodeState::Provisioning);
+        b.protocol = WireProtocol::V2;
+        b.record.violations_total = 1;
+        let c = node("c", Some("dead"), NodeState::Provisioning);
+        let nodes = vec![a, b, c];
+
+        let single = Totals::of_run(&nodes, false);
+        assert!(single.protocols.is_empty());
+        assert_eq!(single, Totals::from_nodes(&nodes));
+        let json = serde_json::to_value(&single).unwrap();
+        assert!(
+            json.get("protocols").is_none(),
+            "a single-protocol report is as it was"
+        );
+
+        let totals = Totals::of_run(&nodes, true);
+        assert_eq!(totals.nodes, 3);
+        assert_eq!(totals.other_protocol_broadcasts, 3);
+        let (v1, v2) = (&totals.protocols["v1"], &totals.protocols["v2"]);
+        assert_eq!((v1.nodes, v1.healthy, v1.healthy_done), (2, 1, 1));
+        assert_eq!((v2.nodes, v2.healthy_done, v2.violations), (1, 0, 1));
+        assert_eq!(v1.faults["dead"], 1);
+        assert!(v1.protocols.is_empty() && v2.protocols.is_empty());
+        let report = Report {
+            started_unix: 0,
+            finished_unix: 1,
+            elapsed_seconds: 1.0,
+            exit_reason: "done".into(),
+            seed: 1,
+            connections: 2,
+            totals,
+            duplicates: BTreeMap::new(),
+            nodes,
+        };
+        let line = report.summary();
+        assert!(
+            line.contains(
+                "v1 2 nodes, healthy done 1/1, violations 0; v2 1 nodes, healthy done 0/1, \
+                 violations 1; faults dead=1"
+            ),
+            "{line}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["nodes"][0]["protocol"], "v1");
+        assert_eq!(json["nodes"][1]["protocol"], "v2");
+        assert_eq!(json["totals"]["protocols"]["v2"]["nodes"], 1);
+        assert_eq!(json["nodes"][0]["other_protocol_broadcasts"], 3);
         let back: Report = serde_json::from_value(json).unwrap();
         assert_eq!(back, report);
     }

@@ -11,8 +11,13 @@
 //!   Org Issuer, names it in `ou` and carries `permissions.provisioner`. Stricter than Choria,
 //!   to pin our client: `jwt` must be that token and `sig` its key's signature of the nonce,
 //!   as go-choria's own client sends them.
-//! - anyone else is a provisioning-mode node (handleUnverifiedProvisioningConnectionWithIssuer):
-//!   `auth_token` must be a provisioning JWT signed by the Org Issuer and naming it in `ou`.
+//! - anyone else is a provisioning-mode node (handleUnverifiedProvisioningConnection): an
+//!   EdDSA-signed `auth_token` must be a provisioning JWT signed by the Org Issuer and naming
+//!   it in `ou` (…WithIssuer); any other (a v1 token, RS256) is checked against the broker's
+//!   `plugin.choria.network.provisioning.signer_cert` (…WithTLS), which [`RelayOptions`]
+//!   gives as `v1_signer`: without it, as by default, such a node is refused with go-choria's
+//!   `provisioning is not enabled`; with it, a v1 node is admitted to the provisioning account
+//!   as a v2 one is, so one broker holds a mixed fleet (a site moving to an Issuer).
 //!
 //! A refused client gets `-ERR 'Authorization Violation'`, as nats-server sends it, and the
 //! reason is recorded for the test. An accepted one is connected to the broker with its
@@ -50,6 +55,19 @@ pub struct RelayRules {
     pub org: String,
 }
 
+/// What the relay is set up with beyond [`RelayRules`]; the default is an Issuer broker
+/// without `signer_cert` on any free port.
+#[derive(Clone, Default)]
+pub struct RelayOptions {
+    /// The loopback port to listen on (0: any free one).
+    pub port: u16,
+    /// `plugin.choria.network.provisioning.signer_cert`: the public key (an RSA public key or
+    /// certificate, as `VerifyKey::load` reads it) that signed the v1 provisioning JWTs. With
+    /// it a node presenting a token that is not EdDSA-signed is admitted if the token verifies
+    /// against it (go-choria checks no `ou` there); without it such a node is refused.
+    pub v1_signer: Option<VerifyKey>,
+}
+
 /// The longest INFO or CONNECT line read during a handshake.
 const MAX_LINE: u64 = 64 * 1024;
 /// How long a handshake may take, each way.
@@ -59,6 +77,7 @@ const MAX_CONNECTIONS: usize = 256;
 
 struct Shared {
     rules: RelayRules,
+    v1_signer: Option<VerifyKey>,
     upstream: SocketAddr,
     stopping: AtomicBool,
     refusals: Mutex<Vec<String>>,
@@ -78,15 +97,20 @@ pub struct Relay {
 impl Relay {
     /// Listens on a free loopback port in front of the broker on `upstream_port`.
     pub fn start(upstream_port: u16, rules: RelayRules) -> io::Result<Relay> {
-        Relay::start_on(0, upstream_port, rules)
+        Relay::start_with(upstream_port, rules, RelayOptions::default())
     }
 
-    /// As [`Relay::start`], on `port` (0: any free one).
-    pub fn start_on(port: u16, upstream_port: u16, rules: RelayRules) -> io::Result<Relay> {
-        let listener = TcpListener::bind(("127.0.0.1", port))?;
+    /// As [`Relay::start`], set up with `options` (a port, a v1 signer).
+    pub fn start_with(
+        upstream_port: u16,
+        rules: RelayRules,
+        options: RelayOptions,
+    ) -> io::Result<Relay> {
+        let listener = TcpListener::bind(("127.0.0.1", options.port))?;
         let port = listener.local_addr()?.port();
         let shared = Arc::new(Shared {
             rules,
+            v1_signer: options.v1_signer,
             upstream: SocketAddr::from(([127, 0, 0, 1], upstream_port)),
             stopping: AtomicBool::new(false),
             refusals: Mutex::new(Vec::new()),
@@ -304,7 +328,7 @@ fn handshake(shared: &Shared, client: &TcpStream) -> Result<Handshake, String> {
             )))
         }
     };
-    let who = match check(&shared.rules, &connect, &nonce) {
+    let who = match check(&shared.rules, shared.v1_signer.as_ref(), &connect, &nonce) {
         Ok(who) => who,
         Err(reason) => return Ok(Handshake::Refused(reason)),
     };
@@ -337,9 +361,11 @@ fn text<'a>(connect: &'a Map<String, Value>, field: &str) -> &'a str {
     connect.get(field).and_then(Value::as_str).unwrap_or("")
 }
 
-/// The broker's checks (see the module docs); `Ok` names who was admitted.
+/// The broker's checks (see the module docs), with `v1_signer` as its `signer_cert`; `Ok`
+/// names who was admitted.
 pub fn check(
     rules: &RelayRules,
+    v1_signer: Option<&VerifyKey>,
     connect: &Map<String, Value>,
     nonce: &str,
 ) -> Result<String, String> {
@@ -394,6 +420,13 @@ pub fn check(
             text(connect, "user")
         ));
     }
+    // Only EdDSA tokens are issuer tokens: v1 ones may be RSA-signed, v2 ones never are
+    // (choria_auth.go, handleUnverifiedProvisioningConnection).
+    let alg =
+        token_alg(token).map_err(|e| format!("node: could not determine token algorithm: {e}"))?;
+    if alg != "EdDSA" {
+        return check_v1_node(v1_signer, connect, token, &alg, now);
+    }
     let claims = verify_provisioning_jwt(token, &rules.issuer, now)
         .map_err(|e| format!("node: the provisioning token does not verify: {e}"))?;
     let ou = claims.get("ou").and_then(Value::as_str).unwrap_or("");
@@ -404,4 +437,127 @@ pub fn check(
         ));
     }
     Ok(format!("node ({})", text(connect, "name")))
+}
+
+/// The `alg` of a compact JWS's header, unverified (tokens TokenSigningAlgorithm).
+fn token_alg(token: &str) -> Result<String, String> {
+    let header = token.trim().split('.').next().unwrap_or("");
+    let bytes = URL_SAFE_NO_PAD
+        .decode(header)
+        .map_err(|e| format!("the header is not base64url: {e}"))?;
+    let header: Map<String, Value> =
+        serde_json::from_slice(&bytes).map_err(|e| format!("the header is not JSON: {e}"))?;
+    match header.get("alg") {
+        Some(Value::String(alg)) => Ok(alg.clone()),
+        _ => Err("the header has no alg".into()),
+    }
+}
+
+/// A node whose token is not EdDSA-signed: checked against the `signer_cert`, if the broker
+/// has one (handleUnverifiedProvisioningConnectionWithTLS), with no `ou` check.
+fn check_v1_node(
+    v1_signer: Option<&VerifyKey>,
+    connect: &Map<String, Value>,
+    token: &str,
+    alg: &str,
+    now: u64,
+) -> Result<String, String> {
+    let Some(signer) = v1_signer else {
+        // go-choria's words, and what a broker without signer_cert logs for a v1 node.
+        return Err(format!(
+            "node: provisioning is not enabled: a {alg} provisioning token needs \
+             plugin.choria.network.provisioning.signer_cert"
+        ));
+    };
+    verify_provisioning_jwt(token, signer, now)
+        .map_err(|e| format!("node: the v1 provisioning token does not verify: {e}"))?;
+    Ok(format!("node ({}) by signer_cert", text(connect, "name")))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use choria_crypto::ed25519::public_key_hex_from_seed;
+    use choria_crypto::jwt::{sign_jwt, JwtSigner};
+    use choria_fleet_sim::tokens::signer;
+
+    const ISSUER_SEED: [u8; 32] = [31; 32];
+
+    fn rules() -> RelayRules {
+        RelayRules {
+            provisioner_password: "pw".into(),
+            issuer: VerifyKey::ed25519_from_hex(&public_key_hex_from_seed(&ISSUER_SEED)).unwrap(),
+            org: "choria".into(),
+        }
+    }
+
+    fn rsa(name: &str) -> JwtSigner {
+        let path = crate::vector_path(&format!("tokens/testdata/rsa/{name}-key.pem"));
+        JwtSigner::from_key_file(&path, &|p| std::fs::read(p)).unwrap()
+    }
+
+    /// A provisioning JWT as `choria jwt prov` makes it: v1 without `v2`, no `ou`.
+    fn provisioning_jwt(by: &JwtSigner, v2: bool) -> String {
+        let now = unix_now();
+        let mut claims = json!({
+            "cht": "t", "chs": false, "chu": "nats://127.0.0.1:1", "chpd": true,
+            "extensions": null, "purpose": "choria_provisioning", "sub": "choria_provisioning",
+            "iat": now, "nbf": now, "exp": now + 3600,
+        });
+        if v2 {
+            claims["v2"] = json!(true);
+            claims["ou"] = json!("choria");
+        }
+        sign_jwt(&claims, by).unwrap()
+    }
+
+    fn node(token: &str) -> Map<String, Value> {
+        let connect = json!({"auth_token": token, "name": "n1.example.net"});
+        connect.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn a_v1_node_is_refused_without_a_signer_cert_and_admitted_with_one() {
+        let v1 = provisioning_jwt(&rsa("signer"), false);
+        let err = check(&rules(), None, &node(&v1), "nonce").unwrap_err();
+        assert!(err.contains("provisioning is not enabled"), "{err}");
+        assert!(err.contains("RS256"), "{err}");
+
+        let key = rsa("signer").verify_key();
+        let who = check(&rules(), Some(&key), &node(&v1), "nonce").unwrap();
+        assert_eq!(who, "node (n1.example.net) by signer_cert");
+
+        // The broker's signer_cert may be the certificate of the key, as go-choria's tests
+        // give it (their token has no `exp`, so it never expires).
+        let cert =
+            crate::vector_path("go-choria/broker/network/testdata/ssl/certs/rip.mcollective.pem");
+        let cert = VerifyKey::load(cert.to_str().unwrap(), &|p| std::fs::read(p)).unwrap();
+        let path = crate::vector_path("go-choria/broker/network/testdata/provisioning/secure.jwt");
+        let token = std::fs::read_to_string(path).unwrap();
+        assert!(check(&rules(), Some(&cert), &node(token.trim()), "nonce").is_ok());
+    }
+
+    #[test]
+    fn a_v1_token_of_another_key_is_refused_and_v2_tokens_still_go_to_the_issuer() {
+        let key = rsa("signer").verify_key();
+        let other = provisioning_jwt(&rsa("other"), false);
+        let err = check(&rules(), Some(&key), &node(&other), "nonce").unwrap_err();
+        assert!(
+            err.contains("v1 provisioning token does not verify"),
+            "{err}"
+        );
+
+        // An EdDSA token is an issuer token, whatever signer_cert says.
+        let v2 = provisioning_jwt(&signer(&ISSUER_SEED), true);
+        let who = check(&rules(), Some(&key), &node(&v2), "nonce").unwrap();
+        assert_eq!(who, "node (n1.example.net)");
+        let stranger = provisioning_jwt(&signer(&[32; 32]), true);
+        let err = check(&rules(), Some(&key), &node(&stranger), "nonce").unwrap_err();
+        assert!(err.contains("provisioning token does not verify"), "{err}");
+
+        let err = check(&rules(), Some(&key), &node("not-a-jwt"), "nonce").unwrap_err();
+        assert!(err.contains("could not determine token algorithm"), "{err}");
+    }
 }

@@ -4,8 +4,12 @@
 //!
 //! ```text
 //! choria-connect-relay --upstream-port PORT --password PW --issuer HEX
-//!                      [--listen-port PORT] [--org NAME]
+//!                      [--listen-port PORT] [--org NAME] [--v1-signer FILE]
 //! ```
+//!
+//! `--v1-signer` is the broker's `plugin.choria.network.provisioning.signer_cert` (an RSA
+//! public key or certificate PEM): nodes with v1 provisioning JWTs it signed are admitted
+//! beside the v2 ones (a mixed fleet); without it they are refused.
 //!
 //! Prints the URL it listens on, then one line per admitted or refused client, until SIGINT
 //! or SIGTERM.
@@ -16,13 +20,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use choria_crypto::jwt::VerifyKey;
-use choria_testkit::relay::{Relay, RelayRules};
+use choria_testkit::relay::{Relay, RelayOptions, RelayRules};
 
-const USAGE: &str = "usage: choria-connect-relay --upstream-port PORT --password PW --issuer HEX [--listen-port PORT] [--org NAME]";
+const USAGE: &str = "usage: choria-connect-relay --upstream-port PORT --password PW --issuer HEX [--listen-port PORT] [--org NAME] [--v1-signer FILE]";
 
 fn run(args: &[String]) -> Result<(), String> {
     let (mut upstream, mut password, mut issuer) = (None, None, None);
-    let (mut listen, mut org) = (0u16, "choria".to_string());
+    let (mut listen, mut org, mut v1_signer) = (0u16, "choria".to_string(), None);
     let mut args = args.iter();
     while let Some(flag) = args.next() {
         let value = args
@@ -39,6 +43,11 @@ fn run(args: &[String]) -> Result<(), String> {
             "--password" => password = Some(value.clone()),
             "--issuer" => issuer = Some(value.clone()),
             "--org" => org = value.clone(),
+            "--v1-signer" => {
+                let key = VerifyKey::load(value, &|p| std::fs::read(p))
+                    .map_err(|e| format!("--v1-signer {value}: {e}"))?;
+                v1_signer = Some(key);
+            }
             other => return Err(format!("unknown flag {other:?}\n{USAGE}")),
         }
     }
@@ -52,13 +61,16 @@ fn run(args: &[String]) -> Result<(), String> {
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
         .map_err(|e| format!("cannot handle SIGINT/SIGTERM: {e}"))?;
-    let mut relay = Relay::start_on(
-        listen,
+    let mut relay = Relay::start_with(
         upstream,
         RelayRules {
             provisioner_password: password,
             issuer,
             org,
+        },
+        RelayOptions {
+            port: listen,
+            v1_signer,
         },
     )
     .map_err(|e| format!("cannot listen: {e}"))?;

@@ -163,6 +163,25 @@ impl SimArgs {
         self.with("--protocol", "v2".into())
     }
 
+    /// A mixed fleet (`--protocol mixed`): each node speaks v1 or v2. It needs
+    /// [`SimArgs::jwt_key`] (the RSA key of the v1 nodes' provisioning JWTs) and
+    /// [`SimArgs::v2_jwt_key`] (the Org Issuer's seed of the v2 nodes').
+    pub fn protocol_mixed(self) -> SimArgs {
+        self.with("--protocol", "mixed".into())
+    }
+
+    /// In a mixed fleet, the fraction of nodes speaking v1 (`--v1-fraction`, default 0.5;
+    /// which ones, `--seed` decides).
+    pub fn v1_fraction(self, fraction: f64) -> SimArgs {
+        self.with("--v1-fraction", fraction.to_string())
+    }
+
+    /// In a mixed fleet, the Org Issuer's seed file that signs the v2 nodes' provisioning
+    /// JWTs (`--v2-jwt-key`).
+    pub fn v2_jwt_key(self, path: &str) -> SimArgs {
+        self.with("--v2-jwt-key", path.into())
+    }
+
     /// A progress line on the simulator's stderr this often (`--progress`).
     pub fn progress(self, every: Duration) -> SimArgs {
         self.with("--progress", duration(every))
@@ -303,6 +322,30 @@ mod tests {
                 "0.25",
                 "--reprovision-denied",
                 "0.5"
+            ]
+        );
+    }
+
+    #[test]
+    fn mixed_fleet_flags() {
+        let args = SimArgs::nodes(4)
+            .protocol_mixed()
+            .jwt_key("v1.pem")
+            .v2_jwt_key("issuer.seed")
+            .v1_fraction(0.25);
+        assert_eq!(
+            args.as_args(),
+            [
+                "--nodes",
+                "4",
+                "--protocol",
+                "mixed",
+                "--jwt-key",
+                "v1.pem",
+                "--v2-jwt-key",
+                "issuer.seed",
+                "--v1-fraction",
+                "0.25"
             ]
         );
     }

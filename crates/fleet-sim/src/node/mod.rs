@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::check::Drop;
 use crate::events::Event;
 use crate::faults::Fault;
 
@@ -185,6 +186,22 @@ impl SimServer {
                 subject: subject.into(),
                 reason,
             });
+        }
+    }
+
+    /// A message this node drops: a violation, but for a broadcast in the other protocol in a
+    /// mixed fleet (`mixed_broadcast`), which is counted (see `other_protocol_broadcasts`).
+    pub(crate) fn record_drop(
+        &mut self,
+        at: i64,
+        subject: &str,
+        drop: &Drop,
+        mixed_broadcast: bool,
+    ) {
+        if mixed_broadcast && matches!(drop, Drop::OtherProtocol(_)) {
+            self.record.other_protocol_broadcasts += 1;
+        } else {
+            self.record_violation(at, subject, drop.to_string());
         }
     }
 

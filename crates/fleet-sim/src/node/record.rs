@@ -134,4 +134,9 @@ pub struct NodeRecord {
     /// plays in service (all but `choria_provision`).
     #[serde(default)]
     pub production_ignored: u64,
+    /// In a mixed fleet, broadcasts in the other protocol, dropped as a real server drops them
+    /// and not a violation: a provisioner serving both kinds broadcasts in both (a request to
+    /// this node in the other protocol still is one: it costs the sender its timeout).
+    #[serde(default)]
+    pub other_protocol_broadcasts: u64,
 }

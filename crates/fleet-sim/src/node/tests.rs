@@ -1017,3 +1017,38 @@ fn each_life_gets_its_own_credential_entries() {
         .iter()
         .all(|c| c.kind == CredentialKind::ServerJwt));
 }
+
+#[test]
+fn the_other_protocols_broadcasts_are_counted_in_a_mixed_fleet_and_all_else_is_a_violation() {
+    use crate::check::{check_transport, Drop};
+    use crate::options::WireProtocol;
+    let v2_transport = br#"{"protocol":"io.choria.protocol.v2.transport"}"#;
+    let other = check_transport(v2_transport, WireProtocol::V1).unwrap_err();
+    let unknown = Drop::Transport("protocol \"choria:transport:2\"".into());
+    let subject = "provisioning.broadcast.agent.discovery";
+
+    let mut n = node(None);
+    // A mixed fleet's broadcast in the other protocol: dropped, counted, no violation.
+    n.record_drop(1, subject, &other, true);
+    n.record_drop(2, subject, &other, true);
+    assert_eq!(n.record.other_protocol_broadcasts, 2);
+    assert_eq!(n.record.violations_total, 0);
+    // Anything else stays a violation, in today's words: a directed request in the other
+    // protocol (mixed_broadcast false), an unknown transport, any other drop.
+    n.record_drop(3, "provisioning.node.node1.example.net", &other, false);
+    n.record_drop(4, subject, &unknown, true);
+    n.record_drop(5, subject, &Drop::UnknownAgent("x".into()), true);
+    assert_eq!(n.record.other_protocol_broadcasts, 2);
+    assert_eq!(n.record.violations_total, 3);
+    assert_eq!(
+        n.record.violations[0].reason,
+        "transport rejected: protocol \"io.choria.protocol.v2.transport\": this node's \
+         provisioning.jwt lacks `v2: true`, so it accepts only \"choria:transport:1\""
+    );
+
+    // A single-protocol fleet records the other protocol's broadcasts as before.
+    let mut single = node(None);
+    single.record_drop(1, subject, &other, false);
+    assert_eq!(single.record.violations_total, 1);
+    assert_eq!(single.record.other_protocol_broadcasts, 0);
+}

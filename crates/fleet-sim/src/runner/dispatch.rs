@@ -12,7 +12,7 @@ use super::request::{
     check_message, describe_payload, parse_rpc_body, read_unchecked, Request, Side,
 };
 use super::setup::Production;
-use super::shared::{Job, Shared, Task};
+use super::shared::{Dialect, Job, Shared, Task};
 use super::unix_now;
 use crate::check::{self, Drop};
 use crate::events::Event;
@@ -60,8 +60,12 @@ pub(super) fn handle_inbound(shared: &Shared, link: usize, inbound: Inbound) {
         }
         return;
     }
+    let Some(protocol) = shared.link_protocol[link] else {
+        return;
+    };
+    let dialect = shared.dialect(protocol);
     let now = unix_now();
-    let verdict = check_message(shared, &inbound.data, now, Side::Provisioning);
+    let verdict = check_message(dialect, &inbound.data, now, Side::Provisioning);
     let single: [usize; 1];
     let (targets, directed): (&[usize], bool) = match inbound.route {
         Route::Node(i) => {
@@ -71,23 +75,32 @@ pub(super) fn handle_inbound(shared: &Shared, link: usize, inbound: Inbound) {
         Route::Broadcast => (&shared.link_nodes[link], false),
         Route::Forger | Route::Production => return,
     };
+    let message = Message {
+        subject: &inbound.subject,
+        verdict: &verdict,
+        now,
+        directed,
+    };
     for &index in targets {
-        handle_for_node(shared, index, &inbound.subject, &verdict, now, directed);
+        handle_for_node(shared, dialect, index, &message);
     }
 }
 
-/// One checked message for one node: the node's own checks, then an answer inline
-/// (discovery, rpcutil, an unparsable body) or a job for a worker (`choria_provision`).
-fn handle_for_node(
-    shared: &Shared,
-    index: usize,
-    subject: &str,
-    verdict: &Result<Arc<Request>, Drop>,
+/// A message as a connection's receiver checked it once, for each of its nodes.
+struct Message<'a> {
+    subject: &'a str,
+    verdict: &'a Result<Arc<Request>, Drop>,
     now: i64,
+    /// On a node's own subject (not a broadcast).
     directed: bool,
-) {
+}
+
+/// One checked message for one node of `dialect`: the node's own checks, then an answer
+/// inline (discovery, rpcutil, an unparsable body) or a job for a worker (`choria_provision`).
+fn handle_for_node(shared: &Shared, dialect: &Dialect, index: usize, message: &Message) {
+    let (subject, now) = (message.subject, message.now);
     let mut node = shared.nodes[index].lock();
-    let Some(request) = admit(shared, &mut node, subject, verdict, now, directed) else {
+    let Some(request) = admit(shared, dialect, &mut node, message) else {
         return;
     };
     if request.agent == "discovery" {
@@ -128,7 +141,7 @@ fn handle_for_node(
             action: action.clone(),
             statuscode: 0,
             statusmsg: "OK".into(),
-            data: node.inventory(&shared.env),
+            data: node.inventory(&dialect.env),
         }
     } else {
         RpcAnswer {
@@ -144,15 +157,15 @@ fn handle_for_node(
 
 /// The request, if the node is to answer it: up, the message passed the checks, the filter
 /// and agent are the node's, and there is a reply subject. What is not the node's to answer
-/// is a violation, except what it would not hear or a named discovery for other nodes.
+/// is a violation, except what it would not hear, a named discovery for other nodes, or (in
+/// a mixed fleet) a broadcast in the other protocol.
 fn admit(
     shared: &Shared,
+    dialect: &Dialect,
     node: &mut SimServer,
-    subject: &str,
-    verdict: &Result<Arc<Request>, Drop>,
-    now: i64,
-    directed: bool,
+    message: &Message,
 ) -> Option<Arc<Request>> {
+    let (subject, now, directed) = (message.subject, message.now, message.directed);
     if !node.is_up() {
         // A server that is not running is not subscribed: nothing to answer or to blame.
         if directed {
@@ -160,10 +173,10 @@ fn admit(
         }
         return None;
     }
-    let request = match verdict {
+    let request = match message.verdict {
         Ok(r) => r.clone(),
         Err(drop) => {
-            node.record_violation(now, subject, drop.to_string());
+            node.record_drop(now, subject, drop, shared.mixed() && !directed);
             return None;
         }
     };
@@ -173,7 +186,7 @@ fn admit(
         // sender's (a directed request naming another node still is one).
         return None;
     }
-    let node_check = check::check_filter(&request.filter, &identity, &shared.env.facts)
+    let node_check = check::check_filter(&request.filter, &identity, &dialect.env.facts)
         .and_then(|()| check::check_agent(&request.agent));
     if let Err(drop) = node_check {
         node.record_violation(now, subject, drop.to_string());
@@ -214,7 +227,8 @@ fn answer_discovery(
     }
     node.record.pings_answered += 1;
     drop(node);
-    let payload = shared.reply(request, &identity, "pong", false);
+    let protocol = shared.node_protocol[index];
+    let payload = shared.reply(protocol, request, &identity, "pong", false);
     shared.deliver(index, fault, &request.reply_to, payload);
 }
 
@@ -264,7 +278,9 @@ fn forge(shared: &Shared, link: usize, inbound: &Inbound) {
     let Some(&index) = shared.index_of.get(identity) else {
         return;
     };
-    let Ok(request) = read_unchecked(shared, &inbound.data) else {
+    let protocol = shared.node_protocol[index];
+    let env = &shared.dialect(protocol).env;
+    let Ok(request) = read_unchecked(protocol, &inbound.data) else {
         return;
     };
     let Ok((action, data)) = parse_rpc_body(&request.payload) else {
@@ -279,11 +295,11 @@ fn forge(shared: &Shared, link: usize, inbound: &Inbound) {
     }
     // The node's lock only where its inventory is forged (see `forged_for`).
     let inventory = if forger.needs_inventory(&label) {
-        shared.nodes[index].lock().inventory(&shared.env)
+        shared.nodes[index].lock().inventory(env)
     } else {
         Value::Null
     };
-    let answer = forger.answer(&shared.env, &label, &data, inventory);
+    let answer = forger.answer(env, &label, &data, inventory);
     shared.forgeries[index].lock().push(label.clone());
     let message = server::encode_rpc_reply(
         &answer.action,
@@ -291,7 +307,7 @@ fn forge(shared: &Shared, link: usize, inbound: &Inbound) {
         &answer.statusmsg,
         &answer.data,
     );
-    let payload = shared.reply(&request, identity, &message, false);
+    let payload = shared.reply(protocol, &request, identity, &message, false);
     let delay = forger.options().delay;
     if delay.is_zero() {
         shared.publish(link, &request.reply_to, &payload);
@@ -326,7 +342,8 @@ pub(super) fn run_job(shared: &Shared, job: Job) {
         sender_id: &job.request.sender_id,
         caller_id: &job.request.caller_id,
     };
-    let outcome = node.provision_action(&shared.env, &call, Instant::now(), unix_now());
+    let env = &shared.node_dialect(job.node).env;
+    let outcome = node.provision_action(env, &call, Instant::now(), unix_now());
     record_action(&mut node, &job.request, label, outcome.reply.as_ref(), DEAD);
     let identity = node.identity.clone();
     let fault = node.fault;
@@ -367,6 +384,15 @@ fn schedule_outcome(
     }
 }
 
+/// Why a node in service does not answer `choria_provision` when it does not host it.
+fn unanswered_in_service(fault: Option<Fault>) -> &'static str {
+    if fault == Some(Fault::NoProvisionAgent) {
+        "not answered: choria_provision is not loaded in service (--no-provision-agent)"
+    } else {
+        "not answered: choria_provision is not loaded in service (no provisioning token)"
+    }
+}
+
 /// A request on the production connection, for the node its subject names: answered only
 /// by a node in service (a server not in service is not on production), checked as on the
 /// provisioning connection with the production collective, and only `choria_provision` is
@@ -382,7 +408,9 @@ fn handle_production(shared: &Shared, production: &Production, inbound: &Inbound
     };
     let now = unix_now();
     let side = Side::Production(&production.collective);
-    let verdict = check_message(shared, &inbound.data, now, side);
+    let dialect = shared.node_dialect(index);
+    let (env, protocol) = (&dialect.env, dialect.protocol);
+    let verdict = check_message(dialect, &inbound.data, now, side);
     let mut node = shared.nodes[index].lock();
     if node.state != NodeState::InService {
         node.record.production_ignored += 1;
@@ -399,9 +427,13 @@ fn handle_production(shared: &Shared, production: &Production, inbound: &Inbound
         node.record.production_ignored += 1;
         return;
     }
-    let hosted = node.hosts_provision_agent(&shared.env);
+    // Replies go out on the production connection, in the node's protocol.
+    let reply = |fault: Option<Fault>, answer: &RpcAnswer| {
+        shared.send_rpc_on(production.link, protocol, fault, identity, &request, answer)
+    };
+    let hosted = node.hosts_provision_agent(env);
     if hosted {
-        let filter = check::check_filter(&request.filter, identity, &shared.env.facts);
+        let filter = check::check_filter(&request.filter, identity, &env.facts);
         if let Err(drop) = filter {
             node.record_violation(now, &inbound.subject, drop.to_string());
             return;
@@ -412,11 +444,7 @@ fn handle_production(shared: &Shared, production: &Production, inbound: &Inbound
             return;
         }
     }
-    let unanswered = if node.fault == Some(Fault::NoProvisionAgent) {
-        "not answered: choria_provision is not loaded in service (--no-provision-agent)"
-    } else {
-        "not answered: choria_provision is not loaded in service (no provisioning token)"
-    };
+    let unanswered = unanswered_in_service(node.fault);
     let (action, data) = match parse_rpc_body(&request.payload) {
         Ok(parsed) => parsed,
         Err(_) if !hosted => {
@@ -437,7 +465,7 @@ fn handle_production(shared: &Shared, production: &Production, inbound: &Inbound
             record_action(&mut node, &request, label, Some(&answer), unanswered);
             let fault = node.fault;
             drop(node);
-            shared.send_rpc_on(production.link, fault, identity, &request, &answer);
+            reply(fault, &answer);
             return;
         }
     };
@@ -452,7 +480,7 @@ fn handle_production(shared: &Shared, production: &Production, inbound: &Inbound
         sender_id: &request.sender_id,
         caller_id: &request.caller_id,
     };
-    let outcome = node.service_action(&shared.env, &call, Instant::now(), now);
+    let outcome = node.service_action(env, &call, Instant::now(), now);
     record_action(
         &mut node,
         &request,
@@ -463,7 +491,7 @@ fn handle_production(shared: &Shared, production: &Production, inbound: &Inbound
     let fault = node.fault;
     drop(node);
     if let Some(answer) = &outcome.reply {
-        shared.send_rpc_on(production.link, fault, identity, &request, answer);
+        reply(fault, answer);
     }
     schedule_outcome(shared, index, outcome.schedule, false);
 }

@@ -25,11 +25,13 @@ pub(super) struct Run {
 pub(super) fn report(opts: &Options, shared: Arc<Shared>, run: Run) -> Report {
     let mut reports = Vec::with_capacity(opts.nodes);
     let now = Instant::now();
-    for (cell, forged) in shared.nodes.iter().zip(&shared.forgeries) {
+    let cells = shared.nodes.iter().zip(&shared.forgeries);
+    for ((cell, forged), protocol) in cells.zip(&shared.node_protocol) {
         let mut node = cell.lock();
         node.record.forged.append(&mut forged.lock());
         reports.push(NodeReport {
             identity: node.identity.clone(),
+            protocol: *protocol,
             fault: node.fault.map(|f| f.name().to_string()),
             state: node.state,
             version: node.version.clone(),
@@ -41,6 +43,7 @@ pub(super) fn report(opts: &Options, shared: Arc<Shared>, run: Run) -> Report {
         .iter()
         .filter_map(|n| n.record.duplicate.clone().map(|d| (n.identity.clone(), d)))
         .collect();
+    let mixed = shared.mixed();
     if let Ok(shared) = Arc::try_unwrap(shared) {
         for link in shared.links {
             link.close();
@@ -53,7 +56,7 @@ pub(super) fn report(opts: &Options, shared: Arc<Shared>, run: Run) -> Report {
         exit_reason: run.exit_reason,
         seed: opts.seed,
         connections: run.connections,
-        totals: Totals::from_nodes(&reports),
+        totals: Totals::of_run(&reports, mixed),
         duplicates,
         nodes: reports,
     }

@@ -4,7 +4,10 @@
 //! Threads, all named and joined on stop:
 //! - `sim-recv-<k>`: one per connection; checks each message once (transport, schemas,
 //!   collective, time window) and fans it out to the connection's nodes (filter, agent).
-//!   Discovery and rpcutil are answered inline; `choria_provision` goes to the workers.
+//!   Discovery and rpcutil are answered inline; `choria_provision` goes to the workers. A
+//!   connection's nodes speak one protocol: a mixed fleet (`--protocol mixed`) has
+//!   connections of each, each presenting its protocol's provisioning JWT, and every node
+//!   its protocol's settings and checks (a `Dialect`).
 //! - `sim-work-<k>`: run `choria_provision` actions (RSA keygen may happen here).
 //! - `sim-timer`: delayed work: boots, restarts, shutdowns, slow nodes' replies.
 //! - `sim-keygen-<k>`: pre-generate RSA keys (see `keys::KeyPool`).
@@ -32,6 +35,7 @@ use parking_lot::Mutex;
 use crate::check::{self, Schemas};
 use crate::faults::{self, Fault};
 use crate::keys::KeyPool;
+use crate::options::FleetProtocol;
 use crate::options::Options;
 use crate::report::Report;
 use crate::wire;
@@ -44,9 +48,7 @@ mod shared;
 mod threads;
 mod timer;
 
-pub(crate) use setup::provisioning_claims;
-
-use shared::{Job, Shared, Task};
+use shared::{Dialect, Job, Shared, Task};
 
 /// The agents whose broadcast subjects each connection subscribes to.
 const BROADCAST_AGENTS: [&str; 4] = ["discovery", "rpcutil", "choria_provision", "choria_util"];
@@ -57,9 +59,17 @@ const POLL: Duration = Duration::from_millis(200);
 #[derive(Debug)]
 pub enum SimError {
     Schemas(check::SchemaError),
-    JwtKey { path: String, why: String },
+    /// A provisioning JWT key (`flag` is `--jwt-key` or `--v2-jwt-key`) that cannot be used.
+    JwtKey {
+        flag: &'static str,
+        path: String,
+        why: String,
+    },
     JwtSign(String),
-    OrgIssuer { value: String, why: String },
+    OrgIssuer {
+        value: String,
+        why: String,
+    },
     Wire(wire::WireError),
     Thread(std::io::Error),
 }
@@ -68,7 +78,7 @@ impl fmt::Display for SimError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SimError::Schemas(e) => write!(f, "{e}"),
-            SimError::JwtKey { path, why } => write!(f, "--jwt-key {path}: {why}"),
+            SimError::JwtKey { flag, path, why } => write!(f, "{flag} {path}: {why}"),
             SimError::JwtSign(why) => write!(f, "could not sign the provisioning JWT: {why}"),
             SimError::OrgIssuer { value, why } => write!(f, "--org-issuer {value}: {why}"),
             SimError::Wire(e) => write!(f, "{e}"),
@@ -86,23 +96,35 @@ pub(crate) use choria_broker::clock::unix_now;
 pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimError> {
     let started = Instant::now();
     let started_unix = unix_now();
-    let schemas = match &opts.schemas {
-        Some(dir) => Schemas::load(dir),
-        None => Schemas::vendored(opts.protocol),
+    // Each protocol the fleet speaks: its schemas and its credentials.
+    let mut sides = Vec::new();
+    for &protocol in opts.protocol.protocols() {
+        let schemas = match &opts.schemas {
+            Some(dir) => Schemas::load(dir),
+            None => Schemas::vendored(protocol),
+        }
+        .map_err(SimError::Schemas)?;
+        sides.push((
+            schemas,
+            setup::Credentials::load(opts, protocol, started_unix)?,
+        ));
     }
-    .map_err(SimError::Schemas)?;
-
-    let claims = provisioning_claims(opts, started_unix);
-    let credentials = setup::Credentials::load(opts, &claims)?;
+    let verify = setup::org_issuer(opts)?;
 
     let fault_of = faults::assign(opts.nodes, &opts.faults, opts.seed);
+    let node_protocol = match opts.protocol {
+        FleetProtocol::Mixed => faults::assign_protocols(&fault_of, opts.v1_fraction, opts.seed),
+        single => vec![single.protocols()[0]; opts.nodes],
+    };
     let nodes = setup::nodes(opts, &fault_of);
     let keygen_budget = fault_of.iter().filter(|f| **f != Some(Fault::Dead)).count();
     let keys =
         Arc::new(KeyPool::start(opts.keygen_threads, keygen_budget).map_err(SimError::Thread)?);
 
-    let mut fleet = setup::connect_fleet(opts, &credentials.auth)?;
-    let forger = setup::connect_forger(opts, &credentials.auth, &fault_of, &mut fleet)?;
+    let auths: Vec<_> = sides.iter().map(|(_, c)| (c.protocol, &c.auth)).collect();
+    let mut fleet = setup::connect_fleet(opts, &node_protocol, &auths)?;
+    // The forger presents the first protocol's credentials: it is one more node.
+    let forger = setup::connect_forger(opts, auths[0].1, &fault_of, &mut fleet)?;
     let production = setup::connect_production(opts, &mut fleet)?;
     let index_of = (0..opts.nodes).map(|i| (opts.identity(i), i)).collect();
     let forged_for = fault_of.iter().map(|f| *f == Some(Fault::Forged)).collect();
@@ -110,23 +132,30 @@ pub fn run(opts: &Options, interrupted: Arc<AtomicBool>) -> Result<Report, SimEr
 
     let (timer_tx, timer_rx) = bounded::<(Instant, Task)>(65_536);
     let (work_tx, work_rx) = bounded::<Job>(65_536);
-    let env = setup::env(
-        opts,
-        claims,
-        credentials.provisioning_jwt,
-        keys.clone(),
-        credentials.verify,
-    );
+    let dialects = sides
+        .into_iter()
+        .map(|(schemas, credentials)| Dialect {
+            protocol: credentials.protocol,
+            env: setup::env(
+                opts,
+                credentials.claims,
+                credentials.provisioning_jwt,
+                keys.clone(),
+                verify.clone(),
+            ),
+            schemas,
+            callers: credentials.callers,
+        })
+        .collect();
     let connections = fleet.connections;
     let shared = Arc::new(Shared {
         nodes,
         node_link: fleet.node_link,
         link_nodes: fleet.link_nodes,
         links: fleet.links,
-        env,
-        protocol: opts.protocol,
-        schemas,
-        callers: credentials.callers,
+        dialects,
+        node_protocol,
+        link_protocol: fleet.link_protocol,
         slow_delay: opts.slow_delay,
         reprovision_after: opts.reprovision_after,
         forger,

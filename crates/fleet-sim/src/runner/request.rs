@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::shared::Shared;
+use super::shared::Dialect;
 use crate::check::{self, Drop};
 use crate::options::WireProtocol;
 use choria_broker::clock::unix_now_nanos;
@@ -63,10 +63,10 @@ pub(super) enum Side<'a> {
     Production(&'a str),
 }
 
-/// Checks done once per message, the same for every node that receives it: transport, schemas,
-/// collective and time window; in v2 also the caller checks.
+/// Checks done once per message, the same for every node of `dialect` that receives it:
+/// transport, schemas, collective and time window; in v2 also the caller checks.
 pub(super) fn check_message(
-    shared: &Shared,
+    dialect: &Dialect,
     data: &[u8],
     now: i64,
     side: Side,
@@ -75,9 +75,9 @@ pub(super) fn check_message(
         Side::Provisioning => check::COLLECTIVE,
         Side::Production(c) => c,
     };
-    let schemas = &shared.schemas;
-    check::check_transport(data, shared.protocol)?;
-    match shared.protocol {
+    let schemas = &dialect.schemas;
+    check::check_transport(data, dialect.protocol)?;
+    match dialect.protocol {
         WireProtocol::V1 => {
             let request = server::decode_request(data).map_err(|e| Drop::Decode(e.to_string()))?;
             schemas.check_secure_request(&request.secure_request)?;
@@ -93,7 +93,7 @@ pub(super) fn check_message(
             schemas.check_request(&request.request)?;
             check::check_collective(&request.collective, collective)?;
             check::check_time_nanos(request.time, request.ttl, unix_now_nanos())?;
-            if let Some(callers) = &shared.callers {
+            if let Some(callers) = &dialect.callers {
                 let now = u64::try_from(now).unwrap_or(0);
                 match side {
                     Side::Provisioning => callers.check(&request, now),
@@ -109,8 +109,8 @@ pub(super) fn check_message(
 /// A request as the forger reads it: decoded, nothing checked. An attacker has no reason to
 /// validate what it answers, and the schema checks (slow in a debug build) made the forger
 /// answer after its victims under load, the opposite of what `--victim-delay` asks for.
-pub(super) fn read_unchecked(shared: &Shared, data: &[u8]) -> Result<Arc<Request>, String> {
-    match shared.protocol {
+pub(super) fn read_unchecked(protocol: WireProtocol, data: &[u8]) -> Result<Arc<Request>, String> {
+    match protocol {
         WireProtocol::V1 => server::decode_request(data)
             .map(|request| Arc::new(request.into()))
             .map_err(|e| e.to_string()),

@@ -1,6 +1,8 @@
-//! What a run makes before its threads start: the provisioning JWT and its claims, the caller
-//! and server JWT checks, the nodes, and the connections with their subscriptions.
+//! What a run makes before its threads start: per protocol the fleet speaks, the provisioning
+//! JWT and its claims and the caller checks; the server JWT check, the nodes, and the
+//! connections with their subscriptions (per protocol: each presents its nodes' JWT).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use crate::faults::Fault;
 use crate::forger::Forger;
 use crate::keys::KeyPool;
 use crate::node::{Env, NodeCrypto, SimServer};
-use crate::options::{Options, WireProtocol};
+use crate::options::{FleetProtocol, Options, WireProtocol};
 use crate::server_jwt_check;
 use crate::wire::{self, Auth, Link, Route};
 use choria_crypto::jwt::{self, JwtSigner, VerifyKey};
@@ -52,10 +54,14 @@ impl NodeCrypto for CryptoBridge {
     }
 }
 
-/// The provisioning JWT claims: defaults, then `--jwt-claims` over them. With protocol v2 the
-/// defaults add `v2: true` and `ou` (as `choria jwt prov --protocol-v2` makes them, `ou`
-/// naming the Org Issuer's organisation, `choria` by default).
-pub(crate) fn provisioning_claims(opts: &Options, now_unix: i64) -> Map<String, Value> {
+/// The provisioning JWT claims of the nodes speaking `protocol`: defaults, then `--jwt-claims`
+/// over them. For v2 the defaults add `v2: true` and `ou` (as `choria jwt prov --protocol-v2`
+/// makes them, `ou` naming the Org Issuer's organisation, `choria` by default).
+pub(crate) fn provisioning_claims(
+    opts: &Options,
+    protocol: WireProtocol,
+    now_unix: i64,
+) -> Map<String, Value> {
     let mut claims = json!({
         "cht": opts.token,
         "chs": false,
@@ -70,7 +76,7 @@ pub(crate) fn provisioning_claims(opts: &Options, now_unix: i64) -> Map<String, 
         "exp": now_unix + 365 * 86_400,
     });
     if let Some(map) = claims.as_object_mut() {
-        if opts.protocol == WireProtocol::V2 {
+        if protocol == WireProtocol::V2 {
             map.insert("v2".into(), Value::Bool(true));
             map.insert("ou".into(), Value::String("choria".into()));
         }
@@ -84,38 +90,56 @@ pub(crate) fn provisioning_claims(opts: &Options, now_unix: i64) -> Map<String, 
     }
 }
 
-/// What the fleet presents and checks: its provisioning JWT, the caller checks (v2), the
-/// server JWT verification key, and the broker credentials.
+/// What the nodes of one protocol present and check: their provisioning JWT and its claims,
+/// the caller checks (v2), and the broker credentials.
 pub(super) struct Credentials {
+    pub(super) protocol: WireProtocol,
+    pub(super) claims: Map<String, Value>,
     pub(super) provisioning_jwt: Option<String>,
     pub(super) callers: Option<CallerChecks>,
-    pub(super) verify: Option<VerifyKey>,
     pub(super) auth: Auth,
 }
 
+/// The key that signs the provisioning JWTs of `protocol`'s nodes: its flag, its file if
+/// given, and the algorithm it must sign with (None: either).
+fn signing_key(
+    opts: &Options,
+    protocol: WireProtocol,
+) -> (&'static str, Option<&PathBuf>, Option<&'static str>) {
+    let jwt_key = opts.jwt_key.as_ref();
+    match (opts.protocol, protocol) {
+        (FleetProtocol::Mixed, WireProtocol::V1) => ("--jwt-key", jwt_key, Some("RS256")),
+        (FleetProtocol::Mixed, WireProtocol::V2) => {
+            ("--v2-jwt-key", opts.v2_jwt_key.as_ref(), Some("EdDSA"))
+        }
+        (_, WireProtocol::V2) => ("--jwt-key", jwt_key, Some("EdDSA")),
+        (_, WireProtocol::V1) => ("--jwt-key", jwt_key, None),
+    }
+}
+
 impl Credentials {
-    /// Reads `--jwt-key` and `--org-issuer` and signs the provisioning JWT with `claims`.
+    /// Reads the key of `protocol`'s provisioning JWTs (`--jwt-key`, or `--v2-jwt-key` for a
+    /// mixed fleet's v2 nodes) and signs their JWT with their claims at `now_unix`.
     pub(super) fn load(
         opts: &Options,
-        claims: &Map<String, Value>,
+        protocol: WireProtocol,
+        now_unix: i64,
     ) -> Result<Credentials, SimError> {
-        let jwt_signer = match &opts.jwt_key {
+        let claims = provisioning_claims(opts, protocol, now_unix);
+        let (flag, path, alg) = signing_key(opts, protocol);
+        let jwt_signer = match path {
             None => None,
             Some(path) => {
-                let signer =
-                    JwtSigner::from_key_file(path, &|p| std::fs::read(p)).map_err(|e| {
-                        SimError::JwtKey {
-                            path: path.display().to_string(),
-                            why: e.to_string(),
-                        }
-                    })?;
-                if opts.protocol == WireProtocol::V2 && !matches!(signer, JwtSigner::Ed25519(_)) {
-                    return Err(SimError::JwtKey {
+                let key_error = |why: String| SimError::JwtKey {
+                    flag,
                     path: path.display().to_string(),
-                    why: "protocol v2 provisioning JWTs are signed EdDSA by the Org Issuer: give \
-                          its 64-hex ed25519 seed"
-                        .into(),
-                });
+                    why,
+                };
+                let signer = JwtSigner::from_key_file(path, &|p| std::fs::read(p))
+                    .map_err(|e| key_error(e.to_string()))?;
+                match alg {
+                    Some(alg) if signer.alg() != alg => return Err(key_error(key_advice(alg))),
+                    _ => {}
                 }
                 Some(signer)
             }
@@ -128,18 +152,9 @@ impl Credentials {
             ),
         };
         // v2 callers must chain to the Org Issuer, whose seed signs the provisioning JWTs.
-        let callers = match (opts.protocol, &jwt_signer) {
+        let callers = match (protocol, &jwt_signer) {
             (WireProtocol::V2, Some(signer)) => Some(CallerChecks::new(signer.verify_key())),
             _ => None,
-        };
-        let verify = match &opts.org_issuer {
-            None => None,
-            Some(value) => Some(VerifyKey::load(value, &|p| std::fs::read(p)).map_err(|e| {
-                SimError::OrgIssuer {
-                    value: value.clone(),
-                    why: e.to_string(),
-                }
-            })?),
         };
         let auth = match (
             claims.get("chusr").and_then(Value::as_str),
@@ -151,11 +166,37 @@ impl Credentials {
             _ => Auth::None,
         };
         Ok(Credentials {
+            protocol,
+            claims,
             provisioning_jwt,
             callers,
-            verify,
             auth,
         })
+    }
+}
+
+/// Why a key of the wrong type cannot sign these JWTs.
+fn key_advice(alg: &str) -> String {
+    match alg {
+        "EdDSA" => "protocol v2 provisioning JWTs are signed EdDSA by the Org Issuer: give its \
+                    64-hex ed25519 seed"
+            .into(),
+        _ => "a mixed fleet's v1 provisioning JWTs are signed RS256, checked by the broker's \
+              signer_cert: give an RSA PEM key"
+            .into(),
+    }
+}
+
+/// `--org-issuer`: the key configured server JWTs are checked with, if given.
+pub(super) fn org_issuer(opts: &Options) -> Result<Option<VerifyKey>, SimError> {
+    match &opts.org_issuer {
+        None => Ok(None),
+        Some(value) => VerifyKey::load(value, &|p| std::fs::read(p))
+            .map(Some)
+            .map_err(|e| SimError::OrgIssuer {
+                value: value.clone(),
+                why: e.to_string(),
+            }),
     }
 }
 
@@ -194,54 +235,83 @@ pub(super) fn env(
 
 /// The fleet's connections: which node is on which, and what each hears.
 pub(super) struct Fleet {
+    /// The provisioning connections (not the forger's or the production one).
     pub(super) connections: usize,
     pub(super) links: Vec<Link>,
     pub(super) inboxes: Vec<wire::Inbox>,
     pub(super) link_nodes: Vec<Vec<usize>>,
     pub(super) node_link: Vec<usize>,
+    /// The protocol of each provisioning connection's nodes; None for the forger's and the
+    /// production connection.
+    pub(super) link_protocol: Vec<Option<WireProtocol>>,
 }
 
-/// Connections: one per `nodes_per_connection` nodes, each with the broadcast subjects
-/// and its nodes' subjects, flushed before anything boots.
-pub(super) fn connect_fleet(opts: &Options, auth: &Auth) -> Result<Fleet, SimError> {
-    let connections = opts.nodes.div_ceil(opts.nodes_per_connection).max(1);
-    let mut links = Vec::new();
-    let mut inboxes = Vec::new();
-    let mut link_nodes = Vec::new();
-    let mut node_link = vec![0; opts.nodes];
-    for k in 0..connections {
-        let (link, mut inbox) =
-            wire::connect(&opts.brokers, &format!("choria-fleet-sim-{k}"), auth)
-                .map_err(SimError::Wire)?;
-        for agent in BROADCAST_AGENTS {
-            let subject = format!("{}.broadcast.agent.{agent}", check::COLLECTIVE);
-            inbox
-                .subscribe(&link, &subject, Route::Broadcast)
-                .map_err(SimError::Wire)?;
-        }
-        let members: Vec<usize> = (k * opts.nodes_per_connection
-            ..((k + 1) * opts.nodes_per_connection).min(opts.nodes))
+/// Connections per protocol, in `sides`' order: one per `nodes_per_connection` of its nodes
+/// (at least one), presenting its credentials, each with the broadcast subjects and its
+/// nodes' subjects, flushed before anything boots. One protocol: as many as ever, in node
+/// order.
+pub(super) fn connect_fleet(
+    opts: &Options,
+    node_protocol: &[WireProtocol],
+    sides: &[(WireProtocol, &Auth)],
+) -> Result<Fleet, SimError> {
+    let mut fleet = Fleet {
+        connections: 0,
+        links: Vec::new(),
+        inboxes: Vec::new(),
+        link_nodes: Vec::new(),
+        node_link: vec![0; opts.nodes],
+        link_protocol: Vec::new(),
+    };
+    for &(protocol, auth) in sides {
+        let nodes: Vec<usize> = (0..opts.nodes)
+            .filter(|&i| node_protocol[i] == protocol)
             .collect();
-        for &i in &members {
-            node_link[i] = k;
-            let subject = format!("{}.node.{}", check::COLLECTIVE, opts.identity(i));
-            inbox
-                .subscribe(&link, &subject, Route::Node(i))
-                .map_err(SimError::Wire)?;
+        let chunks = nodes.len().div_ceil(opts.nodes_per_connection).max(1);
+        for chunk in 0..chunks {
+            let members: Vec<usize> = nodes
+                .iter()
+                .copied()
+                .skip(chunk * opts.nodes_per_connection)
+                .take(opts.nodes_per_connection)
+                .collect();
+            connect_one(opts, auth, members, &mut fleet)?;
+            fleet.link_protocol.push(Some(protocol));
         }
-        link.flush(Duration::from_secs(10))
-            .map_err(SimError::Wire)?;
-        links.push(link);
-        inboxes.push(inbox);
-        link_nodes.push(members);
     }
-    Ok(Fleet {
-        connections,
-        links,
-        inboxes,
-        link_nodes,
-        node_link,
-    })
+    fleet.connections = fleet.links.len();
+    Ok(fleet)
+}
+
+/// One provisioning connection for `members`, subscribed and flushed.
+fn connect_one(
+    opts: &Options,
+    auth: &Auth,
+    members: Vec<usize>,
+    fleet: &mut Fleet,
+) -> Result<(), SimError> {
+    let k = fleet.links.len();
+    let (link, mut inbox) = wire::connect(&opts.brokers, &format!("choria-fleet-sim-{k}"), auth)
+        .map_err(SimError::Wire)?;
+    for agent in BROADCAST_AGENTS {
+        let subject = format!("{}.broadcast.agent.{agent}", check::COLLECTIVE);
+        inbox
+            .subscribe(&link, &subject, Route::Broadcast)
+            .map_err(SimError::Wire)?;
+    }
+    for &i in &members {
+        fleet.node_link[i] = k;
+        let subject = format!("{}.node.{}", check::COLLECTIVE, opts.identity(i));
+        inbox
+            .subscribe(&link, &subject, Route::Node(i))
+            .map_err(SimError::Wire)?;
+    }
+    link.flush(Duration::from_secs(10))
+        .map_err(SimError::Wire)?;
+    fleet.links.push(link);
+    fleet.inboxes.push(inbox);
+    fleet.link_nodes.push(members);
+    Ok(())
 }
 
 /// The forger: a connection of its own, hearing every node's requests; None without
@@ -266,6 +336,7 @@ pub(super) fn connect_forger(
     fleet.links.push(link);
     fleet.link_nodes.push(Vec::new());
     fleet.inboxes.push(inbox);
+    fleet.link_protocol.push(None);
     Ok(Some((
         Forger::new(opts.forge.clone()),
         fleet.links.len() - 1,
@@ -300,6 +371,7 @@ pub(super) fn connect_production(
     fleet.links.push(link);
     fleet.link_nodes.push(Vec::new());
     fleet.inboxes.push(inbox);
+    fleet.link_protocol.push(None);
     Ok(Some(Production {
         link: fleet.links.len() - 1,
         collective: opts.production_collective.clone(),

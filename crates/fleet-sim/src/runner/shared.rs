@@ -52,6 +52,17 @@ pub(super) struct Job {
     pub(super) data: Value,
 }
 
+/// What the nodes of one protocol share: their settings (the provisioning JWT and its claims),
+/// the schemas requests are checked against and (v2) the caller checks. A mixed fleet has
+/// two, v1 first.
+pub(super) struct Dialect {
+    pub(super) protocol: WireProtocol,
+    pub(super) env: Env,
+    pub(super) schemas: Schemas,
+    /// v2: the checks of each request's caller (see `caller_check`).
+    pub(super) callers: Option<CallerChecks>,
+}
+
 /// What every thread of a run shares: the nodes, the connections, the settings and the
 /// queues to the timer and the workers.
 pub(super) struct Shared {
@@ -59,11 +70,13 @@ pub(super) struct Shared {
     pub(super) node_link: Vec<usize>,
     pub(super) link_nodes: Vec<Vec<usize>>,
     pub(super) links: Vec<Link>,
-    pub(super) env: Env,
-    pub(super) protocol: WireProtocol,
-    pub(super) schemas: Schemas,
-    /// v2: the checks of each request's caller (see `caller_check`).
-    pub(super) callers: Option<CallerChecks>,
+    /// One per protocol the fleet speaks (see `Dialect`).
+    pub(super) dialects: Vec<Dialect>,
+    /// The protocol each node speaks, by node index.
+    pub(super) node_protocol: Vec<WireProtocol>,
+    /// The protocol of each provisioning connection's nodes, by link; None for the forger's
+    /// and the production connection.
+    pub(super) link_protocol: Vec<Option<WireProtocol>>,
     pub(super) slow_delay: Duration,
     pub(super) reprovision_after: Option<Duration>,
     /// The forger and its connection (an index into `links`), with `--forged` nodes.
@@ -84,6 +97,24 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// The settings and checks of `protocol`'s nodes.
+    pub(super) fn dialect(&self, protocol: WireProtocol) -> &Dialect {
+        self.dialects
+            .iter()
+            .find(|d| d.protocol == protocol)
+            .unwrap_or(&self.dialects[0])
+    }
+
+    /// Those of node `node`'s protocol.
+    pub(super) fn node_dialect(&self, node: usize) -> &Dialect {
+        self.dialect(self.node_protocol[node])
+    }
+
+    /// Whether the fleet speaks both protocols.
+    pub(super) fn mixed(&self) -> bool {
+        self.dialects.len() > 1
+    }
+
     pub(super) fn schedule(&self, at: Instant, task: Task) {
         if self
             .timer
@@ -153,13 +184,15 @@ impl Shared {
         request: &Request,
         answer: &RpcAnswer,
     ) {
-        self.send_rpc_on(self.node_link[node], fault, identity, request, answer);
+        let (link, protocol) = (self.node_link[node], self.node_protocol[node]);
+        self.send_rpc_on(link, protocol, fault, identity, request, answer);
     }
 
-    /// `send_rpc` on a given connection.
+    /// `send_rpc` on a given connection, in `protocol`.
     pub(super) fn send_rpc_on(
         &self,
         link: usize,
+        protocol: WireProtocol,
         fault: Option<Fault>,
         identity: &str,
         request: &Request,
@@ -175,21 +208,23 @@ impl Shared {
             // Cut the closing brace: no JSON parser accepts what is left.
             message.pop();
         }
-        let payload = self.reply(request, identity, &message, fault == Some(Fault::BadHash));
+        let bad_hash = fault == Some(Fault::BadHash);
+        let payload = self.reply(protocol, request, identity, &message, bad_hash);
         self.deliver_on(link, fault, &request.reply_to, payload);
     }
 
-    /// A reply transport in the fleet's protocol; with `bad_hash` its SecureReply hash is not
-    /// the SHA-256 of the reply it carries.
+    /// A reply transport in `protocol`; with `bad_hash` its SecureReply hash is not the SHA-256
+    /// of the reply it carries.
     pub(super) fn reply(
         &self,
+        protocol: WireProtocol,
         request: &Request,
         identity: &str,
         message: &str,
         bad_hash: bool,
     ) -> Vec<u8> {
         let (id, agent) = (&request.request_id, &request.agent);
-        match self.protocol {
+        match protocol {
             WireProtocol::V1 if bad_hash => {
                 bad_hash_reply(id, identity, agent, message, unix_now())
             }

@@ -1,8 +1,9 @@
 use serde_json::{json, Value};
 
 use super::request::parse_rpc_body;
+use super::setup::provisioning_claims;
 use super::shared::bad_hash_reply;
-use super::*;
+use crate::options::WireProtocol;
 use choria_wire::v1::server;
 
 #[test]
@@ -60,7 +61,7 @@ fn claims_default_and_override() {
         super::super::options::Parsed::Run(o) => o,
         _ => unreachable!(),
     };
-    let claims = provisioning_claims(&opts, 100);
+    let claims = provisioning_claims(&opts, WireProtocol::V1, 100);
     assert_eq!(claims["cht"], "s3");
     assert_eq!(claims["chu"], "nats://127.0.0.1:1");
     assert_eq!(claims["chpd"], false);
@@ -88,4 +89,30 @@ fn a_node_renewed_again_was_back_in_service_after_its_nth_renewal() {
     // Its second renewal under way: it was in service to be asked.
     assert!(renewed_and_back(2, NodeState::Provisioning, 1));
     assert!(renewed_and_back(2, NodeState::InService, 1));
+}
+
+#[test]
+fn a_mixed_fleets_v2_nodes_get_v2_claims_and_its_v1_nodes_none() {
+    let opts = match super::super::options::parse([
+        "--broker",
+        "nats://127.0.0.1:1",
+        "--protocol",
+        "mixed",
+        "--jwt-key",
+        "v1.pem",
+        "--v2-jwt-key",
+        "issuer.seed",
+    ])
+    .unwrap()
+    {
+        super::super::options::Parsed::Run(o) => o,
+        _ => unreachable!(),
+    };
+    let v1 = provisioning_claims(&opts, WireProtocol::V1, 100);
+    let v2 = provisioning_claims(&opts, WireProtocol::V2, 100);
+    assert!(v1.get("v2").is_none() && v1.get("ou").is_none(), "{v1:?}");
+    assert_eq!((&v2["v2"], &v2["ou"]), (&json!(true), &json!("choria")));
+    for claim in ["cht", "chu", "chpd", "purpose", "exp"] {
+        assert_eq!(v1[claim], v2[claim], "{claim}");
+    }
 }

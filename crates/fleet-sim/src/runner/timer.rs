@@ -57,7 +57,8 @@ fn run_task(shared: &Shared, task: Task) {
         }
         Task::Restart(i, new_version) => {
             let mut node = shared.nodes[i].lock();
-            let event = node.restart_now(&shared.env, new_version, unix_now());
+            let env = &shared.node_dialect(i).env;
+            let event = node.restart_now(env, new_version, unix_now());
             let identity = node.identity.clone();
             let in_service = node.state == NodeState::InService;
             drop(node);

@@ -10,10 +10,10 @@ use serde_json::json;
 
 use choria_broker::connection::{ConnectOptions, ConnectSettings, Connection};
 use choria_crypto::ed25519::public_key_hex_from_seed;
-use choria_crypto::jwt::{sign_jwt, VerifyKey};
+use choria_crypto::jwt::{sign_jwt, JwtSigner, VerifyKey};
 use choria_fleet_sim::tokens::{org_issued_client_jwt, signer, ClientJwtSpec};
-use choria_testkit::relay::{Relay, RelayRules};
-use choria_testkit::NatsServer;
+use choria_testkit::relay::{Relay, RelayOptions, RelayRules};
+use choria_testkit::{vector_path, NatsServer};
 use choria_wire::signing::{ChoriaSigner, Protocol};
 
 const ISSUER_SEED: [u8; 32] = [11; 32];
@@ -50,6 +50,30 @@ fn provisioning_jwt(issuer: &[u8; 32]) -> String {
     sign_jwt(&claims, &signer(issuer)).expect("a provisioning JWT")
 }
 
+/// A v1 provisioning JWT as `choria jwt prov` makes it, RS256 with the vectors' RSA signer.
+fn v1_provisioning_jwt() -> String {
+    v1_provisioning_jwt_by(&rsa_signer())
+}
+
+fn v1_provisioning_jwt_by(signer: &JwtSigner) -> String {
+    let claims = json!({
+        "cht": "t", "chs": false, "chu": "nats://127.0.0.1:1", "chpd": true,
+        "extensions": null, "purpose": "choria_provisioning", "iss": "Choria Tokens Package",
+        "sub": "choria_provisioning", "iat": now(), "nbf": now(), "exp": now() + 3600,
+    });
+    sign_jwt(&claims, signer).expect("a v1 provisioning JWT")
+}
+
+/// The vectors' RSA key `name` (`signer` or `other`).
+fn rsa_key(name: &str) -> JwtSigner {
+    let path = vector_path(&format!("tokens/testdata/rsa/{name}-key.pem"));
+    JwtSigner::from_key_file(&path, &|p| std::fs::read(p)).expect("an RSA key")
+}
+
+fn rsa_signer() -> JwtSigner {
+    rsa_key("signer")
+}
+
 fn provisioner(
     url: &str,
     token: Option<String>,
@@ -84,16 +108,16 @@ fn connect(settings: &ConnectSettings) -> Result<Connection, String> {
     .map_err(|e| e.to_string())
 }
 
+fn rules() -> RelayRules {
+    RelayRules {
+        provisioner_password: PASSWORD.into(),
+        issuer: VerifyKey::ed25519_from_hex(&public_key_hex_from_seed(&ISSUER_SEED)).unwrap(),
+        org: "choria".into(),
+    }
+}
+
 fn relay(server: &NatsServer) -> Relay {
-    Relay::start(
-        server.port,
-        RelayRules {
-            provisioner_password: PASSWORD.into(),
-            issuer: VerifyKey::ed25519_from_hex(&public_key_hex_from_seed(&ISSUER_SEED)).unwrap(),
-            org: "choria".into(),
-        },
-    )
-    .expect("the relay starts")
+    Relay::start(server.port, rules()).expect("the relay starts")
 }
 
 #[test]
@@ -205,4 +229,80 @@ fn each_bad_connect_is_refused_naming_why() {
         );
     }
     assert!(relay.accepted().is_empty());
+}
+
+#[test]
+fn a_v1_node_is_refused_without_the_signer_and_admitted_beside_a_v2_one_with_it() {
+    let server = NatsServer::start().expect("nats-server");
+    let plain = relay(&server);
+    let err = connect(&node(&plain.url(), Some(v1_provisioning_jwt())))
+        .err()
+        .expect("a v1 node without signer_cert is refused");
+    assert!(err.contains("Authorization Violation"), "{err}");
+    let refusals = plain.refusals();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert!(
+        refusals[0].contains("provisioning is not enabled"),
+        "{refusals:?}"
+    );
+    drop(plain);
+
+    let options = RelayOptions {
+        v1_signer: Some(rsa_signer().verify_key()),
+        ..RelayOptions::default()
+    };
+    let mut relay = Relay::start_with(server.port, rules(), options).expect("the relay starts");
+    let token = client_jwt(&ISSUER_SEED, &PROVISIONER_SEED, &["provisioner"]);
+    let prov = connect(&provisioner(
+        &relay.url(),
+        Some(token),
+        &PROVISIONER_SEED,
+        PASSWORD,
+    ))
+    .expect("the provisioner is admitted");
+    let v1 =
+        connect(&node(&relay.url(), Some(v1_provisioning_jwt()))).expect("the v1 node is admitted");
+    let v2 = connect(&node(&relay.url(), Some(provisioning_jwt(&ISSUER_SEED))))
+        .expect("the v2 node is admitted");
+    // One provisioner connection reaches both, as the broker's provisioning account holds
+    // them all.
+    let subs: Vec<_> = [(&v1, "v1.relay.test"), (&v2, "v2.relay.test")]
+        .into_iter()
+        .map(|(conn, name)| {
+            let sub = conn
+                .subscribe(&format!("provisioning.node.{name}"))
+                .unwrap();
+            conn.flush(Duration::from_secs(10)).unwrap();
+            (sub, name)
+        })
+        .collect();
+    for (sub, name) in &subs {
+        prov.publish(&format!("provisioning.node.{name}"), name.as_bytes())
+            .unwrap();
+        assert_eq!(
+            sub.next_timeout(Duration::from_secs(10)),
+            Some(name.as_bytes().to_vec())
+        );
+    }
+    // A v1 token of another RSA key is still refused.
+    let forged = v1_provisioning_jwt_by(&rsa_key("other"));
+    let err = connect(&node(&relay.url(), Some(forged)))
+        .err()
+        .expect("a v1 token of another key is refused");
+    assert!(err.contains("Authorization Violation"), "{err}");
+    assert_eq!(
+        relay.accepted(),
+        [
+            "provisioner provisioner_signer",
+            "node (relay-test) by signer_cert",
+            "node (relay-test)"
+        ]
+    );
+    let refusals = relay.refusals();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert!(refusals[0].contains("does not verify"), "{refusals:?}");
+    for conn in [prov, v1, v2] {
+        conn.close();
+    }
+    relay.stop();
 }
