@@ -214,11 +214,12 @@ impl Engine {
                         self.answered(&identity, asked);
                     }
                 }
-                recv(production) -> link => {
-                    if let Ok((conn, ask)) = link {
-                        self.production_up(conn.as_ref(), ask);
-                    }
-                }
+                recv(production) -> link => match link {
+                    Ok((conn, ask)) => self.production_up(conn.as_ref(), ask),
+                    // The link's thread ends once it has handed over; a closed channel is
+                    // always ready, so selecting on it would spin this loop on a core.
+                    Err(_) => self.parts.production = crossbeam_channel::never(),
+                },
                 default(sleep) => {}
             }
             self.tick();

@@ -263,3 +263,41 @@ fn a_lost_store_holds_renewals_and_they_resume_when_it_is_back() {
     assert_eq!(r.metrics.renewal.store_ready.get(), 1.0);
     r.renewer.stop(Duration::from_secs(5));
 }
+
+/// CPU ticks (USER_HZ, 100 a second on Linux) spent by this process's threads named
+/// `renewal`.
+fn renewal_threads_ticks() -> u64 {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
+        .filter(|stat| stat.contains(" (renewal) "))
+        .map(|stat| {
+            // After the name: state, ppid, ...; utime and stime are fields 14 and 15.
+            let fields: Vec<u64> = stat
+                .rsplit_once(')')
+                .map_or("", |(_, rest)| rest)
+                .split_whitespace()
+                .map(|f| f.parse().unwrap_or(0))
+                .collect();
+            fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0)
+        })
+        .sum()
+}
+
+#[test]
+fn the_thread_sleeps_once_the_production_link_has_handed_over() {
+    let mut r = start(false, Arc::default());
+    // The link's thread ends after handing over the connection: its channel closes.
+    drop(r._link);
+    r.records.send(due_now("n1.example.net", "jti-1")).unwrap();
+    wait_until("the request", || r.metrics.renewal.sent.get() == 1);
+    let before = renewal_threads_ticks();
+    std::thread::sleep(Duration::from_secs(1));
+    let spent = renewal_threads_ticks() - before;
+    // Idle, it wakes at most every 10 ms to 1 s; spinning, it took most of a core.
+    assert!(
+        spent < 25,
+        "the renewal thread spent {spent} ticks in a second"
+    );
+    r.renewer.stop(Duration::from_secs(5));
+}
