@@ -413,7 +413,8 @@ fn audit_figures(lines: &[Line], knobs: &Knobs) {
     let mut asked: Vec<i64> = first.values().map(|l| l.at_ms).collect();
     asked.sort_unstable();
     let span_ms = (asked[nodes - 1] - asked[0]).max(1);
-    // The busiest minute: the most requests answered within any 60 s.
+    // The busiest minute: the most requests answered within any 60 s. The limit counts
+    // requests when they are scheduled; their answers may land a few ms apart from that.
     let mut busiest = 0;
     let mut from = 0;
     for to in 0..asked.len() {
@@ -443,7 +444,8 @@ fn audit_figures(lines: &[Line], knobs: &Knobs) {
     );
     println!(
         "drawn times spread over {due_span} s ({:.0}/min); asked over {:.1} s: {per_minute:.0} \
-         renewals/min; busiest minute {busiest} (limit renewal_max_per_minute {}, {:.2} of it)",
+         renewals/min; busiest minute of answers {busiest} (limit renewal_max_per_minute {}, \
+         {:.2} of it)",
         nodes as f64 * 60.0 / due_span as f64,
         span_ms as f64 / 1000.0,
         knobs.per_minute,
