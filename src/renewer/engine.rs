@@ -264,7 +264,13 @@ impl Engine {
                 .spawn(move || {
                     for identity in jobs.iter() {
                         let asked = ask.ask(&identity, &gate);
-                        if results.send((identity, asked)).is_err() {
+                        // Bounded: at a stop the engine no longer reads, and its join
+                        // must not wait on a caller blocked here.
+                        let answer = (identity, asked);
+                        if results
+                            .send_timeout(answer, Duration::from_secs(1))
+                            .is_err()
+                        {
                             break;
                         }
                     }
