@@ -616,3 +616,89 @@ fn with_renewal_off_nothing_reaches_nodes_in_service() {
     );
     provisioner.stop();
 }
+
+/// The x509 flow: the credential is the certificate the helper returned (here living a
+/// minute, signed by `openssl ca`), recorded with its validity, and the node renewed inside
+/// the window of that validity before it ends; unsigned v1 requests (`choria_insecure`) on
+/// both sides.
+#[test]
+fn in_the_x509_flow_the_helpers_certificate_is_renewed_before_it_expires() {
+    const NODES: usize = 4;
+    let world = World::new();
+    let ca_dir = world.path("ca");
+    make_ca(&ca_dir);
+    let helper = format!(
+        "python3 {} {} 60 {}",
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/it/short_life_x509_helper.py"
+        ),
+        ca_dir.display(),
+        world.broker.url()
+    );
+    let production = world.write(
+        "x509.production.cfg",
+        &format!(
+            "identity = {PROVISIONER_IDENTITY}\nplugin.choria.middleware_hosts = {}\n",
+            world.broker.url()
+        ),
+    );
+    let provisioner = Provisioner::start(
+        &world,
+        ProvisionerSetup {
+            yaml: format!(
+                "{}token: {}\nworkers: 2\nhelper_timeout: 30s\nrpc_timeout: 5s\nfeatures:\n  pki: true\n\
+                 renewal: true\nproduction_client_config: {production}\n\
+                 renewal_window: \"{}-{}\"\nrenewal_return_timeout: 20s\n\
+                 renewal_state_file: {}\naudit_file: {}\n",
+                yaml_helper(&helper),
+                super::e2e_v2::TOKEN,
+                WINDOW.0,
+                WINDOW.1,
+                world.path("x509.renewal.json").display(),
+                world.path("x509.audit").display(),
+            ),
+            ..Default::default()
+        },
+    );
+    let sim = Sim::start(
+        &world,
+        &SimArgs::nodes(NODES)
+            .token(super::e2e_v2::TOKEN)
+            .keygen_threads(1)
+            .production_broker(&world.broker.url())
+            .reprovision_restart(Duration::from_millis(200), Duration::from_secs(1))
+            .exit_when_renewed(1)
+            .deadline(Duration::from_secs(100))
+            .as_args(),
+    );
+    let report = sim.wait_within(Duration::from_secs(120), || provisioner.logs());
+    assert_eq!(report.exit_reason, "renewed", "{}", report.summary());
+    assert_eq!(report.totals.violations, 0, "{}", report.summary());
+    for node in &report.nodes {
+        let first = &node.record.credentials[0];
+        assert_eq!(
+            first.kind,
+            choria_fleet_sim::node::CredentialKind::Certificate,
+            "{}",
+            node.identity
+        );
+        let (Some(nb), Some(na), Some(asked)) =
+            (first.not_before, first.not_after, first.renewal_asked_at)
+        else {
+            panic!("{}: {first:?}", node.identity);
+        };
+        let life = na - nb;
+        let (from, to) = (nb + life * WINDOW.0 / 100, nb + life * WINDOW.1 / 100);
+        assert!(
+            (from - 1..=to + 1).contains(&asked) && asked < na,
+            "{}: asked at {asked}, window {from}..{to}, expiry {na}",
+            node.identity
+        );
+        assert!(node.record.credentials.len() >= 2, "{}", node.identity);
+    }
+    let audit = std::fs::read_to_string(world.path("x509.audit")).unwrap_or_default();
+    assert!(audit.contains("\"kind\":\"certificate\""), "{audit}");
+    assert!(audit.contains("\"not_after_unix\""), "{audit}");
+    provisioner.stop();
+}
