@@ -430,19 +430,27 @@ impl Engine {
             return;
         }
         if let Some(asked_at) = state.asked_at {
-            self.schedule.set_aside(identity);
-            let lasts = self.parts.settings.limits.return_timeout.as_secs() as i64;
-            let left = asked_at.saturating_add(lasts).saturating_sub(unix_now());
-            if left > 0 {
-                let until = Instant::now() + Duration::from_secs(left as u64);
-                self.parts.returns.expect_return(identity, until);
-            }
+            self.left_to_claimant(identity, asked_at);
         } else {
             // Its claim ended (its node did not come back): due when that instance said.
             self.schedule
                 .set_due(identity, state.due_at.saturating_mul(1000));
         }
         self.records.insert(identity.clone(), record);
+    }
+
+    /// Another instance claimed `identity` at `asked_at`: its return is taken here too, and
+    /// the node is ours to claim again once that claim has lasted `renewal_return_timeout`
+    /// (the claimant died before asking, or before seeing it back).
+    fn left_to_claimant(&mut self, identity: &Identity, asked_at: i64) {
+        let lasts = self.parts.settings.limits.return_timeout.as_secs() as i64;
+        let ends = asked_at.saturating_add(lasts);
+        self.schedule.set_due(identity, ends.saturating_mul(1000));
+        let left = ends.saturating_sub(unix_now());
+        if left > 0 {
+            let until = Instant::now() + Duration::from_secs(left as u64);
+            self.parts.returns.expect_return(identity, until);
+        }
     }
 
     /// A record read back that says a node was asked: ours (across our restart), still
@@ -685,20 +693,12 @@ impl Engine {
             return;
         }
         self.note_state(&identity, None);
-        if let Some(record) = self.records.get(&identity) {
-            match self.parts.store.claim(record) {
+        if let Some(record) = self.records.get(&identity).cloned() {
+            match self.parts.store.claim(&record) {
                 Ok(Claim::Ours) => {}
                 Ok(Claim::Taken(theirs)) => {
-                    self.schedule.set_aside(&identity);
-                    // Its return may reach us first: taken at once here too.
-                    if theirs
-                        .renewal
-                        .as_ref()
-                        .is_some_and(|r| r.asked_at.is_some())
-                    {
-                        let until = Instant::now() + self.parts.settings.limits.return_timeout;
-                        self.parts.returns.expect_return(&identity, until);
-                    }
+                    // Back in the schedule, with the minute's slot it did not use.
+                    self.schedule.retry_at(&identity, now_ms());
                     self.parts
                         .metrics
                         .renewal
@@ -706,7 +706,14 @@ impl Engine {
                         .with_label_values(&["elsewhere"])
                         .inc();
                     log::info!("renewal: {identity} is renewed by another instance");
-                    self.records.insert(identity.clone(), *theirs);
+                    match theirs.renewal.as_ref().and_then(|r| r.asked_at) {
+                        Some(asked_at) if theirs.fingerprint == record.fingerprint => {
+                            self.left_to_claimant(&identity, asked_at);
+                            self.records.insert(identity.clone(), *theirs);
+                        }
+                        // A newer credential: planned from its own record.
+                        _ => self.take(*theirs, false),
+                    }
                     return;
                 }
                 Err(err) => {

@@ -44,6 +44,8 @@ struct Shared {
     saved: Mutex<Vec<IssuedRecord>>,
     broken: AtomicBool,
     taken: AtomicBool,
+    /// When the other instance's claim was made (default: now).
+    taken_at: Mutex<Option<i64>>,
 }
 
 struct Store(Arc<Shared>);
@@ -66,9 +68,13 @@ impl RecordStore for Store {
         if self.0.broken.load(Ordering::SeqCst) {
             return Err("disk on fire".into());
         }
-        if self.0.taken.load(Ordering::SeqCst) {
+        if self.0.taken.swap(false, Ordering::SeqCst) {
             let mut theirs = record.clone();
             theirs.issued_by = "other".into();
+            if let Some(state) = theirs.renewal.as_mut() {
+                state.asked_by = Some("other".into());
+                state.asked_at = Some(self.0.taken_at.lock().unwrap_or_else(unix_now));
+            }
             return Ok(Claim::Taken(Box::new(theirs)));
         }
         Ok(Claim::Ours)
@@ -299,5 +305,38 @@ fn the_thread_sleeps_once_the_production_link_has_handed_over() {
         spent < 25,
         "the renewal thread spent {spent} ticks in a second"
     );
+    r.renewer.stop(Duration::from_secs(5));
+}
+
+#[test]
+fn a_claim_whose_claimant_never_asked_lapses_and_the_node_is_renewed_here() {
+    let store = Arc::new(Shared::default());
+    store.taken.store(true, Ordering::SeqCst);
+    // Claimed 59 s ago, of a 60 s return timeout: it lapses in a second.
+    *store.taken_at.lock() = Some(unix_now() - 59);
+    let mut r = start(false, store);
+    r.records.send(due_now("n1.example.net", "jti-1")).unwrap();
+    wait_until("the claim seen", || {
+        r.metrics
+            .renewal
+            .skipped
+            .with_label_values(&["elsewhere"])
+            .get()
+            == 1
+    });
+    assert!(r.node.asked.lock().is_empty(), "left to the claimant");
+    assert!(
+        r.fleet.expected.lock().contains(&"n1.example.net".into()),
+        "its return is taken here too"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while r.metrics.renewal.sent.get() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the lapsed claim was never taken over"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(*r.node.asked.lock(), vec!["n1.example.net"]);
     r.renewer.stop(Duration::from_secs(5));
 }
