@@ -14,7 +14,7 @@ use crate::duration;
 /// line, whose arguments may hold one.
 const SECRET_KEYS: [&str; 3] = ["token", "broker_provisioning_password", "helper"];
 
-const KNOWN_KEYS: &[&str] = &[
+pub(super) const KNOWN_KEYS: &[&str] = &[
     "workers",
     "interval",
     "logfile",

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_norway::Value;
 
-use super::keys::KeyReader;
+use super::keys::{KeyReader, KNOWN_KEYS};
 use super::{limits, ConfigError};
 
 /// Where the record of what was issued lives.
@@ -57,7 +57,8 @@ pub(super) fn read_renewal(
     let production_client_config = keys.optional_string("production_client_config")?;
     let production_client_config = production_client_config.map(PathBuf::from);
     if !keys.boolean("renewal", false)? {
-        for key in RENEWAL_KEYS {
+        // The keys only renewal reads: every known `renewal_*` key.
+        for key in KNOWN_KEYS.iter().filter(|k| k.starts_with("renewal_")) {
             if keys.get(key).is_some() {
                 warnings.push(format!(
                     "{}: key {key} has no effect without renewal: true",
@@ -111,20 +112,6 @@ pub(super) fn read_renewal(
         }),
     })
 }
-
-/// The keys only renewal reads.
-const RENEWAL_KEYS: [&str; 10] = [
-    "renewal_window",
-    "renewal_store",
-    "renewal_state_file",
-    "renewal_kv_bucket",
-    "renewal_max_in_flight",
-    "renewal_max_per_minute",
-    "renewal_return_timeout",
-    "renewal_retry_backoff",
-    "renewal_dry_run",
-    "renewal_horizons",
-];
 
 /// `renewal_window: "70-90"`: from 1 to 99 percent, the start not after the end.
 fn read_window(keys: &KeyReader) -> Result<(u8, u8), ConfigError> {

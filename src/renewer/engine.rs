@@ -118,17 +118,7 @@ impl Renewer {
     pub(crate) fn stop(&mut self, bound: Duration) {
         self.stop.take();
         if let Some(thread) = self.thread.take() {
-            let deadline = Instant::now() + bound;
-            while !thread.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if thread.is_finished() {
-                if thread.join().is_err() {
-                    log::error!("the renewal thread panicked");
-                }
-            } else {
-                log::warn!("the renewal thread did not stop within {bound:?}; left to the exit");
-            }
+            super::join_within(thread, bound, "the renewal thread");
         }
     }
 }
@@ -158,11 +148,7 @@ struct Engine {
 }
 
 fn now_ms() -> i64 {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    choria_broker::clock::unix_now_nanos() / 1_000_000
 }
 
 impl Engine {
@@ -400,7 +386,7 @@ impl Engine {
         let mut record = record;
         if let (false, Some(state)) = (fresh, &kept) {
             if let Some(asked_at) = state.asked_at {
-                self.restore_asked(&identity, &record, state, asked_at);
+                self.restore_asked(&identity, state, asked_at);
             }
         }
         if fresh || record.renewal.is_none() {
@@ -455,13 +441,7 @@ impl Engine {
 
     /// A record read back that says a node was asked: ours (across our restart), still
     /// awaited; another instance's, left to it.
-    fn restore_asked(
-        &mut self,
-        identity: &Identity,
-        record: &IssuedRecord,
-        state: &RenewalState,
-        asked_at: i64,
-    ) {
+    fn restore_asked(&mut self, identity: &Identity, state: &RenewalState, asked_at: i64) {
         let asked_by_us = state.asked_by.as_deref() == Some(&self.parts.settings.instance);
         let until = asked_at
             .saturating_mul(1000)
@@ -472,7 +452,6 @@ impl Engine {
             }
             return;
         }
-        let _ = record;
         self.schedule
             .restore_asked(identity, asked_at.saturating_mul(1000), until);
         let left = Duration::from_millis(u64::try_from(until - now_ms()).unwrap_or(0));

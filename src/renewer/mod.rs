@@ -28,6 +28,20 @@ pub(crate) use production::ProductionLink;
 pub(crate) use schedule::Limits;
 pub(crate) use store::RecordStore;
 
+/// Joins `thread` if it ends within `bound` (looking every 20 ms), else leaves it to the
+/// exit; either way said in the log, naming `what`.
+fn join_within(thread: std::thread::JoinHandle<()>, bound: std::time::Duration, what: &str) {
+    let deadline = std::time::Instant::now() + bound;
+    while !thread.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if !thread.is_finished() {
+        log::warn!("{what} did not stop within {bound:?}; left to the exit");
+    } else if thread.join().is_err() {
+        log::error!("{what} panicked");
+    }
+}
+
 /// The store `renewal_store` names: the state file is opened (and read) now, so an
 /// unusable one stops the start; a KV bucket once the production connection is up.
 pub(crate) fn open_store(

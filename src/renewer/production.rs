@@ -5,7 +5,7 @@
 use std::io;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::Mutex;
@@ -85,17 +85,7 @@ impl ProductionLink {
             let _ = stop.try_send(());
         }
         if let Some(thread) = self.thread.take() {
-            let deadline = Instant::now() + bound;
-            while !thread.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if thread.is_finished() {
-                if thread.join().is_err() {
-                    log::error!("the production-connect thread panicked");
-                }
-            } else {
-                log::warn!("production-connect did not stop within {bound:?}; left to the exit");
-            }
+            super::join_within(thread, bound, "the production-connect thread");
         }
         if let Some(conn) = self.conn.lock().take() {
             conn.close();

@@ -10,7 +10,6 @@ use crate::renewal::IssuedRecord;
 pub(crate) enum Claim {
     Ours,
     /// Another instance holds a newer record or asked first: this is what it wrote.
-    #[allow(dead_code)] // The KV store's; the state file is never shared.
     Taken(Box<IssuedRecord>),
 }
 
